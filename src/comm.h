@@ -1,0 +1,61 @@
+/* comm.h — collective communication between the ranks of one membership epoch.
+ *
+ * A narrow C API over Gloo (the only C++ in DeadPool lives in comm_gloo.cc). A communicator
+ * is built once per (job, epoch) and cannot be repaired: after any error, destroy it and
+ * build a new one with a new store prefix. Every call has a timeout and reports failure as a
+ * status code; no exception or abort ever leaves the shim. Reductions run in a fixed order
+ * (ring), so the result does not depend on timing. */
+#ifndef DEADPOOL_COMM_H
+#define DEADPOOL_COMM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    COMM_OK = 0,
+    COMM_ERR_PEER = 1,     /* a peer closed or reset the connection (it likely died) */
+    COMM_ERR_TIMEOUT = 2,  /* the operation did not complete within its timeout */
+    COMM_ERR_INVALID = 3,  /* bad arguments */
+    COMM_ERR_STORE = 4,    /* rendezvous store (Redis) unreachable or refused */
+    COMM_ERR_INTERNAL = 5  /* anything else Gloo reported */
+} comm_status;
+
+typedef struct comm comm_t;
+
+/* Where the rendezvous happens: a Redis server that every rank reaches. */
+typedef struct {
+    const char *host;
+    int port;
+    const char *password; /* may be NULL */
+} comm_store_addr;
+
+/* Joins the communicator of `size` ranks under `prefix` (unique per job and epoch) as `rank`.
+ * bind_host is the local address to listen on ("127.0.0.1" on one host). Blocks until all
+ * ranks have joined or timeout_ms passes. On failure returns NULL and writes a message into err. */
+comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, int size,
+                    const char *bind_host, int timeout_ms, char *err, size_t errlen);
+void comm_destroy(comm_t *c);
+
+int comm_rank(const comm_t *c);
+int comm_size(const comm_t *c);
+
+/* In-place sum over all ranks of buf[0..n). */
+comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms);
+/* out[r*n .. (r+1)*n) = rank r's in[0..n) for every r. in may alias out + rank*n. */
+comm_status comm_allgather(comm_t *c, const float *in, float *out, size_t n, int timeout_ms);
+/* Root's buf[0..nbytes) copied to every rank. */
+comm_status comm_broadcast(comm_t *c, void *buf, size_t nbytes, int root, int timeout_ms);
+comm_status comm_barrier(comm_t *c, int timeout_ms);
+
+/* Text of the last error on this communicator (the Gloo message), "" if none. */
+const char *comm_last_error(const comm_t *c);
+const char *comm_status_str(comm_status s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,171 @@
+/* config.c — option table, parsing, validation and (de)serialisation of JobConfig. */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_STR } OptType;
+
+typedef struct {
+    const char *name;
+    OptType type;
+    size_t offset;
+    double min, max; /* numeric range, inclusive */
+    const char *help;
+} OptSpec;
+
+#define F(field) offsetof(JobConfig, field)
+static const OptSpec OPTIONS[] = {
+    {"workers", OPT_INT, F(workers), 1, 4096, "data-parallel worker processes"},
+    {"spares", OPT_INT, F(spares), 0, 4096, "warm spare processes"},
+    {"model", OPT_STR, F(model), 0, 0, "preset (tiny, small, gpt2-124m) or llm.c model file"},
+    {"data", OPT_STR, F(data), 0, 0, "llm.c token shard or text file (default: built-in corpus)"},
+    {"steps", OPT_INT, F(steps), 1, 1e9, "optimizer steps"},
+    {"seed", OPT_U64, F(seed), 0, 0, "seed for initialisation and data sampling"},
+    {"batch", OPT_INT, F(batch), 1, 65536, "sequences per micro-batch per rank (B)"},
+    {"seq-len", OPT_INT, F(seq_len), 0, 1 << 20, "tokens per sequence (T); 0 = model's max"},
+    {"grad-accum", OPT_INT, F(grad_accum), 1, 65536, "micro-batches per rank per step"},
+    {"lr", OPT_FLOAT, F(lr), 0, 10, "peak learning rate"},
+    {"warmup", OPT_INT, F(warmup), 0, 1e9, "linear warmup steps"},
+    {"weight-decay", OPT_FLOAT, F(weight_decay), 0, 10, "AdamW decoupled weight decay"},
+    {"grad-clip", OPT_FLOAT, F(grad_clip), 0, 1e9, "max global gradient norm (0 = off)"},
+    {"final-lr-frac", OPT_FLOAT, F(final_lr_frac), 0, 1, "cosine schedule floor, fraction of lr"},
+    {"out", OPT_STR, F(out), 0, 0, "output directory (model.bin, metrics.jsonl, events.jsonl)"},
+    {"redis", OPT_STR, F(redis), 0, 0, "redis://[:PASSWORD@]HOST:PORT (default: embedded server)"},
+    {"threads", OPT_INT, F(threads), 1, 256, "BLAS threads per worker"},
+    {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 10, 3600000, "bound on every collective"},
+    {"start-timeout-ms", OPT_INT, F(start_timeout_ms), 100, 3600000, "bound on joining the job"},
+    {"heartbeat-ttl-ms", OPT_INT, F(heartbeat_ttl_ms), 30, 600000, "heartbeat expiry"},
+};
+#undef F
+#define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+
+void job_config_defaults(JobConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->workers = 4;
+    c->spares = 1;
+    snprintf(c->model, sizeof c->model, "tiny");
+    c->steps = 100;
+    c->seed = 1337;
+    c->batch = 4;
+    c->grad_accum = 1;
+    c->lr = 1e-3f;
+    c->warmup = 0;
+    c->weight_decay = 0.0f;
+    c->grad_clip = 1.0f;
+    c->final_lr_frac = 0.1f;
+    snprintf(c->out, sizeof c->out, "out");
+    c->threads = 1;
+    c->comm_timeout_ms = 30000;
+    c->start_timeout_ms = 60000;
+    c->heartbeat_ttl_ms = 1000;
+}
+
+static const OptSpec *find_option(const char *name) {
+    for (size_t i = 0; i < NUM_OPTIONS; i++)
+        if (strcmp(OPTIONS[i].name, name) == 0) return &OPTIONS[i];
+    return NULL;
+}
+
+static int set_number(const OptSpec *o, void *field, const char *value, char *err, size_t errlen) {
+    char *end = NULL;
+    errno = 0;
+    if (o->type == OPT_U64) {
+        unsigned long long v = strtoull(value, &end, 10);
+        if (errno || end == value || *end || value[0] == '-') goto bad;
+        *(uint64_t *)field = v;
+        return 0;
+    }
+    double v = o->type == OPT_INT ? (double)strtoll(value, &end, 10) : strtod(value, &end);
+    if (errno || end == value || *end || v < o->min || v > o->max) goto bad;
+    if (o->type == OPT_INT) *(int *)field = (int)v;
+    else *(float *)field = (float)v;
+    return 0;
+bad:
+    if (o->type == OPT_U64)
+        snprintf(err, errlen, "--%s: expected a non-negative integer, found '%s'", o->name, value);
+    else
+        snprintf(err, errlen, "--%s: expected %s in [%g, %g], found '%s'", o->name,
+                 o->type == OPT_INT ? "an integer" : "a number", o->min, o->max, value);
+    return -1;
+}
+
+int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen) {
+    const OptSpec *o = find_option(name);
+    if (!o) { snprintf(err, errlen, "unknown option --%s (see deadpool run --help)", name); return -1; }
+    void *field = (char *)c + o->offset;
+    if (o->type != OPT_STR) return set_number(o, field, value, err, errlen);
+    if (strlen(value) >= 1024 || strchr(value, '\n')) {
+        snprintf(err, errlen, "--%s: value too long or contains a newline", name);
+        return -1;
+    }
+    snprintf((char *)field, 1024, "%s", value);
+    return 0;
+}
+
+int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
+    if (!c->model[0]) { snprintf(err, errlen, "--model: expected a preset or a file, found nothing"); return -1; }
+    if (!c->out[0]) { snprintf(err, errlen, "--out: expected a directory, found nothing"); return -1; }
+    if (c->warmup > c->steps) {
+        snprintf(err, errlen, "--warmup: expected <= --steps (%d), found %d", c->steps, c->warmup);
+        return -1;
+    }
+    return 0;
+}
+
+/* Formats one option's value; %.9g round-trips every float exactly. */
+static int format_value(const JobConfig *c, const OptSpec *o, char *buf, size_t len) {
+    const void *field = (const char *)c + o->offset;
+    switch (o->type) {
+    case OPT_INT: return snprintf(buf, len, "%d", *(const int *)field);
+    case OPT_U64: return snprintf(buf, len, "%" PRIu64, *(const uint64_t *)field);
+    case OPT_FLOAT: return snprintf(buf, len, "%.9g", (double)*(const float *)field);
+    default: return snprintf(buf, len, "%s", (const char *)field);
+    }
+}
+
+int job_config_serialize(const JobConfig *c, char *buf, size_t len) {
+    size_t used = 0;
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        char value[1100];
+        format_value(c, &OPTIONS[i], value, sizeof value);
+        int n = snprintf(buf + used, len - used, "%s=%s\n", OPTIONS[i].name, value);
+        if (n < 0 || (size_t)n >= len - used) return -1;
+        used += (size_t)n;
+    }
+    return 0;
+}
+
+int job_config_parse_lines(JobConfig *c, const char *text, char *err, size_t errlen) {
+    job_config_defaults(c);
+    const char *line = text;
+    while (*line) {
+        const char *nl = strchr(line, '\n');
+        size_t n = nl ? (size_t)(nl - line) : strlen(line);
+        char buf[1200];
+        if (n >= sizeof buf) { snprintf(err, errlen, "job config: line too long"); return -1; }
+        memcpy(buf, line, n);
+        buf[n] = 0;
+        char *eq = strchr(buf, '=');
+        if (n > 0) {
+            if (!eq) { snprintf(err, errlen, "job config: malformed line '%s'", buf); return -1; }
+            *eq = 0;
+            if (job_config_set(c, buf, eq + 1, err, errlen) != 0) return -1;
+        }
+        line += n + (nl ? 1 : 0);
+    }
+    return job_config_validate(c, err, errlen);
+}
+
+void job_config_print_help(void) {
+    JobConfig d;
+    job_config_defaults(&d);
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        char def[1100];
+        format_value(&d, &OPTIONS[i], def, sizeof def);
+        printf("  --%-18s %s%s%s%s\n", OPTIONS[i].name, OPTIONS[i].help, def[0] ? " [" : "", def, def[0] ? "]" : "");
+    }
+}

@@ -1,0 +1,47 @@
+/* config.h — the job configuration: every `deadpool run` option, its default and its check.
+ *
+ * One table describes each option once. The launcher parses the command line with it, stores
+ * the result in Redis as "name=value" lines, and every worker — local or from another host —
+ * parses those lines with the same table, so all processes of a job train the same thing. */
+#ifndef DEADPOOL_CONFIG_H
+#define DEADPOOL_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int workers;          /* data-parallel ranks */
+    int spares;           /* warm spare processes */
+    char model[1024];     /* preset name or llm.c model file */
+    char data[1024];      /* token shard or text file; "" = built-in corpus */
+    int steps;            /* optimizer steps to run */
+    uint64_t seed;
+    int batch;            /* sequences per micro-batch (B) */
+    int seq_len;          /* tokens per sequence (T); 0 = the model's max_seq_len */
+    int grad_accum;       /* micro-batches per rank per step */
+    float lr, weight_decay, grad_clip, final_lr_frac;
+    int warmup;           /* warmup steps */
+    char out[1024];       /* output directory */
+    char redis[1024];     /* redis URL; "" = embedded redis-server */
+    int threads;          /* BLAS threads per worker */
+    int comm_timeout_ms;  /* bound on every collective */
+    int start_timeout_ms; /* bound on joining the job (rendezvous, registration) */
+    int heartbeat_ttl_ms; /* a process whose heartbeat key is older than this is dead */
+} JobConfig;
+
+void job_config_defaults(JobConfig *c);
+
+/* Sets option `name` (without leading dashes) from its text value. 0, or -1 with err
+ * ("--steps: expected an integer >= 1, found 'x'"). */
+int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen);
+/* Checks cross-field constraints after all options are set. 0 / -1 + err. */
+int job_config_validate(const JobConfig *c, char *err, size_t errlen);
+
+/* "name=value\n" lines for every option; job_config_parse_lines reads them back. */
+int job_config_serialize(const JobConfig *c, char *buf, size_t len);
+int job_config_parse_lines(JobConfig *c, const char *text, char *err, size_t errlen);
+
+/* Prints the option table (name, default, help) for `deadpool run --help`. */
+void job_config_print_help(void);
+
+#endif

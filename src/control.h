@@ -1,0 +1,84 @@
+/* control.h — the control plane: one Redis namespace per job.
+ *
+ * Keys live under "dp:{job}:". Each process registers with a unique process id, claims a
+ * role (worker rank i, or spare), keeps a heartbeat key alive with a TTL, and reads the
+ * epoch counter. Events and metrics are appended to lists that the launcher drains into
+ * events.jsonl / metrics.jsonl. A ctl_t is one hiredis connection: not thread-safe; open
+ * one per thread. The password is never logged. */
+#ifndef DEADPOOL_CONTROL_H
+#define DEADPOOL_CONTROL_H
+
+#include <stddef.h>
+
+typedef struct ctl ctl_t;
+
+typedef struct {
+    char host[256];
+    int port;
+    char password[256]; /* "" when none */
+} redis_addr;
+
+/* Parses "redis://[:PASSWORD@]HOST:PORT[/]" (or "HOST:PORT"). When the URL carries no password,
+ * the environment variable DEADPOOL_REDIS_PASSWORD is used. Returns 0, or -1 with err set. */
+int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen);
+
+/* Connects and authenticates, each step bounded by timeout_ms. NULL + err on failure. */
+ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char *err, size_t errlen);
+void ctl_close(ctl_t *c);
+const char *ctl_job(const ctl_t *c);
+const char *ctl_last_error(const ctl_t *c);
+
+/* Job configuration: a string-valued hash dp:{job}:config. Return 0 / -1 (-1 also when absent). */
+int ctl_config_set(ctl_t *c, const char *field, const char *value);
+int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len);
+
+/* A fresh process id, unique within the job (INCR dp:{job}:procs). -1 on error. */
+long ctl_new_proc_id(ctl_t *c);
+/* Claims worker rank `rank` for proc_id if free (SET NX). 1 claimed, 0 taken, -1 error. */
+int ctl_claim_rank(ctl_t *c, int rank, long proc_id);
+/* proc id holding `rank`, 0 if none, -1 on error. */
+long ctl_rank_owner(ctl_t *c, int rank);
+/* Adds / removes proc_id to / from the spare pool (a set). 0 / -1. */
+int ctl_spare_add(ctl_t *c, long proc_id);
+int ctl_spare_remove(ctl_t *c, long proc_id);
+/* Number of processes in the spare pool, -1 on error. */
+long ctl_spare_count(ctl_t *c);
+
+/* Heartbeat: SET dp:{job}:hb:{proc_id} PX ttl_ms. 0 / -1. */
+int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms);
+/* 1 if the heartbeat key of proc_id is alive, 0 if expired, -1 on error. */
+int ctl_alive(ctl_t *c, long proc_id);
+
+/* Membership epoch: the current value (0 before the first increment) and INCR. -1 on error. */
+long ctl_epoch(ctl_t *c);
+long ctl_epoch_incr(ctl_t *c);
+
+/* Job state string (dp:{job}:state): "running", "stopping", "done", "failed". 0 / -1. */
+int ctl_state_set(ctl_t *c, const char *state);
+int ctl_state_get(ctl_t *c, char *state, size_t len);
+
+/* Appends one JSON line to the job's event / metric list. 0 / -1. */
+int ctl_push_event(ctl_t *c, const char *json);
+int ctl_push_metric(ctl_t *c, const char *json);
+/* Pops up to max items from the list ("events" or "metrics") in order, calling fn for each.
+ * Returns the number popped, -1 on error. */
+int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, void *arg), void *arg);
+
+/* Deletes every key of the job (used by the launcher at the end). 0 / -1. */
+int ctl_job_delete(ctl_t *c);
+
+/* --- embedded redis-server, for `deadpool run` without --redis ------------------------- */
+typedef struct {
+    int pid;
+    int port;
+    char password[65];
+} redis_server;
+
+/* Starts redis-server on a free loopback port with a random password (passed on stdin, never
+ * on the command line), no persistence, and waits (bounded by timeout_ms) until it answers
+ * PING. 0, or -1 with err set (e.g. redis-server not installed). */
+int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen);
+/* SIGTERM, wait up to timeout_ms, then SIGKILL; always reaps the child. */
+void redis_server_stop(redis_server *s, int timeout_ms);
+
+#endif

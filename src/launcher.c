@@ -1,0 +1,306 @@
+/* launcher.c — the `deadpool run` process: job setup, child processes, output files, teardown. */
+#include "launcher.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "control.h"
+#include "events.h"
+#include "util.h"
+
+#define MAX_CHILDREN 4096
+
+typedef struct {
+    pid_t pid;
+    int rank;    /* -1 for a spare */
+    int exited;
+    int status;  /* waitpid status */
+} Child;
+
+typedef struct {
+    const JobConfig *cfg;
+    char job[32];
+    char url[600];          /* redis URL without the password */
+    redis_server server;    /* embedded server; pid 0 when --redis was given */
+    ctl_t *ctl;
+    int64_t t0_wall_ms;
+    FILE *events, *metrics;
+    Child children[MAX_CHILDREN];
+    int nchildren;
+    int last_step;
+    float last_loss;
+    int failed;             /* a worker ended with an error */
+} Launcher;
+
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static void make_job_id(char *out, size_t len) {
+    unsigned char b[4] = {0};
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        uint64_t x = (uint64_t)wall_ms() ^ (uint64_t)getpid();
+        memcpy(b, &x, sizeof b);
+    }
+    snprintf(out, len, "%02x%02x%02x%02x", b[0], b[1], b[2], b[3]);
+}
+
+static int start_control_plane(Launcher *L, char *err, size_t errlen) {
+    redis_addr addr;
+    if (L->cfg->redis[0]) {
+        if (redis_addr_parse(L->cfg->redis, &addr, err, errlen) != 0) return -1;
+        log_msg("control plane: redis at %s:%d", addr.host, addr.port);
+    } else {
+        if (redis_server_start(&L->server, 5000, err, errlen) != 0) return -1;
+        memset(&addr, 0, sizeof addr);
+        snprintf(addr.host, sizeof addr.host, "127.0.0.1");
+        addr.port = L->server.port;
+        snprintf(addr.password, sizeof addr.password, "%s", L->server.password);
+        log_msg("control plane: embedded redis-server on 127.0.0.1:%d (pid %d, password hidden)", addr.port,
+                L->server.pid);
+    }
+    snprintf(L->url, sizeof L->url, "redis://%s:%d", addr.host, addr.port);
+    /* Children inherit the secret through the environment, never through argv (visible in ps). */
+    if (addr.password[0]) setenv("DEADPOOL_REDIS_PASSWORD", addr.password, 1);
+    L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
+    return L->ctl ? 0 : -1;
+}
+
+static int publish_job(Launcher *L, char *err, size_t errlen) {
+    static char text[65536];
+    char t0[32];
+    if (job_config_serialize(L->cfg, text, sizeof text) != 0) { snprintf(err, errlen, "job config too large"); return -1; }
+    L->t0_wall_ms = wall_ms();
+    snprintf(t0, sizeof t0, "%lld", (long long)L->t0_wall_ms);
+    if (ctl_config_set(L->ctl, "config", text) != 0 || ctl_config_set(L->ctl, "t0_ms", t0) != 0 ||
+        ctl_state_set(L->ctl, "running") != 0) {
+        snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
+        return -1;
+    }
+    return 0;
+}
+
+static int open_outputs(Launcher *L, char *err, size_t errlen) {
+    char path[1200];
+    if (mkdir_p(L->cfg->out) != 0) {
+        snprintf(err, errlen, "--out %s: cannot create directory: %s", L->cfg->out, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/events.jsonl", L->cfg->out);
+    L->events = fopen(path, "w");
+    snprintf(path, sizeof path, "%s/metrics.jsonl", L->cfg->out);
+    L->metrics = fopen(path, "w");
+    if (!L->events || !L->metrics) {
+        snprintf(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/model.bin", L->cfg->out);
+    unlink(path); /* a stale model must never pass for this run's result */
+    return 0;
+}
+
+static pid_t spawn_process(Launcher *L, int rank) {
+    char rank_arg[16];
+    snprintf(rank_arg, sizeof rank_arg, "%d", rank);
+    char *argv[12];
+    int n = 0;
+    argv[n++] = "deadpool";
+    argv[n++] = "worker";
+    argv[n++] = "--redis";
+    argv[n++] = L->url;
+    argv[n++] = "--job";
+    argv[n++] = L->job;
+    if (rank >= 0) { argv[n++] = "--rank"; argv[n++] = rank_arg; }
+    else argv[n++] = "--spare";
+    argv[n] = NULL;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    /* Own process group: Ctrl-C reaches only the launcher, which stops the job in order. */
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execv("/proc/self/exe", argv);
+    _exit(127);
+}
+
+static int spawn_all(Launcher *L) {
+    int total = L->cfg->workers + L->cfg->spares;
+    if (total > MAX_CHILDREN) return -1;
+    for (int i = 0; i < total; i++) {
+        int rank = i < L->cfg->workers ? i : -1;
+        pid_t pid = spawn_process(L, rank);
+        if (pid < 0) return -1;
+        L->children[L->nchildren++] = (Child){.pid = pid, .rank = rank};
+    }
+    return 0;
+}
+
+/* Reads a number member from one of our own flat JSON lines. */
+static int json_number(const char *json, const char *key, double *out) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *at = strstr(json, pat);
+    if (!at) return -1;
+    *out = strtod(at + strlen(pat), NULL);
+    return 0;
+}
+
+static void on_metric(const char *json, void *arg) {
+    Launcher *L = arg;
+    fprintf(L->metrics, "%s\n", json);
+    double step = 0, loss = 0, ms = 0, tps = 0, t = 0;
+    json_number(json, "step", &step);
+    json_number(json, "loss", &loss);
+    json_number(json, "step_ms", &ms);
+    json_number(json, "tokens_per_s", &tps);
+    json_number(json, "t", &t);
+    L->last_step = (int)step;
+    L->last_loss = (float)loss;
+    printf("step %5d/%d | loss %.4f | %8.0f tok/s | %8.1f ms/step | %7.1f s\n", (int)step, L->cfg->steps, loss,
+           tps, ms, t);
+    fflush(stdout);
+}
+
+static void on_event(const char *json, void *arg) {
+    Launcher *L = arg;
+    fprintf(L->events, "%s\n", json);
+    fflush(L->events);
+    if (strstr(json, "\"event\":\"error\"") || strstr(json, "\"event\":\"comm_failure\""))
+        log_msg("worker reported: %s", json);
+}
+
+static void drain_outputs(Launcher *L) {
+    while (ctl_drain(L->ctl, "events", 256, on_event, L) > 0) {
+    }
+    while (ctl_drain(L->ctl, "metrics", 256, on_metric, L) > 0) {
+    }
+    fflush(L->metrics);
+}
+
+static Child *find_child(Launcher *L, pid_t pid) {
+    for (int i = 0; i < L->nchildren; i++)
+        if (L->children[i].pid == pid) return &L->children[i];
+    return NULL;
+}
+
+static void describe_exit(int status, char *out, size_t len) {
+    if (WIFEXITED(status)) snprintf(out, len, "exit status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status)) snprintf(out, len, "killed by signal %d", WTERMSIG(status));
+    else snprintf(out, len, "status %d", status);
+}
+
+/* Reaps exited children; returns the number of workers still running. */
+static int reap_children(Launcher *L) {
+    pid_t pid;
+    int status;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        Child *c = find_child(L, pid);
+        if (!c) continue;
+        c->exited = 1;
+        c->status = status;
+        int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (c->rank >= 0 && !ok && !stop_signal) {
+            char how[64];
+            describe_exit(status, how, sizeof how);
+            log_msg("worker rank %d (pid %d) failed: %s", c->rank, (int)pid, how);
+            event_emit(L->ctl, L->t0_wall_ms, "worker_exit", "\"rank\":%d,\"pid\":%d,\"status\":\"%s\"", c->rank,
+                       (int)pid, how);
+            L->failed = 1;
+        }
+    }
+    int running = 0;
+    for (int i = 0; i < L->nchildren; i++)
+        if (L->children[i].rank >= 0 && !L->children[i].exited) running++;
+    return running;
+}
+
+/* Every child gets until `deadline_ms` to leave on its own, then SIGKILL; all are reaped. */
+static void stop_children(Launcher *L, int grace_ms) {
+    double deadline = now_ms() + grace_ms;
+    for (;;) {
+        int left = 0;
+        for (int i = 0; i < L->nchildren; i++) {
+            Child *c = &L->children[i];
+            if (c->exited) continue;
+            if (waitpid(c->pid, &c->status, WNOHANG) == c->pid) c->exited = 1;
+            else left++;
+        }
+        if (!left) return;
+        if (now_ms() > deadline) break;
+        drain_outputs(L);
+        sleep_ms(10);
+    }
+    for (int i = 0; i < L->nchildren; i++) {
+        Child *c = &L->children[i];
+        if (c->exited) continue;
+        log_msg("process %d did not stop in time: killing it", (int)c->pid);
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, &c->status, 0);
+        c->exited = 1;
+    }
+}
+
+static void supervise(Launcher *L) {
+    while (!stop_signal && !L->failed) {
+        drain_outputs(L);
+        if (reap_children(L) == 0) break;
+        sleep_ms(10);
+    }
+    drain_outputs(L);
+}
+
+int launcher_run(const JobConfig *cfg) {
+    static Launcher L;
+    memset(&L, 0, sizeof L);
+    L.cfg = cfg;
+    char err[1024];
+    int rc = 1;
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
+    log_set_role("deadpool");
+    make_job_id(L.job, sizeof L.job);
+
+    if (open_outputs(&L, err, sizeof err) != 0 || start_control_plane(&L, err, sizeof err) != 0 ||
+        publish_job(&L, err, sizeof err) != 0) {
+        log_msg("%s", err);
+        goto out;
+    }
+    char model_esc[2100], data_esc[2100];
+    json_escape(cfg->model, model_esc, sizeof model_esc);
+    json_escape(cfg->data[0] ? cfg->data : "(built-in corpus)", data_esc, sizeof data_esc);
+    event_emit(L.ctl, L.t0_wall_ms, "start", "\"job\":\"%s\",\"workers\":%d,\"spares\":%d,\"model\":\"%s\",\"data\":\"%s\",\"steps\":%d,\"seed\":%llu",
+               L.job, cfg->workers, cfg->spares, model_esc, data_esc, cfg->steps, (unsigned long long)cfg->seed);
+    log_msg("job %s: %d workers + %d spares, model %s, data %s, %d steps, out %s", L.job, cfg->workers, cfg->spares,
+            cfg->model, cfg->data[0] ? cfg->data : "(built-in corpus)", cfg->steps, cfg->out);
+    if (spawn_all(&L) != 0) {
+        log_msg("cannot start worker processes: %s", strerror(errno));
+        L.failed = 1;
+    } else {
+        supervise(&L);
+    }
+
+    const char *state = stop_signal ? "stopping" : L.failed ? "failed" : "done";
+    ctl_state_set(L.ctl, state);
+    stop_children(&L, 10000);
+    int ok = !stop_signal && !L.failed && L.last_step == cfg->steps;
+    if (stop_signal) log_msg("stopped by signal %d after step %d", (int)stop_signal, L.last_step);
+    else if (ok) log_msg("done: %d steps, final loss %.4f, model in %s/model.bin", L.last_step, L.last_loss, cfg->out);
+    else log_msg("job failed after step %d (see %s/events.jsonl)", L.last_step, cfg->out);
+    event_emit(L.ctl, L.t0_wall_ms, "finish", "\"status\":\"%s\",\"steps\":%d", ok ? "done" : state, L.last_step);
+    drain_outputs(&L);
+    rc = stop_signal ? 130 : ok ? 0 : 1;
+out:
+    if (L.ctl && cfg->redis[0]) ctl_job_delete(L.ctl);
+    if (L.ctl) ctl_close(L.ctl);
+    if (L.server.pid > 0) redis_server_stop(&L.server, 3000);
+    if (L.events) fclose(L.events);
+    if (L.metrics) fclose(L.metrics);
+    return rc;
+}

@@ -1,0 +1,300 @@
+/* redis_server.c — the embedded redis-server that `deadpool run` starts when no --redis URL
+ * is given: a child process on a free loopback port, protected by a random password, with
+ * no persistence. The configuration (and so the password) reaches the server through a pipe
+ * on its stdin ("redis-server -"), never through the command line, where `ps` would show it.
+ * The child is tied to its parent with PR_SET_PDEATHSIG so it cannot outlive the launcher. */
+#include "control.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define START_ATTEMPTS 4        /* a port picked free can be taken before redis binds it */
+#define PING_POLL_MS 10
+#define PING_CONNECT_MS 200
+#define EXIT_EXEC_FAILED 127    /* the shell's convention for "command not found" */
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static long long now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* A port the kernel considers free right now on 127.0.0.1 (bind to port 0, read it back).
+ * Another process may take it before redis binds it; the caller retries on that race. */
+static int pick_free_port(char *err, size_t errlen) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        set_err(err, errlen, "redis-server: socket: %s", strerror(errno));
+        return -1;
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+        set_err(err, errlen, "redis-server: bind 127.0.0.1:0: %s", strerror(errno));
+    else if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
+        set_err(err, errlen, "redis-server: getsockname: %s", strerror(errno));
+    else
+        port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+/* 64 hex characters from 32 bytes of the kernel's CSPRNG. */
+static int make_password(char out[65], char *err, size_t errlen) {
+    unsigned char raw[32];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            set_err(err, errlen, "redis-server: getrandom: %s", strerror(errno));
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof raw; i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 15];
+    }
+    out[64] = '\0';
+    memset(raw, 0, sizeof raw);
+    return 0;
+}
+
+/* A pipe whose read end already holds the whole configuration, write end closed. Writing it
+ * before fork means the write can neither block nor raise SIGPIPE if the child dies early
+ * (the config is far below the pipe capacity); redis reads its stdin up to EOF. */
+static int config_pipe(int port, const char *password, char *err, size_t errlen) {
+    char conf[512];
+    int n = snprintf(conf, sizeof conf,
+                     "port %d\n"
+                     "bind 127.0.0.1\n"
+                     "requirepass %s\n"
+                     "save \"\"\n"
+                     "appendonly no\n"
+                     "protected-mode yes\n"
+                     "daemonize no\n"
+                     "loglevel warning\n"
+                     "logfile \"\"\n",
+                     port, password);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+        set_err(err, errlen, "redis-server: pipe: %s", strerror(errno));
+        return -1;
+    }
+    ssize_t w;
+    do {
+        w = write(fds[1], conf, (size_t)n);
+    } while (w < 0 && errno == EINTR);
+    memset(conf, 0, sizeof conf);
+    close(fds[1]);
+    if (w != n) {
+        set_err(err, errlen, "redis-server: writing the configuration: %s",
+                w < 0 ? strerror(errno) : "short write");
+        close(fds[0]);
+        return -1;
+    }
+    return fds[0];
+}
+
+/* In the child, between fork and exec: only async-signal-safe calls, then exec. */
+static void exec_redis_child(int config_fd, pid_t parent) {
+    /* Die with the parent. Note that Linux delivers this when the *thread* that forked exits,
+     * so start the server from a thread that lives as long as the job. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(EXIT_EXEC_FAILED - 1); /* parent already gone */
+    /* Own process group: a Ctrl-C in the terminal reaches the launcher only, which then
+     * stops the server itself after draining events. */
+    setpgid(0, 0);
+    /* A blocked or ignored SIGTERM would survive exec and make the server unkillable by
+     * redis_server_stop's first signal. */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    if (dup2(config_fd, STDIN_FILENO) < 0) _exit(EXIT_EXEC_FAILED - 1);
+    int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) dup2(devnull, STDOUT_FILENO); /* startup warnings are noise for a job */
+    /* Do not leak the launcher's sockets and files into the server. */
+    close_range(3, ~0U, 0);
+    char *const argv[] = {"redis-server", "-", NULL};
+    execvp(argv[0], argv);
+    _exit(EXIT_EXEC_FAILED);
+}
+
+/* Reaps the child if it exited: 1 and *status when it did, 0 while it runs, -1 on error. */
+static int child_exited(pid_t pid, int *status) {
+    pid_t r;
+    do {
+        r = waitpid(pid, status, WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r == pid) return 1;
+    return r == 0 ? 0 : -1;
+}
+
+/* One AUTH + PING attempt. 1 on PONG, 0 when not ready yet. */
+static int answers_ping(int port, const char *password) {
+    struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (!rc) return 0;
+    int ok = 0;
+    if (rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
+        redisReply *r = redisCommand(rc, "AUTH %s", password);
+        int authed = r && r->type == REDIS_REPLY_STATUS;
+        if (r) freeReplyObject(r);
+        if (authed) {
+            r = redisCommand(rc, "PING");
+            ok = r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+            if (r) freeReplyObject(r);
+        }
+    }
+    redisFree(rc);
+    return ok;
+}
+
+static void kill_and_reap(pid_t pid) {
+    kill(pid, SIGKILL);
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+}
+
+typedef enum { WAIT_READY, WAIT_EXITED, WAIT_FAILED } wait_result;
+
+/* Polls until the server answers PING, exits, or the deadline passes. On WAIT_EXITED the
+ * child has been reaped and *status holds its wait status. */
+static wait_result wait_until_ready(pid_t pid, int port, const char *password, long long deadline,
+                                    int *status, char *err, size_t errlen) {
+    for (;;) {
+        int exited = child_exited(pid, status);
+        if (exited == 1) return WAIT_EXITED;
+        if (exited < 0) {
+            set_err(err, errlen, "redis-server: waitpid: %s (is SIGCHLD ignored?)", strerror(errno));
+            kill_and_reap(pid);
+            return WAIT_FAILED;
+        }
+        if (answers_ping(port, password)) return WAIT_READY;
+        if (now_ms() >= deadline) {
+            set_err(err, errlen, "redis-server: no answer to PING on 127.0.0.1:%d within the timeout", port);
+            kill_and_reap(pid);
+            return WAIT_FAILED;
+        }
+        sleep_ms(PING_POLL_MS);
+    }
+}
+
+/* Describes how the child ended, for the error message. */
+static void describe_exit(int status, int port, char *err, size_t errlen) {
+    if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_EXEC_FAILED)
+        set_err(err, errlen, "redis-server not found: install the Debian package redis-server");
+    else if (WIFEXITED(status))
+        set_err(err, errlen, "redis-server exited with status %d while starting on port %d "
+                "(port taken, or configuration rejected: its log went to /dev/null)",
+                WEXITSTATUS(status), port);
+    else if (WIFSIGNALED(status))
+        set_err(err, errlen, "redis-server was killed by signal %d while starting", WTERMSIG(status));
+    else
+        set_err(err, errlen, "redis-server stopped while starting");
+}
+
+int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen) {
+    if (!s) {
+        set_err(err, errlen, "redis_server_start: no server struct");
+        return -1;
+    }
+    memset(s, 0, sizeof *s);
+    if (timeout_ms <= 0) {
+        set_err(err, errlen, "redis_server_start: timeout must be positive (got %d ms)", timeout_ms);
+        return -1;
+    }
+    long long deadline = now_ms() + timeout_ms;
+    if (make_password(s->password, err, errlen) != 0) return -1;
+
+    for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
+        int port = pick_free_port(err, errlen);
+        if (port < 0) break;
+        int config_fd = config_pipe(port, s->password, err, errlen);
+        if (config_fd < 0) break;
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid < 0) {
+            set_err(err, errlen, "redis-server: fork: %s", strerror(errno));
+            close(config_fd);
+            break;
+        }
+        if (pid == 0) exec_redis_child(config_fd, parent);
+        close(config_fd);
+
+        int status = 0;
+        wait_result w = wait_until_ready(pid, port, s->password, deadline, &status, err, errlen);
+        if (w == WAIT_READY) {
+            s->pid = (int)pid;
+            s->port = port;
+            return 0;
+        }
+        if (w == WAIT_FAILED) break;
+        describe_exit(status, port, err, errlen);
+        /* Exit status 1 is most likely "port already in use" (the race above): retry on a
+         * new port. A missing binary or a crash will not get better. */
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || now_ms() >= deadline) break;
+    }
+    memset(s->password, 0, sizeof s->password);
+    return -1;
+}
+
+void redis_server_stop(redis_server *s, int timeout_ms) {
+    if (!s || s->pid <= 0) return;
+    pid_t pid = (pid_t)s->pid;
+    int status;
+    if (kill(pid, SIGTERM) == 0) {
+        long long deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+        for (;;) {
+            int exited = child_exited(pid, &status);
+            if (exited != 0) break; /* reaped, or not our child any more (ECHILD) */
+            if (now_ms() >= deadline) {
+                kill_and_reap(pid);
+                break;
+            }
+            sleep_ms(PING_POLL_MS);
+        }
+    } else {
+        /* Already dead: reap it if it is still our zombie. */
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    s->pid = 0;
+    memset(s->password, 0, sizeof s->password);
+}

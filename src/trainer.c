@@ -1,0 +1,159 @@
+/* trainer.c — model + data + sharded AdamW state of one rank, and the step that ties them to
+ * the collectives. */
+#include "trainer.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+#include "modelfile.h"
+#include "optimizer.h"
+#include "util.h"
+
+struct Trainer {
+    JobConfig cfg;
+    int rank, size;
+    int B, T;
+    GPT2 *model;
+    DataSet *data;
+    size_t num_params;
+    size_t shard;       /* parameters owned per rank: ceil(num_params / size) */
+    float *m, *v;       /* AdamW moments of this rank's shard */
+    int *inputs, *targets;
+    AdamWConfig opt;
+};
+
+static int load_model_config(const JobConfig *cfg, GPT2Config *mc, int *from_file, char *err, size_t errlen) {
+    *from_file = 0;
+    if (gpt2_preset(cfg->model, mc) == 0) return 0;
+    if (strchr(cfg->model, '/') == NULL && strchr(cfg->model, '.') == NULL) {
+        snprintf(err, errlen, "--model: '%s' is neither a preset (tiny, small, gpt2-124m) nor a file", cfg->model);
+        return -1;
+    }
+    *from_file = 1;
+    return modelfile_read_config(cfg->model, mc, err, errlen);
+}
+
+static AdamWConfig optimizer_config(const JobConfig *cfg) {
+    AdamWConfig o = adamw_defaults();
+    o.lr = cfg->lr;
+    o.weight_decay = cfg->weight_decay;
+    o.grad_clip = cfg->grad_clip;
+    o.warmup_steps = cfg->warmup;
+    o.total_steps = cfg->steps;
+    o.final_lr_frac = cfg->final_lr_frac;
+    return o;
+}
+
+Trainer *trainer_create(const JobConfig *cfg, int rank, int size, char *err, size_t errlen) {
+    GPT2Config mc;
+    int from_file;
+    if (load_model_config(cfg, &mc, &from_file, err, errlen) != 0) return NULL;
+    int T = cfg->seq_len ? cfg->seq_len : mc.max_seq_len;
+    if (T > mc.max_seq_len) {
+        snprintf(err, errlen, "--seq-len: expected <= the model's max_seq_len %d, found %d", mc.max_seq_len, T);
+        return NULL;
+    }
+    Trainer *t = calloc(1, sizeof *t);
+    if (!t) { snprintf(err, errlen, "out of memory"); return NULL; }
+    t->cfg = *cfg;
+    t->rank = rank;
+    t->size = size;
+    t->B = cfg->batch;
+    t->T = T;
+    t->opt = optimizer_config(cfg);
+    t->num_params = gpt2_num_params(&mc);
+    t->shard = (t->num_params + (size_t)size - 1) / (size_t)size;
+
+    t->data = cfg->data[0] ? data_open(cfg->data, mc.vocab_size, err, errlen) : data_builtin(1 << 20);
+    if (!t->data) goto fail;
+    if (data_num_tokens(t->data) <= (size_t)T) {
+        snprintf(err, errlen, "%s: %zu tokens, need more than seq_len %d", cfg->data, data_num_tokens(t->data), T);
+        goto fail;
+    }
+    t->model = gpt2_create(&mc, t->B, T, t->shard * (size_t)size);
+    t->m = calloc(t->shard, sizeof(float));
+    t->v = calloc(t->shard, sizeof(float));
+    t->inputs = malloc((size_t)t->B * T * sizeof(int));
+    t->targets = malloc((size_t)t->B * T * sizeof(int));
+    if (!t->model || !t->m || !t->v || !t->inputs || !t->targets) {
+        snprintf(err, errlen, "out of memory allocating the model (%zu parameters, batch %d x %d)",
+                 t->num_params, t->B, T);
+        goto fail;
+    }
+    if (from_file) {
+        if (modelfile_read(cfg->model, &mc, gpt2_params(t->model), err, errlen) != 0) goto fail;
+    } else {
+        gpt2_init_params(t->model, cfg->seed);
+    }
+    openblas_set_num_threads(cfg->threads);
+    return t;
+fail:
+    trainer_free(t);
+    return NULL;
+}
+
+void trainer_free(Trainer *t) {
+    if (!t) return;
+    gpt2_free(t->model);
+    data_free(t->data);
+    free(t->m);
+    free(t->v);
+    free(t->inputs);
+    free(t->targets);
+    free(t);
+}
+
+const GPT2Config *trainer_model_config(const Trainer *t) { return gpt2_config(t->model); }
+size_t trainer_num_params(const Trainer *t) { return t->num_params; }
+const char *trainer_data_description(const Trainer *t) { return data_describe(t->data); }
+
+/* Forward + backward over this rank's micro-batches; returns the sum of their mean losses. */
+static float accumulate_gradients(Trainer *t, int step) {
+    int A = t->cfg.grad_accum;
+    float loss_sum = 0.0f;
+    gpt2_zero_grad(t->model);
+    for (int a = 0; a < A; a++) {
+        data_batch(t->data, t->cfg.seed, step, t->rank * A + a, t->B, t->T, t->inputs, t->targets);
+        loss_sum += gpt2_forward(t->model, t->inputs, t->targets, t->B, t->T);
+        gpt2_backward(t->model, 1.0f);
+    }
+    return loss_sum;
+}
+
+comm_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) {
+    double t0 = now_ms();
+    int timeout = t->cfg.comm_timeout_ms;
+    float *params = gpt2_params(t->model), *grads = gpt2_grads(t->model);
+    size_t padded = t->shard * (size_t)t->size;
+
+    float loss = accumulate_gradients(t, step);
+    comm_status st = comm_allreduce_sum(comm, grads, padded, timeout);
+    if (st == COMM_OK) st = comm_allreduce_sum(comm, &loss, 1, timeout);
+    if (st != COMM_OK) return st;
+
+    /* Gradients are now sums over N*A micro-batch means: average them. */
+    int micro_batches = t->size * t->cfg.grad_accum;
+    float avg = 1.0f / (float)micro_batches;
+    double norm = grad_global_norm(grads, t->num_params) * avg;
+    float lr = adamw_lr(&t->opt, step);
+    size_t off = (size_t)t->rank * t->shard;
+    adamw_update(params + off, grads + off, t->m, t->v, t->shard, &t->opt, lr,
+                 avg * grad_clip_scale(&t->opt, norm), step + 1);
+    st = comm_allgather(comm, params + off, params, t->shard, timeout);
+    if (st != COMM_OK) return st;
+
+    stats->step = step;
+    stats->loss = loss / (float)micro_batches;
+    stats->lr = lr;
+    stats->grad_norm = (float)norm;
+    stats->step_ms = now_ms() - t0;
+    stats->tokens_per_s = (double)micro_batches * t->B * t->T / (stats->step_ms / 1e3);
+    return COMM_OK;
+}
+
+int trainer_save_model(const Trainer *t, const char *path, char *err, size_t errlen) {
+    return modelfile_write(path, gpt2_config(t->model), gpt2_params(t->model), err, errlen);
+}

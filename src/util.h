@@ -1,0 +1,22 @@
+/* util.h — clocks, logging and JSON string escaping shared by every process role. */
+#ifndef DEADPOOL_UTIL_H
+#define DEADPOOL_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+double now_ms(void);       /* monotonic clock, milliseconds */
+int64_t wall_ms(void);     /* realtime clock, milliseconds since the epoch (shared across hosts) */
+void sleep_ms(int ms);
+
+/* "[deadpool <role>] message" on stderr, one line. */
+void log_set_role(const char *role);
+void log_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Escapes s as the inside of a JSON string into out (always NUL-terminated). */
+void json_escape(const char *s, char *out, size_t len);
+
+/* Creates dir and its parents (mkdir -p). 0 / -1 with errno. */
+int mkdir_p(const char *dir);
+
+#endif

@@ -1,0 +1,33 @@
+/* harness.h — a tiny test harness: each test function reports "ok"/"not ok" lines that
+ * tests/run_all.sh counts. A test binary exits non-zero if any check failed. */
+#ifndef DEADPOOL_TEST_HARNESS_H
+#define DEADPOOL_TEST_HARNESS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static int th_failed_checks;
+static int th_passed, th_failed;
+
+#define CHECK(cond, ...)                                                        \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "  check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                       \
+            fprintf(stderr, "\n");                                              \
+            th_failed_checks++;                                                 \
+        }                                                                       \
+    } while (0)
+
+#define RUN_TEST(fn)                                                            \
+    do {                                                                        \
+        int before_ = th_failed_checks;                                         \
+        fn();                                                                   \
+        if (th_failed_checks == before_) { th_passed++; printf("ok - %s\n", #fn); } \
+        else { th_failed++; printf("not ok - %s\n", #fn); }                     \
+        fflush(stdout);                                                         \
+    } while (0)
+
+#define TEST_MAIN_END() return th_failed ? 1 : 0
+
+#endif

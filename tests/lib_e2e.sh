@@ -1,0 +1,37 @@
+# lib_e2e.sh — helpers for the end-to-end tests (sourced). Each test prints "ok - name" or
+# "not ok - name"; every wait is bounded; only processes this script started are killed.
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DP="$ROOT/deadpool"
+MODELDIFF="$ROOT/build/tests/tool_modeldiff"
+WORK=$(mktemp -d /tmp/dp_e2e_XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+SHAKESPEARE="$ROOT/../shared/data/tinyshakespeare.txt"
+
+ok() { echo "ok - $1"; }
+notok() { echo "not ok - $1"; shift; for l in "$@"; do echo "  $l"; done; }
+
+# run_job OUTDIR TIMEOUT_S ARGS... — runs `deadpool run` with a bound; stderr to OUTDIR.log.
+run_job() {
+  local out=$1 limit=$2; shift 2
+  mkdir -p "$out"
+  timeout -k 5 "$limit" "$DP" run --out "$out" "$@" >"$out.stdout" 2>"$out.log"
+}
+
+# pids_of_job OUTDIR — every process pid the job reported (workers, spares).
+pids_of_job() {
+  grep -o '"pid":[0-9]*' "$1/events.jsonl" 2>/dev/null | cut -d: -f2 | sort -u
+  grep -o 'pid [0-9]*' "$1.log" 2>/dev/null | cut -d' ' -f2 | sort -u
+}
+
+# no_leftovers OUTDIR — true when no process the job started is still alive.
+no_leftovers() {
+  local p
+  for p in $(pids_of_job "$1"); do
+    if kill -0 "$p" 2>/dev/null && grep -qa deadpool "/proc/$p/cmdline" 2>/dev/null; then return 1; fi
+    if kill -0 "$p" 2>/dev/null && grep -qa redis "/proc/$p/cmdline" 2>/dev/null; then return 1; fi
+  done
+  return 0
+}
+
+count_lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }

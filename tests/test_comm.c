@@ -1,0 +1,631 @@
+/* test_comm.c — tests of the Gloo communicator (comm.h) with real processes over loopback TCP.
+ *
+ * The test starts its own password-protected redis-server on a free loopback port and kills it
+ * by pid at exit. Every rank is a forked child that reports through its exit status (and writes
+ * measurements into a shared page); the parent waits with a deadline and kills by pid any child
+ * that overstays. */
+#include "comm.h"
+#include "harness.h"
+
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REDIS_PW "deadpool-test-pw"
+#define BIND "127.0.0.1"
+
+static pid_t redis_pid = -1;
+static pid_t parent_pid = -1;
+static int redis_port = -1;
+static comm_store_addr store;
+
+/* Measurements written by children, read by the parent. */
+typedef struct {
+    double allreduce16_ms;      /* 16 MiB allreduce, 4 ranks, rank 0's view */
+    double kill_at;             /* monotonic seconds when the victim killed itself */
+    double detect_ms[8];        /* survivor r: time from the kill to its error */
+    int detect_status[8];
+    double destroy_ms[8];
+    double timeout_elapsed_ms;
+    int timeout_status;
+} shared_t;
+static shared_t *sh;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ---------------- redis lifecycle ---------------- */
+
+static void stop_redis(void) {
+    if (getpid() != parent_pid || redis_pid <= 0) return; /* children inherit atexit: ignore */
+    pid_t p = redis_pid;
+    redis_pid = -1;
+    kill(p, SIGTERM);
+    for (int i = 0; i < 200; i++) { /* up to 2 s, then force */
+        if (waitpid(p, NULL, WNOHANG) == p) return;
+        sleep_ms(10);
+    }
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+}
+
+static void on_fatal_signal(int sig) {
+    if (getpid() == parent_pid && redis_pid > 0) kill(redis_pid, SIGKILL);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+/* 1 when redis answers PING after AUTH. */
+static int redis_ready(int port) {
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == NULL) return 0;
+    int ok = 0;
+    if (!c->err) {
+        redisReply *r = redisCommand(c, "AUTH %s", REDIS_PW);
+        if (r != NULL) {
+            freeReplyObject(r);
+            r = redisCommand(c, "PING");
+            ok = r != NULL && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+            if (r != NULL) freeReplyObject(r);
+        }
+    }
+    redisFree(c);
+    return ok;
+}
+
+/* Starts redis-server with its config on stdin; returns 0 on success, -1 with a message. */
+static int start_redis_once(void) {
+    int port = free_port();
+    if (port <= 0) {
+        fprintf(stderr, "test_comm: cannot find a free port\n");
+        return -1;
+    }
+    int pfd[2];
+    if (pipe(pfd) != 0) return -1;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t p = fork();
+    if (p < 0) return -1;
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        dup2(pfd[0], 0);
+        close(pfd[0]);
+        close(pfd[1]);
+        FILE *dn = fopen("/dev/null", "w");
+        if (dn != NULL) dup2(fileno(dn), 1);
+        execlp("redis-server", "redis-server", "-", (char *)NULL);
+        fprintf(stderr, "test_comm: cannot exec redis-server: %s (install the redis-server package)\n",
+                strerror(errno));
+        _exit(127);
+    }
+    redis_pid = p;
+    close(pfd[0]);
+    char conf[256];
+    int len = snprintf(conf, sizeof conf,
+                       "port %d\nbind 127.0.0.1\nrequirepass %s\nsave \"\"\nappendonly no\n", port, REDIS_PW);
+    ssize_t w = write(pfd[1], conf, (size_t)len);
+    close(pfd[1]);
+    if (w != len) fprintf(stderr, "test_comm: short write of the redis config\n");
+    double deadline = now_s() + 5.0;
+    while (now_s() < deadline) {
+        int st;
+        if (waitpid(p, &st, WNOHANG) == p) {
+            redis_pid = -1;
+            if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
+                fprintf(stderr, "test_comm: redis-server is not installed (apt-get install redis-server)\n");
+            else
+                fprintf(stderr, "test_comm: redis-server exited early (status 0x%x)\n", st);
+            return -1;
+        }
+        if (redis_ready(port)) {
+            redis_port = port;
+            return 0;
+        }
+        sleep_ms(20);
+    }
+    fprintf(stderr, "test_comm: redis-server did not answer within 5 s\n");
+    stop_redis();
+    return -1;
+}
+
+static int start_redis(void) {
+    for (int attempt = 0; attempt < 3; attempt++) /* the free port may be taken in between */
+        if (start_redis_once() == 0) return 0;
+    return -1;
+}
+
+/* ---------------- child processes ---------------- */
+
+typedef void (*child_fn)(int rank, const char *prefix, int size);
+
+/* Forks a child running fn(rank, prefix, size); the child exits 0 iff all its checks passed. */
+static pid_t spawn(child_fn fn, int rank, const char *prefix, int size) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t p = fork();
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with the test */
+        alarm(25);                        /* and never hangs past 25 s */
+        signal(SIGPIPE, SIG_DFL);         /* comm_create itself must protect against SIGPIPE */
+        th_failed_checks = 0;
+        fn(rank, prefix, size);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(th_failed_checks ? 1 : 0);
+    }
+    return p;
+}
+
+/* Waits for every child up to timeout_s, kills overstayers by pid; CHECKs each exit status. */
+static void wait_children(pid_t *pids, int n, double timeout_s, const char *what) {
+    double deadline = now_s() + timeout_s;
+    int left = n;
+    int status[16];
+    int done[16] = {0};
+    while (left > 0 && now_s() < deadline) {
+        for (int i = 0; i < n; i++) {
+            if (done[i] || pids[i] <= 0) {
+                if (!done[i]) {
+                    done[i] = 1;
+                    status[i] = -1;
+                    left--;
+                }
+                continue;
+            }
+            if (waitpid(pids[i], &status[i], WNOHANG) == pids[i]) {
+                done[i] = 1;
+                left--;
+            }
+        }
+        if (left > 0) sleep_ms(5);
+    }
+    for (int i = 0; i < n; i++) {
+        if (!done[i]) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], &status[i], 0);
+            CHECK(0, "%s: child %d (pid %d) still running after %.0f s, killed", what, i, (int)pids[i], timeout_s);
+            continue;
+        }
+        CHECK(status[i] != -1, "%s: fork of child %d failed", what, i);
+        if (status[i] == -1) continue;
+        CHECK(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0, "%s: child %d %s %d", what, i,
+              WIFEXITED(status[i]) ? "exited with" : "killed by signal",
+              WIFEXITED(status[i]) ? WEXITSTATUS(status[i]) : WTERMSIG(status[i]));
+    }
+}
+
+static comm_t *create_or_fail(const char *prefix, int rank, int size, int timeout_ms) {
+    char err[512];
+    comm_t *c = comm_create(&store, prefix, rank, size, BIND, timeout_ms, err, sizeof err);
+    CHECK(c != NULL, "rank %d: comm_create(%s) failed: %s", rank, prefix, err);
+    return c;
+}
+
+/* Deterministic pseudo-random floats in [-1, 1) per (rank, seed). */
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static void fill_random(float *x, size_t n, int rank, uint64_t seed) {
+    uint64_t s = seed * 1000003u + (uint64_t)rank;
+    for (size_t i = 0; i < n; i++) x[i] = (float)((double)(splitmix(&s) >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* ---------------- test bodies (run in children) ---------------- */
+
+#define N_PATTERN 1000003u
+#define N_BIG (4u * 1024u * 1024u) /* 16 MiB of floats */
+
+static void rank_collectives(int r, const char *prefix, int size) {
+    comm_t *c = create_or_fail(prefix, r, size, 10000);
+    if (c == NULL) return;
+    CHECK(comm_rank(c) == r && comm_size(c) == size, "rank/size %d/%d", comm_rank(c), comm_size(c));
+    /* Gloo writes with writev(2): a write to a dead peer must not kill us with SIGPIPE. */
+    struct sigaction sa;
+    CHECK(sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN, "comm_create left SIGPIPE fatal");
+
+    /* 1. Exact sums of an integer pattern, at sizes that do not divide evenly (and n < size). */
+    static const size_t sizes[] = {1, 3, 5, 1000, N_PATTERN};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        float *b = malloc(n * sizeof *b);
+        for (size_t i = 0; i < n; i++) b[i] = (float)((r + 1) * (int)(i % 1000) + r);
+        comm_status s = comm_allreduce_sum(c, b, n, 10000);
+        CHECK(s == COMM_OK, "allreduce n=%zu: %s (%s)", n, comm_status_str(s), comm_last_error(c));
+        size_t bad = 0;
+        int tot = size * (size + 1) / 2, rs = size * (size - 1) / 2;
+        for (size_t i = 0; i < n; i++)
+            if (b[i] != (float)(tot * (int)(i % 1000) + rs)) bad++;
+        CHECK(bad == 0, "allreduce n=%zu: %zu wrong sums (b[0]=%g)", n, bad, (double)b[0]);
+        free(b);
+    }
+
+    /* 2. Random floats: bit-identical across two repetitions and across ranks, close to the
+     * sum computed locally in double. Also times a 16 MiB allreduce. */
+    size_t n = N_BIG;
+    float *a1 = malloc(n * sizeof *a1), *a2 = malloc(n * sizeof *a2), *ref = malloc(n * sizeof *ref);
+    fill_random(a1, n, r, 7);
+    memcpy(a2, a1, n * sizeof *a1);
+    comm_barrier(c, 10000);
+    double t0 = now_s();
+    comm_status s1 = comm_allreduce_sum(c, a1, n, 10000);
+    double t1 = now_s();
+    comm_status s2 = comm_allreduce_sum(c, a2, n, 10000);
+    CHECK(s1 == COMM_OK && s2 == COMM_OK, "random allreduce: %s / %s", comm_status_str(s1), comm_status_str(s2));
+    if (r == 0) sh->allreduce16_ms = (t1 - t0) * 1e3;
+    CHECK(memcmp(a1, a2, n * sizeof *a1) == 0, "allreduce not bit-identical across repetitions");
+    /* rank 0's result to all (16 MiB broadcast) and compare bits */
+    memcpy(ref, a1, n * sizeof *a1);
+    comm_status sb = comm_broadcast(c, ref, n * sizeof *ref, 0, 10000);
+    CHECK(sb == COMM_OK, "broadcast of result: %s", comm_status_str(sb));
+    CHECK(memcmp(a1, ref, n * sizeof *a1) == 0, "rank %d result differs bitwise from rank 0's", r);
+    {
+        double *exact = calloc(n, sizeof *exact);
+        float *tmp = malloc(n * sizeof *tmp);
+        for (int q = 0; q < size; q++) {
+            fill_random(tmp, n, q, 7);
+            for (size_t i = 0; i < n; i++) exact[i] += tmp[i];
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            if (fabs((double)a1[i] - exact[i]) > 1e-5) bad++;
+        CHECK(bad == 0, "random allreduce: %zu sums off the exact value", bad);
+        free(exact);
+        free(tmp);
+    }
+    free(a1);
+    free(a2);
+    free(ref);
+
+    /* 3. Allgather, aliased (in == out + rank*n) and with a separate input. */
+    size_t m = 1001;
+    float *out = malloc((size_t)size * m * sizeof *out);
+    for (size_t i = 0; i < (size_t)size * m; i++) out[i] = -1.0f;
+    for (size_t i = 0; i < m; i++) out[(size_t)r * m + i] = (float)(r * 10000 + (int)i);
+    comm_status s = comm_allgather(c, out + (size_t)r * m, out, m, 10000);
+    CHECK(s == COMM_OK, "aliased allgather: %s (%s)", comm_status_str(s), comm_last_error(c));
+    size_t bad = 0;
+    for (int q = 0; q < size; q++)
+        for (size_t i = 0; i < m; i++)
+            if (out[(size_t)q * m + i] != (float)(q * 10000 + (int)i)) bad++;
+    CHECK(bad == 0, "aliased allgather: %zu wrong elements", bad);
+    float in[7];
+    for (int i = 0; i < 7; i++) in[i] = (float)(r * 100 + i);
+    memset(out, 0, (size_t)size * 7 * sizeof *out);
+    s = comm_allgather(c, in, out, 7, 10000);
+    CHECK(s == COMM_OK, "allgather: %s", comm_status_str(s));
+    bad = 0;
+    for (int q = 0; q < size; q++)
+        for (int i = 0; i < 7; i++)
+            if (out[q * 7 + i] != (float)(q * 100 + i)) bad++;
+    CHECK(bad == 0 && in[0] == (float)(r * 100), "allgather: %zu wrong elements", bad);
+    free(out);
+
+    /* 4. Broadcast of an odd number of bytes from a non-zero root. */
+    unsigned char bytes[1237];
+    for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = r == 2 ? (unsigned char)(i * 7 + 3) : 0;
+    s = comm_broadcast(c, bytes, sizeof bytes, 2, 10000);
+    CHECK(s == COMM_OK, "broadcast: %s", comm_status_str(s));
+    bad = 0;
+    for (size_t i = 0; i < sizeof bytes; i++)
+        if (bytes[i] != (unsigned char)(i * 7 + 3)) bad++;
+    CHECK(bad == 0, "broadcast: %zu wrong bytes", bad);
+
+    /* 5. Barrier really waits: the last rank arrives 300 ms late. */
+    s = comm_barrier(c, 10000);
+    CHECK(s == COMM_OK, "barrier: %s", comm_status_str(s));
+    if (r == size - 1) sleep_ms(300);
+    double b0 = now_s();
+    s = comm_barrier(c, 10000);
+    double waited = (now_s() - b0) * 1e3;
+    CHECK(s == COMM_OK, "barrier: %s", comm_status_str(s));
+    if (r != size - 1) CHECK(waited > 250, "rank %d left the barrier after %.0f ms, before the late rank", r, waited);
+
+    /* 6. Invalid arguments are refused without breaking the communicator. */
+    CHECK(comm_broadcast(c, bytes, 4, size, 1000) == COMM_ERR_INVALID, "bad root accepted");
+    CHECK(comm_allreduce_sum(c, NULL, 4, 1000) == COMM_ERR_INVALID, "NULL buffer accepted");
+    float one = 1.0f;
+    s = comm_allreduce_sum(c, &one, 1, 10000);
+    CHECK(s == COMM_OK && one == (float)size, "allreduce after invalid calls: %s, %g", comm_status_str(s), (double)one);
+    CHECK(strcmp(comm_last_error(c), "") == 0, "last_error set without error: %s", comm_last_error(c));
+    comm_destroy(c);
+}
+
+static void test_collectives_4ranks(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-coll", (int)getpid());
+    pid_t pids[4];
+    for (int r = 0; r < 4; r++) pids[r] = spawn(rank_collectives, r, prefix, 4);
+    wait_children(pids, 4, 25, "collectives");
+    printf("# 16 MiB allreduce, 4 ranks, loopback: %.1f ms\n", sh->allreduce16_ms);
+}
+
+/* Peer failure: the last rank dies by SIGKILL while the others are inside an allreduce. The
+ * survivors must fail promptly (PEER, or TIMEOUT at worst) and keep the broken communicator
+ * for 1.5 s before destroying it: with 4 ranks, survivors that are not ring neighbours of the
+ * victim only learn of the death because the failing ranks drop their connections at once. */
+#define LINGER_MS 1500
+static size_t failure_n;   /* allreduce length during the failure */
+static int failure_swap;   /* 1: survivors then form a new epoch with a fresh last rank */
+
+static void rank_failure(int r, const char *prefix, int size) {
+    comm_t *c = create_or_fail(prefix, r, size, 10000);
+    if (c == NULL) return;
+    comm_status s = comm_barrier(c, 10000);
+    CHECK(s == COMM_OK, "barrier: %s", comm_status_str(s));
+    if (r == size - 1) {
+        sleep_ms(200); /* let the survivors block in the allreduce */
+        sh->kill_at = now_s();
+        kill(getpid(), SIGKILL);
+        _exit(3); /* not reached */
+    }
+    size_t n = failure_n;
+    float *b = calloc(n, sizeof *b);
+    double t0 = now_s();
+    s = comm_allreduce_sum(c, b, n, 5000);
+    double t1 = now_s();
+    sh->detect_status[r] = (int)s;
+    sh->detect_ms[r] = (t1 - sh->kill_at) * 1e3;
+    CHECK(s == COMM_ERR_PEER || s == COMM_ERR_TIMEOUT, "rank %d: allreduce with a dead peer returned %s", r,
+          comm_status_str(s));
+    CHECK(t1 - t0 < 5.0 + 2.0, "rank %d: allreduce took %.2f s with timeout 5 s", r, t1 - t0);
+    CHECK(sh->detect_ms[r] < LINGER_MS - 500, "rank %d: learned of the death only after %.0f ms", r,
+          sh->detect_ms[r]);
+    CHECK(strlen(comm_last_error(c)) > 0, "rank %d: no error message", r);
+    fprintf(stderr, "# size %d, rank %d: %s after %.0f ms: %s\n", size, r, comm_status_str(s), sh->detect_ms[r],
+            comm_last_error(c));
+    /* broken: every later call fails at once with the same class */
+    double t2 = now_s();
+    comm_status s2 = comm_barrier(c, 5000);
+    comm_status s3 = comm_allreduce_sum(c, b, n, 5000);
+    CHECK(s2 == s && s3 == s, "rank %d: broken communicator returned %s/%s", r, comm_status_str(s2), comm_status_str(s3));
+    CHECK(now_s() - t2 < 0.05, "rank %d: calls on a broken communicator took %.3f s", r, now_s() - t2);
+    sleep_ms(LINGER_MS);
+    double t3 = now_s();
+    comm_destroy(c);
+    sh->destroy_ms[r] = (now_s() - t3) * 1e3;
+    CHECK(now_s() - t3 < 2.0, "rank %d: comm_destroy took %.2f s", r, now_s() - t3);
+
+    if (failure_swap) { /* hot swap: a new communicator under a new prefix with a fresh last rank */
+        char p2[96];
+        snprintf(p2, sizeof p2, "%s-epoch2", prefix);
+        c = create_or_fail(p2, r, size, 10000);
+        if (c != NULL) {
+            float want = (float)(size * (size + 1) / 2);
+            for (size_t i = 0; i < n; i++) b[i] = (float)(r + 1);
+            s = comm_allreduce_sum(c, b, n, 10000);
+            CHECK(s == COMM_OK && b[0] == want && b[n - 1] == want, "rank %d: allreduce after swap: %s %g", r,
+                  comm_status_str(s), (double)b[0]);
+            s = comm_barrier(c, 10000);
+            CHECK(s == COMM_OK, "rank %d: barrier after swap: %s", r, comm_status_str(s));
+            comm_destroy(c);
+        }
+    }
+    free(b);
+}
+
+/* The replacement process: joins only the new epoch. */
+static void rank_replacement(int r, const char *prefix, int size) {
+    comm_t *c = create_or_fail(prefix, r, size, 10000);
+    if (c == NULL) return;
+    size_t n = failure_n;
+    float want = (float)(size * (size + 1) / 2);
+    float *b = malloc(n * sizeof *b);
+    for (size_t i = 0; i < n; i++) b[i] = (float)(r + 1);
+    comm_status s = comm_allreduce_sum(c, b, n, 10000);
+    CHECK(s == COMM_OK && b[0] == want && b[n - 1] == want, "replacement: allreduce: %s %g", comm_status_str(s),
+          (double)b[0]);
+    s = comm_barrier(c, 10000);
+    CHECK(s == COMM_OK, "replacement: barrier: %s", comm_status_str(s));
+    comm_destroy(c);
+    free(b);
+}
+
+static void run_failure(int size, size_t n, int swap, const char *tag) {
+    char prefix[64], p2[96];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-%s", (int)getpid(), tag);
+    snprintf(p2, sizeof p2, "%s-epoch2", prefix);
+    sh->kill_at = 0;
+    failure_n = n;
+    failure_swap = swap;
+    pid_t pids[8];
+    int v = size - 1;
+    for (int r = 0; r < size; r++) pids[r] = spawn(rank_failure, r, prefix, size);
+    /* the victim must die by SIGKILL */
+    int st = 0;
+    double deadline = now_s() + 15;
+    pid_t got = 0;
+    while (now_s() < deadline && (got = waitpid(pids[v], &st, WNOHANG)) == 0) sleep_ms(5);
+    CHECK(got == pids[v] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "victim did not die by SIGKILL");
+    if (got != pids[v]) {
+        kill(pids[v], SIGKILL);
+        waitpid(pids[v], NULL, 0);
+    }
+    if (swap) {
+        pids[v] = spawn(rank_replacement, v, p2, size);
+        wait_children(pids, size, 20, tag);
+    } else {
+        wait_children(pids, size - 1, 20, tag);
+    }
+    for (int r = 0; r < v; r++)
+        printf("# %d ranks, %zu floats, survivor %d: %s %.0f ms after the peer's SIGKILL; comm_destroy %.1f ms\n",
+               size, n, r, comm_status_str((comm_status)sh->detect_status[r]), sh->detect_ms[r], sh->destroy_ms[r]);
+}
+
+/* 3 ranks, rank 2 dies mid-allreduce of 4 MiB; then a new epoch with a fresh rank 2. */
+static void test_peer_failure_and_swap(void) { run_failure(3, 1u << 20, 1, "fail3"); }
+
+/* 4 ranks, rank 3 dies during a small allreduce: ranks 0 and 1 are blocked on live peers. */
+static void test_peer_failure_cascade(void) { run_failure(4, 1024, 0, "fail4"); }
+
+/* Timeout: rank 1 does not show up for the allreduce within rank 0's 500 ms. */
+static void rank_timeout(int r, const char *prefix, int size) {
+    comm_t *c = create_or_fail(prefix, r, size, 10000);
+    if (c == NULL) return;
+    comm_status s = comm_barrier(c, 10000);
+    CHECK(s == COMM_OK, "barrier: %s", comm_status_str(s));
+    if (r == 1) {
+        sleep_ms(1500);
+        comm_destroy(c);
+        return;
+    }
+    float b[256] = {0};
+    double t0 = now_s();
+    s = comm_allreduce_sum(c, b, 256, 500);
+    double el = now_s() - t0;
+    sh->timeout_status = (int)s;
+    sh->timeout_elapsed_ms = el * 1e3;
+    CHECK(s == COMM_ERR_TIMEOUT, "allreduce against a sleeping peer returned %s (%s)", comm_status_str(s),
+          comm_last_error(c));
+    CHECK(el > 0.4 && el < 3.0, "timeout after %.2f s, expected about 0.5 s", el);
+    CHECK(comm_barrier(c, 5000) == COMM_ERR_TIMEOUT, "broken communicator did not repeat the timeout");
+    comm_destroy(c);
+}
+
+static void test_timeout(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-timeout", (int)getpid());
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) pids[r] = spawn(rank_timeout, r, prefix, 2);
+    wait_children(pids, 2, 15, "timeout");
+    printf("# allreduce with timeout 500 ms against a sleeping peer: %s after %.0f ms\n",
+           comm_status_str((comm_status)sh->timeout_status), sh->timeout_elapsed_ms);
+}
+
+static void rank_single(int r, const char *prefix, int size) {
+    comm_t *c = create_or_fail(prefix, r, size, 2000);
+    if (c == NULL) return;
+    CHECK(comm_rank(c) == 0 && comm_size(c) == 1, "size-1 rank/size");
+    float b[3] = {1.5f, -2.0f, 3.0f};
+    CHECK(comm_allreduce_sum(c, b, 3, 1000) == COMM_OK && b[0] == 1.5f && b[1] == -2.0f && b[2] == 3.0f,
+          "size-1 allreduce changed the data");
+    float in[3] = {4, 5, 6}, out[3] = {0, 0, 0};
+    CHECK(comm_allgather(c, in, out, 3, 1000) == COMM_OK && out[0] == 4 && out[2] == 6, "size-1 allgather");
+    CHECK(comm_allgather(c, out, out, 3, 1000) == COMM_OK && out[1] == 5, "size-1 aliased allgather");
+    char msg[6] = "hello";
+    CHECK(comm_broadcast(c, msg, 6, 0, 1000) == COMM_OK && strcmp(msg, "hello") == 0, "size-1 broadcast");
+    CHECK(comm_broadcast(c, msg, 6, 1, 1000) == COMM_ERR_INVALID, "size-1 broadcast from root 1 accepted");
+    CHECK(comm_barrier(c, 1000) == COMM_OK, "size-1 barrier");
+    comm_destroy(c);
+}
+
+static void test_size_one(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-single", (int)getpid());
+    pid_t pid = spawn(rank_single, 0, prefix, 1);
+    wait_children(&pid, 1, 10, "size 1");
+}
+
+/* Store problems and a rendezvous nobody else joins. */
+static void rank_store_errors(int r, const char *prefix, int size) {
+    (void)r;
+    (void)size;
+    char err[512];
+    comm_store_addr bad = store;
+    bad.password = "wrong-password";
+    comm_t *c = comm_create(&bad, prefix, 0, 2, BIND, 2000, err, sizeof err);
+    CHECK(c == NULL && strstr(err, "store") != NULL, "wrong password: %p, err '%s'", (void *)c, err);
+    if (c) comm_destroy(c);
+
+    bad = store;
+    bad.password = NULL;
+    c = comm_create(&bad, prefix, 0, 2, BIND, 2000, err, sizeof err);
+    CHECK(c == NULL && strlen(err) > 0, "no password accepted by a protected redis: err '%s'", err);
+    if (c) comm_destroy(c);
+
+    bad = store;
+    bad.port = free_port();
+    double t0 = now_s();
+    c = comm_create(&bad, prefix, 0, 2, BIND, 2000, err, sizeof err);
+    CHECK(c == NULL && strstr(err, "store") != NULL, "unreachable redis: err '%s'", err);
+    CHECK(now_s() - t0 < 3.0, "unreachable redis took %.2f s", now_s() - t0);
+    if (c) comm_destroy(c);
+
+    t0 = now_s();
+    c = comm_create(&store, prefix, 0, 2, BIND, 500, err, sizeof err);
+    double el = now_s() - t0;
+    CHECK(c == NULL && strstr(err, "timeout") != NULL, "lonely rendezvous: err '%s'", err);
+    CHECK(el > 0.4 && el < 3.0, "lonely rendezvous gave up after %.2f s, timeout 0.5 s", el);
+    if (c) comm_destroy(c);
+
+    c = comm_create(&store, prefix, 2, 2, BIND, 500, err, sizeof err);
+    CHECK(c == NULL && strlen(err) > 0, "rank == size accepted");
+    if (c) comm_destroy(c);
+}
+
+static void test_store_errors(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-store", (int)getpid());
+    pid_t pid = spawn(rank_store_errors, 0, prefix, 2);
+    wait_children(&pid, 1, 15, "store errors");
+}
+
+int main(void) {
+    parent_pid = getpid();
+    signal(SIGPIPE, SIG_IGN); /* writing the redis config; children restore the default */
+    sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    memset(sh, 0, sizeof *sh);
+    atexit(stop_redis);
+    signal(SIGTERM, on_fatal_signal);
+    signal(SIGINT, on_fatal_signal);
+    if (start_redis() != 0) {
+        printf("not ok - start_redis (see stderr)\n");
+        return 1;
+    }
+    store.host = "127.0.0.1";
+    store.port = redis_port;
+    store.password = REDIS_PW;
+
+    double t0 = now_s();
+    RUN_TEST(test_size_one);
+    RUN_TEST(test_collectives_4ranks);
+    RUN_TEST(test_peer_failure_and_swap);
+    RUN_TEST(test_peer_failure_cascade);
+    RUN_TEST(test_timeout);
+    RUN_TEST(test_store_errors);
+    printf("# test_comm total %.1f s\n", now_s() - t0);
+    stop_redis();
+    TEST_MAIN_END();
+}

@@ -1,0 +1,443 @@
+/* test_control.c — tests of the control plane (src/control.c) against a real redis-server
+ * started with redis_server_start (src/redis_server.c): URL parsing, authentication, every
+ * key family of a job, heartbeat expiry, ordered draining, job deletion, and that stopping
+ * the server leaves no process. Also prints the measured command round-trip latency. */
+#include "control.h"
+#include "harness.h"
+
+#include <errno.h>
+#include <hiredis.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TIMEOUT_MS 2000
+
+static redis_server g_server;
+static int g_server_up;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static redis_addr server_addr(void) {
+    redis_addr a;
+    memset(&a, 0, sizeof a);
+    snprintf(a.host, sizeof a.host, "127.0.0.1");
+    a.port = g_server.port;
+    snprintf(a.password, sizeof a.password, "%s", g_server.password);
+    return a;
+}
+
+/* A connection for `job`, or NULL (the check has already been counted). */
+static ctl_t *connect_job(const char *job) {
+    char err[512] = "";
+    redis_addr a = server_addr();
+    ctl_t *c = ctl_connect(&a, job, TIMEOUT_MS, err, sizeof err);
+    CHECK(c != NULL, "ctl_connect(%s): %s", job, err);
+    return c;
+}
+
+/* ---------------------------------------------------------------------------------- */
+
+static void test_server_start(void) {
+    char err[512] = "";
+    int rc = redis_server_start(&g_server, 10000, err, sizeof err);
+    CHECK(rc == 0, "redis_server_start: %s", err);
+    if (rc != 0) return;
+    g_server_up = 1;
+    CHECK(g_server.pid > 0, "pid %d", g_server.pid);
+    CHECK(g_server.port > 0 && g_server.port < 65536, "port %d", g_server.port);
+    CHECK(strlen(g_server.password) == 64, "password length %zu", strlen(g_server.password));
+    CHECK(strspn(g_server.password, "0123456789abcdef") == 64, "password is not hex");
+}
+
+static void test_server_missing_binary(void) {
+    const char *old = getenv("PATH");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("PATH", "/nonexistent-deadpool-test", 1);
+    redis_server s;
+    char err[512] = "";
+    int rc = redis_server_start(&s, 3000, err, sizeof err);
+    if (saved) {
+        setenv("PATH", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("PATH");
+    }
+    CHECK(rc == -1, "start succeeded without redis-server on PATH");
+    if (rc == 0) redis_server_stop(&s, 2000);
+    CHECK(strstr(err, "redis-server not found") != NULL, "message: %s", err);
+    CHECK(strstr(err, "install the Debian package redis-server") != NULL, "message: %s", err);
+}
+
+static void test_url_valid_forms(void) {
+    redis_addr a;
+    char err[512] = "";
+    unsetenv("DEADPOOL_REDIS_PASSWORD");
+
+    CHECK(redis_addr_parse("redis://:s3cret@example.org:6380/", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.host, "example.org") == 0 && a.port == 6380, "%s:%d", a.host, a.port);
+    CHECK(strcmp(a.password, "s3cret") == 0, "password '%s'", a.password);
+
+    CHECK(redis_addr_parse("redis://10.0.0.5:6379", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.host, "10.0.0.5") == 0 && a.port == 6379, "%s:%d", a.host, a.port);
+    CHECK(a.password[0] == '\0', "password '%s'", a.password);
+
+    CHECK(redis_addr_parse("localhost:7000", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.host, "localhost") == 0 && a.port == 7000, "%s:%d", a.host, a.port);
+
+    CHECK(redis_addr_parse("redis://:a%40b%2Fc@h:1", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.password, "a@b/c") == 0, "percent-decoded password '%s'", a.password);
+
+    CHECK(redis_addr_parse("redis://[::1]:6379/", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.host, "::1") == 0 && a.port == 6379, "%s:%d", a.host, a.port);
+
+    CHECK(redis_addr_parse("redis://::1:6390", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.host, "::1") == 0 && a.port == 6390, "unbracketed IPv6 %s:%d", a.host, a.port);
+}
+
+static void test_url_env_password(void) {
+    redis_addr a;
+    char err[512] = "";
+    setenv("DEADPOOL_REDIS_PASSWORD", "fromenv", 1);
+    CHECK(redis_addr_parse("redis://h:1234", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.password, "fromenv") == 0, "env fallback gave '%s'", a.password);
+    CHECK(redis_addr_parse("redis://:inurl@h:1234", &a, err, sizeof err) == 0, "%s", err);
+    CHECK(strcmp(a.password, "inurl") == 0, "URL password must win, got '%s'", a.password);
+    unsetenv("DEADPOOL_REDIS_PASSWORD");
+}
+
+/* Each bad URL must be rejected with a message naming the problem and never the password. */
+static void test_url_rejected(void) {
+    static const struct { const char *url, *expect; } cases[] = {
+        {"redis://:topsecret@host", "missing port"},
+        {"redis://:topsecret@host:", "missing port"},
+        {"host", "missing port"},
+        {"redis://[::1]", "missing port"},
+        {"redis://:topsecret@:6379", "missing host"},
+        {"redis://", "missing host"},
+        {"redis://:topsecret@host:abc", "port must be a number"},
+        {"redis://:topsecret@host:70000", "between 1 and 65535"},
+        {"redis://:topsecret@host:0", "between 1 and 65535"},
+        {"http://:topsecret@host:6379", "unsupported scheme"},
+        {"redis://topsecret@host:6379", "':PASSWORD@'"},
+        {"redis://user:topsecret@host:6379", "user names are not supported"},
+        {"redis://:topsecret@host:6379/3", "unexpected path"},
+        {"redis://:topsecret%zz@host:6379", "%-escape"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        redis_addr a;
+        char err[512] = "";
+        int rc = redis_addr_parse(cases[i].url, &a, err, sizeof err);
+        CHECK(rc == -1, "accepted bad URL #%zu", i);
+        CHECK(strstr(err, cases[i].expect) != NULL, "URL #%zu: message '%s' lacks '%s'", i, err,
+              cases[i].expect);
+        CHECK(strstr(err, "topsecret") == NULL, "URL #%zu: message leaks the password: %s", i, err);
+        CHECK(strstr(err, "redis URL") != NULL, "URL #%zu: message '%s'", i, err);
+    }
+}
+
+static void test_wrong_password_rejected(void) {
+    if (!g_server_up) return;
+    redis_addr a = server_addr();
+    snprintf(a.password, sizeof a.password, "wrong-password-xyz");
+    char err[512] = "";
+    ctl_t *c = ctl_connect(&a, "jobA", TIMEOUT_MS, err, sizeof err);
+    CHECK(c == NULL, "connected with a wrong password");
+    ctl_close(c);
+    CHECK(strstr(err, "authentication failed") != NULL, "message: %s", err);
+    CHECK(strstr(err, "wrong-password-xyz") == NULL, "message leaks the password: %s", err);
+
+    a.password[0] = '\0'; /* no password at all: the server requires one */
+    c = ctl_connect(&a, "jobA", TIMEOUT_MS, err, sizeof err);
+    CHECK(c == NULL, "connected without a password");
+    ctl_close(c);
+    CHECK(strstr(err, "authentication failed") != NULL, "message: %s", err);
+}
+
+static void test_connect_errors(void) {
+    if (!g_server_up) return;
+    redis_addr a = server_addr();
+    char err[512] = "";
+    ctl_t *c = ctl_connect(&a, "bad:job", TIMEOUT_MS, err, sizeof err);
+    CHECK(c == NULL, "accepted a job name with ':'");
+    ctl_close(c);
+    CHECK(strstr(err, "job name") != NULL, "message: %s", err);
+
+    a.port = 1; /* nothing listens there */
+    c = ctl_connect(&a, "jobA", 500, err, sizeof err);
+    CHECK(c == NULL, "connected to port 1");
+    ctl_close(c);
+    CHECK(strstr(err, "cannot connect") != NULL, "message: %s", err);
+    CHECK(strstr(err, g_server.password) == NULL, "message leaks the password: %s", err);
+}
+
+/* Kills every client connection from a side connection (as a Redis restart or a network
+ * reset would); the ctl_t must recover by itself within two calls. */
+static void kill_all_clients(void) {
+    struct timeval tv = {.tv_sec = 2, .tv_usec = 0};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", g_server.port, tv);
+    CHECK(rc && rc->err == 0, "side connection failed");
+    if (!rc || rc->err) {
+        if (rc) redisFree(rc);
+        return;
+    }
+    redisSetTimeout(rc, tv);
+    redisReply *r = redisCommand(rc, "AUTH %s", g_server.password);
+    if (r) freeReplyObject(r);
+    r = redisCommand(rc, "CLIENT KILL TYPE normal SKIPME yes");
+    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1, "CLIENT KILL did not kill anything");
+    if (r) freeReplyObject(r);
+    redisFree(rc);
+}
+
+static void test_reconnect_after_connection_loss(void) {
+    ctl_t *c = connect_job("jobReconnect");
+    if (!c) return;
+    CHECK(ctl_state_set(c, "running") == 0, "%s", ctl_last_error(c));
+    kill_all_clients();
+    char s[32] = "";
+    int rc = ctl_state_get(c, s, sizeof s);
+    if (rc != 0) rc = ctl_state_get(c, s, sizeof s); /* the first call may see the dead socket */
+    CHECK(rc == 0 && strcmp(s, "running") == 0, "no recovery: rc %d state '%s' (%s)", rc, s,
+          ctl_last_error(c));
+    CHECK(strstr(ctl_last_error(c), g_server.password) == NULL, "error leaks the password");
+    CHECK(ctl_job_delete(c) == 0, "%s", ctl_last_error(c));
+    ctl_close(c);
+}
+
+static void test_config(void) {
+    ctl_t *c = connect_job("jobA");
+    if (!c) return;
+    CHECK(strcmp(ctl_job(c), "jobA") == 0, "job '%s'", ctl_job(c));
+    CHECK(ctl_config_set(c, "world", "4") == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_config_set(c, "model", "{\"layers\": [784, 128, 10]}") == 0, "%s", ctl_last_error(c));
+    char v[128] = "";
+    CHECK(ctl_config_get(c, "world", v, sizeof v) == 0 && strcmp(v, "4") == 0, "world '%s'", v);
+    CHECK(ctl_config_get(c, "model", v, sizeof v) == 0 && strcmp(v, "{\"layers\": [784, 128, 10]}") == 0,
+          "value with spaces round-trips: '%s'", v);
+    CHECK(ctl_config_get(c, "absent", v, sizeof v) == -1, "absent field read as present");
+    CHECK(strstr(ctl_last_error(c), "absent") != NULL, "error '%s'", ctl_last_error(c));
+    char tiny[2];
+    CHECK(ctl_config_get(c, "model", tiny, sizeof tiny) == -1, "truncation not reported");
+    ctl_close(c);
+}
+
+static void test_proc_ids(void) {
+    ctl_t *c = connect_job("jobA");
+    if (!c) return;
+    long prev = 0;
+    for (int i = 0; i < 20; i++) {
+        long id = ctl_new_proc_id(c);
+        CHECK(id > prev, "id %ld after %ld: %s", id, prev, ctl_last_error(c));
+        prev = id;
+    }
+    ctl_close(c);
+}
+
+static void test_claim_rank(void) {
+    ctl_t *c = connect_job("jobA");
+    ctl_t *d = connect_job("jobA");
+    if (!c || !d) goto out;
+    long p1 = ctl_new_proc_id(c), p2 = ctl_new_proc_id(d);
+    CHECK(p1 > 0 && p2 > 0 && p1 != p2, "ids %ld %ld", p1, p2);
+    CHECK(ctl_rank_owner(c, 3) == 0, "rank 3 owned before any claim");
+    CHECK(ctl_claim_rank(c, 3, p1) == 1, "first claim: %s", ctl_last_error(c));
+    CHECK(ctl_claim_rank(d, 3, p2) == 0, "second claim of the same rank succeeded");
+    CHECK(ctl_rank_owner(d, 3) == p1, "owner %ld, expected %ld", ctl_rank_owner(d, 3), p1);
+    CHECK(ctl_claim_rank(d, 4, p2) == 1, "claim of another rank: %s", ctl_last_error(d));
+    CHECK(ctl_rank_owner(c, 4) == p2, "owner of rank 4");
+out:
+    ctl_close(c);
+    ctl_close(d);
+}
+
+static void test_spares(void) {
+    ctl_t *c = connect_job("jobA");
+    if (!c) return;
+    CHECK(ctl_spare_count(c) == 0, "count %ld", ctl_spare_count(c));
+    CHECK(ctl_spare_add(c, 11) == 0 && ctl_spare_add(c, 12) == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_spare_add(c, 12) == 0, "re-adding is not an error");
+    CHECK(ctl_spare_count(c) == 2, "count %ld", ctl_spare_count(c));
+    CHECK(ctl_spare_remove(c, 11) == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_spare_count(c) == 1, "count %ld", ctl_spare_count(c));
+    CHECK(ctl_spare_remove(c, 99) == 0, "removing an absent spare is not an error");
+    CHECK(ctl_spare_count(c) == 1, "count %ld", ctl_spare_count(c));
+    ctl_close(c);
+}
+
+static void test_heartbeat_ttl(void) {
+    ctl_t *c = connect_job("jobA");
+    if (!c) return;
+    long id = ctl_new_proc_id(c);
+    CHECK(ctl_alive(c, id) == 0, "alive before the first heartbeat");
+    CHECK(ctl_heartbeat(c, id, 300) == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_alive(c, id) == 1, "not alive right after the heartbeat");
+    /* Expiry: must be gone by 450 ms; poll a little longer (bounded) to allow for a slow
+     * machine, but fail if it is still alive after 2 s. */
+    sleep_ms(450);
+    int alive = ctl_alive(c, id);
+    double t0 = now_s();
+    while (alive == 1 && now_s() - t0 < 1.5) {
+        sleep_ms(20);
+        alive = ctl_alive(c, id);
+    }
+    CHECK(alive == 0, "heartbeat still alive (%d) well past its TTL", alive);
+    CHECK(ctl_heartbeat(c, id, 0) == -1, "ttl 0 accepted");
+    ctl_close(c);
+}
+
+static void test_epoch(void) {
+    ctl_t *c = connect_job("jobEpoch");
+    if (!c) return;
+    CHECK(ctl_epoch(c) == 0, "initial epoch %ld", ctl_epoch(c));
+    CHECK(ctl_epoch_incr(c) == 1, "first increment");
+    CHECK(ctl_epoch_incr(c) == 2, "second increment");
+    CHECK(ctl_epoch(c) == 2, "epoch %ld", ctl_epoch(c));
+    ctl_close(c);
+}
+
+static void test_state(void) {
+    ctl_t *c = connect_job("jobA");
+    if (!c) return;
+    char s[32] = "x";
+    CHECK(ctl_state_get(c, s, sizeof s) == 0 && s[0] == '\0', "unset state read as '%s'", s);
+    CHECK(ctl_state_set(c, "running") == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "running") == 0, "state '%s'", s);
+    CHECK(ctl_state_set(c, "stopping") == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "stopping") == 0, "state '%s'", s);
+    ctl_close(c);
+}
+
+typedef struct {
+    int count;
+    int in_order;
+} drain_check;
+
+static void expect_next_event(const char *json, void *arg) {
+    drain_check *d = arg;
+    char want[64];
+    snprintf(want, sizeof want, "{\"i\": %d}", d->count);
+    if (strcmp(json, want) != 0) d->in_order = 0;
+    d->count++;
+}
+
+static void test_events_drain_in_order(void) {
+    ctl_t *c = connect_job("jobA");
+    if (!c) return;
+    for (int i = 0; i < 100; i++) {
+        char json[64];
+        snprintf(json, sizeof json, "{\"i\": %d}", i);
+        CHECK(ctl_push_event(c, json) == 0, "push %d: %s", i, ctl_last_error(c));
+    }
+    CHECK(ctl_push_metric(c, "{\"loss\": 1.5}") == 0, "%s", ctl_last_error(c));
+    drain_check d = {0, 1};
+    int chunks = 0, n;
+    while ((n = ctl_drain(c, "events", 30, expect_next_event, &d)) > 0 && chunks < 10) {
+        CHECK(n <= 30, "chunk of %d items", n);
+        chunks++;
+    }
+    CHECK(n == 0, "last drain returned %d: %s", n, ctl_last_error(c));
+    CHECK(chunks == 4, "%d chunks", chunks);
+    CHECK(d.count == 100, "%d events drained", d.count);
+    CHECK(d.in_order, "events out of order");
+    CHECK(ctl_drain(c, "metrics", 10, NULL, NULL) == 1, "metric list separate from events");
+    CHECK(ctl_drain(c, "bogus", 10, NULL, NULL) == -1, "unknown list accepted");
+    ctl_close(c);
+}
+
+static void test_job_delete(void) {
+    ctl_t *a = connect_job("jobA");
+    ctl_t *b = connect_job("jobB");
+    ctl_t *ab = connect_job("jobAB"); /* shares a textual prefix with jobA */
+    if (!a || !b || !ab) goto out;
+    CHECK(ctl_config_set(b, "world", "2") == 0, "%s", ctl_last_error(b));
+    CHECK(ctl_epoch_incr(b) == 1, "jobB epoch");
+    CHECK(ctl_config_set(ab, "world", "8") == 0, "%s", ctl_last_error(ab));
+    /* jobA: one of each key family, plus many keys so SCAN needs several pages. */
+    long id = ctl_new_proc_id(a);
+    CHECK(ctl_heartbeat(a, id, 60000) == 0 && ctl_spare_add(a, id) == 0, "%s", ctl_last_error(a));
+    CHECK(ctl_epoch_incr(a) >= 1 && ctl_state_set(a, "done") == 0, "%s", ctl_last_error(a));
+    CHECK(ctl_push_event(a, "{}") == 0 && ctl_push_metric(a, "{}") == 0, "%s", ctl_last_error(a));
+    for (int i = 0; i < 2500; i++) ctl_heartbeat(a, 100000 + i, 60000);
+    CHECK(ctl_job_delete(a) == 0, "%s", ctl_last_error(a));
+
+    char v[32];
+    CHECK(ctl_config_get(a, "world", v, sizeof v) == -1, "jobA config survived");
+    CHECK(ctl_epoch(a) == 0, "jobA epoch survived");
+    CHECK(ctl_alive(a, id) == 0 && ctl_alive(a, 100000 + 2499) == 0, "jobA heartbeats survived");
+    CHECK(ctl_spare_count(a) == 0, "jobA spares survived");
+    CHECK(ctl_rank_owner(a, 3) == 0, "jobA rank claim survived");
+    CHECK(ctl_state_get(a, v, sizeof v) == 0 && v[0] == '\0', "jobA state survived: '%s'", v);
+    CHECK(ctl_drain(a, "events", 10, NULL, NULL) == 0, "jobA events survived");
+
+    CHECK(ctl_config_get(b, "world", v, sizeof v) == 0 && strcmp(v, "2") == 0, "jobB config lost");
+    CHECK(ctl_epoch(b) == 1, "jobB epoch lost");
+    CHECK(ctl_config_get(ab, "world", v, sizeof v) == 0 && strcmp(v, "8") == 0, "jobAB config lost");
+    CHECK(ctl_job_delete(b) == 0 && ctl_job_delete(ab) == 0, "cleanup");
+out:
+    ctl_close(a);
+    ctl_close(b);
+    ctl_close(ab);
+}
+
+/* Information only: the cost of one blocking control-plane command on loopback. */
+static void test_roundtrip_latency(void) {
+    ctl_t *c = connect_job("jobLatency");
+    if (!c) return;
+    const int n = 1000;
+    int failures = 0;
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) failures += ctl_heartbeat(c, 1, 5000) != 0;
+    double dt = now_s() - t0;
+    CHECK(failures == 0, "%d heartbeats failed: %s", failures, ctl_last_error(c));
+    printf("# ctl round trip: %d heartbeats in %.1f ms, %.1f us each\n", n, dt * 1e3, dt * 1e6 / n);
+    ctl_job_delete(c);
+    ctl_close(c);
+}
+
+static void test_server_stop(void) {
+    if (!g_server_up) return;
+    int pid = g_server.pid;
+    redis_server_stop(&g_server, 5000);
+    g_server_up = 0;
+    errno = 0;
+    CHECK(kill(pid, 0) == -1 && errno == ESRCH, "pid %d still exists after stop (errno %d)", pid, errno);
+    CHECK(g_server.pid == 0, "pid field not cleared");
+    redis_server_stop(&g_server, 100); /* a second stop is a no-op */
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN); /* as the launcher and the worker do; see control.c */
+    RUN_TEST(test_server_missing_binary);
+    RUN_TEST(test_server_start);
+    RUN_TEST(test_url_valid_forms);
+    RUN_TEST(test_url_env_password);
+    RUN_TEST(test_url_rejected);
+    RUN_TEST(test_wrong_password_rejected);
+    RUN_TEST(test_connect_errors);
+    RUN_TEST(test_reconnect_after_connection_loss);
+    RUN_TEST(test_config);
+    RUN_TEST(test_proc_ids);
+    RUN_TEST(test_claim_rank);
+    RUN_TEST(test_spares);
+    RUN_TEST(test_heartbeat_ttl);
+    RUN_TEST(test_epoch);
+    RUN_TEST(test_state);
+    RUN_TEST(test_events_drain_in_order);
+    RUN_TEST(test_job_delete);
+    RUN_TEST(test_roundtrip_latency);
+    RUN_TEST(test_server_stop);
+    TEST_MAIN_END();
+}

@@ -39,6 +39,13 @@ static const OptSpec OPTIONS[] = {
     {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 10, 3600000, "bound on every collective"},
     {"start-timeout-ms", OPT_INT, F(start_timeout_ms), 100, 3600000, "bound on joining the job"},
     {"heartbeat-ttl-ms", OPT_INT, F(heartbeat_ttl_ms), 30, 600000, "heartbeat expiry"},
+    {"ft", OPT_STR, F(ft), 0, 0, "fault tolerance: deadpool (in-memory snapshots), disk, none"},
+    {"ckpt-every", OPT_INT, F(ckpt_every), 0, 1e9, "--ft disk: synchronous checkpoint every K steps"},
+    {"persist-every", OPT_INT, F(persist_every), 0, 1e9, "--ft deadpool: persist a committed snapshot every K steps (0 = never)"},
+    {"replicas", OPT_INT, F(replicas), 0, 16, "replica holders per rank"},
+    {"replica-placement", OPT_STR, F(replica_placement), 0, 0, "ring (rank i -> i+1 mod N) or spares"},
+    {"resume", OPT_STR, F(resume), 0, 0, "continue from the newest checkpoint in this directory"},
+    {"resume-step", OPT_INT, F(resume_step), -1, 1e9, "(internal) the checkpoint step --resume found"},
 };
 #undef F
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
@@ -62,6 +69,18 @@ void job_config_defaults(JobConfig *c) {
     c->comm_timeout_ms = 30000;
     c->start_timeout_ms = 60000;
     c->heartbeat_ttl_ms = 1000;
+    snprintf(c->ft, sizeof c->ft, "deadpool");
+    c->replicas = 1;
+    snprintf(c->replica_placement, sizeof c->replica_placement, "ring");
+    c->resume_step = -1;
+}
+
+/* String fields are char arrays of different sizes: the gap to the next field's offset
+ * would be fragile, so name them. */
+static size_t field_capacity(const OptSpec *o) {
+    if (o->offset == offsetof(JobConfig, ft)) return sizeof(((JobConfig *)0)->ft);
+    if (o->offset == offsetof(JobConfig, replica_placement)) return sizeof(((JobConfig *)0)->replica_placement);
+    return 1024;
 }
 
 static const OptSpec *find_option(const char *name) {
@@ -102,13 +121,35 @@ int job_config_set(JobConfig *c, const char *name, const char *value, char *err,
         snprintf(err, errlen, "--%s: value too long or contains a newline", name);
         return -1;
     }
-    snprintf((char *)field, 1024, "%s", value);
+    size_t cap = field_capacity(o);
+    if (strlen(value) >= cap) {
+        snprintf(err, errlen, "--%s: value longer than %zu characters", name, cap - 1);
+        return -1;
+    }
+    snprintf((char *)field, cap, "%s", value);
     return 0;
 }
 
 int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
     if (!c->model[0]) { snprintf(err, errlen, "--model: expected a preset or a file, found nothing"); return -1; }
     if (!c->out[0]) { snprintf(err, errlen, "--out: expected a directory, found nothing"); return -1; }
+    if (strcmp(c->ft, "deadpool") && strcmp(c->ft, "disk") && strcmp(c->ft, "none")) {
+        snprintf(err, errlen, "--ft: expected deadpool, disk or none, found '%s'", c->ft);
+        return -1;
+    }
+    if (!strcmp(c->ft, "disk") && c->ckpt_every < 1) {
+        snprintf(err, errlen, "--ft disk needs --ckpt-every K (K >= 1)");
+        return -1;
+    }
+    if (strcmp(c->replica_placement, "ring") && strcmp(c->replica_placement, "spares")) {
+        snprintf(err, errlen, "--replica-placement: expected ring or spares, found '%s'", c->replica_placement);
+        return -1;
+    }
+    if (!strcmp(c->replica_placement, "spares") && c->replicas > c->spares) {
+        snprintf(err, errlen, "--replica-placement spares: --replicas %d needs at least that many spares, found --spares %d",
+                 c->replicas, c->spares);
+        return -1;
+    }
     if (c->warmup > c->steps) {
         snprintf(err, errlen, "--warmup: expected <= --steps (%d), found %d", c->steps, c->warmup);
         return -1;

@@ -27,6 +27,13 @@ typedef struct {
     int comm_timeout_ms;  /* bound on every collective */
     int start_timeout_ms; /* bound on joining the job (rendezvous, registration) */
     int heartbeat_ttl_ms; /* a process whose heartbeat key is older than this is dead */
+    char ft[16];          /* fault tolerance: "deadpool", "disk" or "none" */
+    int ckpt_every;       /* --ft disk: synchronous checkpoint every K steps */
+    int persist_every;    /* --ft deadpool: write a committed snapshot to disk every K steps (0 = never) */
+    int replicas;         /* replica holders per rank */
+    char replica_placement[16]; /* "ring" (rank i -> i+1..i+R) or "spares" */
+    char resume[1024];    /* directory whose newest checkpoint the job continues from ("" = none) */
+    int resume_step;      /* that checkpoint's step, -1 = fresh start (set by the launcher) */
 } JobConfig;
 
 void job_config_defaults(JobConfig *c);

@@ -537,6 +537,98 @@ long ctl_spare_count(ctl_t *c) {
     return (long)n;
 }
 
+static int compare_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+int ctl_spare_list(ctl_t *c, long *ids, int max) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "spares");
+    redisReply *r = ctl_command(c, "SMEMBERS %s", key);
+    if (!r) return -1;
+    int n = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && n < max; i++) {
+        long id;
+        if (r->element[i]->type == REDIS_REPLY_STRING && parse_long(r->element[i]->str, r->element[i]->len, &id) == 0)
+            ids[n++] = id;
+    }
+    freeReplyObject(r);
+    qsort(ids, (size_t)n, sizeof *ids, compare_long);
+    return n;
+}
+
+int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, proc_id);
+    redisReply *r = ctl_command(c, "HSET %s %s %s", key, field, value);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, proc_id);
+    redisReply *r = ctl_command(c, "HGET %s %s", key, field);
+    if (!r) return -1;
+    int rc = -1;
+    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, "proc");
+    else ctl_set_error(c, "process %ld has no '%s'", proc_id, field);
+    freeReplyObject(r);
+    return rc;
+}
+
+int ctl_committed_set(ctl_t *c, int rank, long long step) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:committed:%d", c->job, rank);
+    redisReply *r = ctl_command(c, "SET %s %lld", key, step);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+long long ctl_committed_min(ctl_t *c, int nranks) {
+    long long min = LLONG_MAX;
+    /* One MGET round trip for all ranks; argv form because the key count varies. */
+    enum { CHUNK = 256 };
+    for (int base = 0; base < nranks; base += CHUNK) {
+        int n = nranks - base < CHUNK ? nranks - base : CHUNK;
+        char keys[CHUNK][CTL_KEY_MAX];
+        const char *argv[CHUNK + 1];
+        argv[0] = "MGET";
+        for (int i = 0; i < n; i++) {
+            snprintf(keys[i], sizeof keys[i], "dp:%s:committed:%d", c->job, base + i);
+            argv[i + 1] = keys[i];
+        }
+        if (ensure_connected(c) != 0) return -2;
+        redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
+        if (!r || r->type != REDIS_REPLY_ARRAY) {
+            ctl_set_error(c, "redis: MGET committed failed");
+            if (r) freeReplyObject(r);
+            return -2;
+        }
+        for (size_t i = 0; i < r->elements; i++) {
+            long v;
+            if (r->element[i]->type != REDIS_REPLY_STRING || parse_long(r->element[i]->str, r->element[i]->len, &v) != 0) {
+                min = -1;
+                continue;
+            }
+            if (v < min) min = v;
+        }
+        freeReplyObject(r);
+    }
+    return min == LLONG_MAX ? -1 : min;
+}
+
+long long ctl_counter_incr(ctl_t *c, const char *name) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, name);
+    long long v;
+    if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
+    return v;
+}
+
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms) {
     if (ttl_ms <= 0) {
         ctl_set_error(c, "heartbeat: ttl must be positive (got %d ms)", ttl_ms);

@@ -44,6 +44,21 @@ int ctl_spare_remove(ctl_t *c, long proc_id);
 /* Number of processes in the spare pool, -1 on error. */
 long ctl_spare_count(ctl_t *c);
 
+/* Sorted proc ids of the spare pool into ids (up to max). Returns the count, -1 on error. */
+int ctl_spare_list(ctl_t *c, long *ids, int max);
+
+/* Per-process facts (hash dp:{job}:proc:{id}): e.g. "replica" = "host:port", "host". 0 / -1. */
+int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value);
+int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len);
+
+/* Newest committed snapshot generation of each rank (dp:{job}:committed:{rank}). */
+int ctl_committed_set(ctl_t *c, int rank, long long step);
+/* Minimum over ranks 0..nranks-1; -1 when some rank has committed nothing; -2 on error. */
+long long ctl_committed_min(ctl_t *c, int nranks);
+
+/* INCR of the job counter dp:{job}:{name}; the new value, -1 on error. */
+long long ctl_counter_incr(ctl_t *c, const char *name);
+
 /* Heartbeat: SET dp:{job}:hb:{proc_id} PX ttl_ms. 0 / -1. */
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms);
 /* 1 if the heartbeat key of proc_id is alive, 0 if expired, -1 on error. */

@@ -89,15 +89,17 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
 static int open_outputs(Launcher *L, char *err, size_t errlen) {
     char path[1200];
     if (mkdir_p(L->cfg->out) != 0) {
-        snprintf(err, errlen, "--out %s: cannot create directory: %s", L->cfg->out, strerror(errno));
+        snprintf(err, errlen, "--out %.900s: cannot create directory: %s", L->cfg->out, strerror(errno));
         return -1;
     }
+    /* A resumed job continues its predecessor's logs. */
+    const char *mode = L->cfg->resume_step >= 0 ? "a" : "w";
     snprintf(path, sizeof path, "%s/events.jsonl", L->cfg->out);
-    L->events = fopen(path, "w");
+    L->events = fopen(path, mode);
     snprintf(path, sizeof path, "%s/metrics.jsonl", L->cfg->out);
-    L->metrics = fopen(path, "w");
+    L->metrics = fopen(path, mode);
     if (!L->events || !L->metrics) {
-        snprintf(err, errlen, "%s: cannot create: %s", path, strerror(errno));
+        snprintf(err, errlen, "%.900s: cannot create: %s", path, strerror(errno));
         return -1;
     }
     snprintf(path, sizeof path, "%s/model.bin", L->cfg->out);
@@ -220,7 +222,7 @@ static int reap_children(Launcher *L) {
     return running;
 }
 
-/* Every child gets until `deadline_ms` to leave on its own, then SIGKILL; all are reaped. */
+/* Every child gets grace_ms to leave on its own, then SIGKILL; all are reaped. */
 static void stop_children(Launcher *L, int grace_ms) {
     double deadline = now_ms() + grace_ms;
     for (;;) {
@@ -277,8 +279,12 @@ int launcher_run(const JobConfig *cfg) {
     json_escape(cfg->data[0] ? cfg->data : "(built-in corpus)", data_esc, sizeof data_esc);
     event_emit(L.ctl, L.t0_wall_ms, "start", "\"job\":\"%s\",\"workers\":%d,\"spares\":%d,\"model\":\"%s\",\"data\":\"%s\",\"steps\":%d,\"seed\":%llu",
                L.job, cfg->workers, cfg->spares, model_esc, data_esc, cfg->steps, (unsigned long long)cfg->seed);
-    log_msg("job %s: %d workers + %d spares, model %s, data %s, %d steps, out %s", L.job, cfg->workers, cfg->spares,
-            cfg->model, cfg->data[0] ? cfg->data : "(built-in corpus)", cfg->steps, cfg->out);
+    log_msg("job %s: %d workers + %d spares, model %s, data %s, %d steps, out %s, ft %s", L.job, cfg->workers,
+            cfg->spares, cfg->model, cfg->data[0] ? cfg->data : "(built-in corpus)", cfg->steps, cfg->out, cfg->ft);
+    if (cfg->resume_step >= 0) {
+        log_msg("resuming from the checkpoint of step %d in %s", cfg->resume_step + 1, cfg->resume);
+        event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", cfg->resume_step + 1);
+    }
     if (spawn_all(&L) != 0) {
         log_msg("cannot start worker processes: %s", strerror(errno));
         L.failed = 1;
@@ -288,6 +294,11 @@ int launcher_run(const JobConfig *cfg) {
 
     const char *state = stop_signal ? "stopping" : L.failed ? "failed" : "done";
     ctl_state_set(L.ctl, state);
+    /* After a failure nothing useful is left to finish: survivors may be blocked in a
+     * collective with the dead rank, so they get SIGTERM at once. */
+    if (L.failed)
+        for (int i = 0; i < L.nchildren; i++)
+            if (!L.children[i].exited) kill(L.children[i].pid, SIGTERM);
     stop_children(&L, 10000);
     int ok = !stop_signal && !L.failed && L.last_step == cfg->steps;
     if (stop_signal) log_msg("stopped by signal %d after step %d", (int)stop_signal, L.last_step);

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "config.h"
 #include "launcher.h"
 #include "util.h"
@@ -38,10 +39,40 @@ static int split_option(int argc, char **argv, int i, char *name, size_t nlen, c
     return 2;
 }
 
+/* --resume DIR: the job's config comes from DIR's newest complete checkpoint; options given
+ * on the command line still apply on top of it. */
+static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, size_t errlen) {
+    const char *dir = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--resume") && i + 1 < argc) dir = argv[i + 1];
+        else if (!strncmp(argv[i], "--resume=", 9)) dir = argv[i] + 9;
+    }
+    if (!dir) return 0;
+    int64_t step = checkpoint_latest(dir, err, errlen);
+    if (step < 0) return -1;
+    char path[4200];
+    static char text[65536];
+    checkpoint_path(path, sizeof path, dir, step, "config.txt");
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    if (!f || n == 0) { snprintf(err, errlen, "%.900s: cannot read the checkpoint's job config", path); return -1; }
+    text[n] = 0;
+    if (job_config_parse_lines(cfg, text, err, errlen) != 0) return -1;
+    snprintf(cfg->out, sizeof cfg->out, "%s", dir);
+    snprintf(cfg->resume, sizeof cfg->resume, "%s", dir);
+    cfg->resume_step = (int)step;
+    return 0;
+}
+
 static int cmd_run(int argc, char **argv) {
     JobConfig cfg;
     job_config_defaults(&cfg);
     char err[1024];
+    if (load_resume_config(argc, argv, &cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "deadpool: --resume: %s\n", err);
+        return 2;
+    }
     for (int i = 0; i < argc;) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -53,6 +84,7 @@ static int cmd_run(int argc, char **argv) {
         const char *value;
         int used = split_option(argc, argv, i, name, sizeof name, &value);
         if (!used) return 2;
+        if (!strcmp(name, "resume") || !strcmp(name, "resume-step")) { i += used; continue; }
         if (job_config_set(&cfg, name, value, err, sizeof err) != 0) {
             fprintf(stderr, "deadpool: %s\n", err);
             return 2;

@@ -2,14 +2,14 @@
 #include "modelfile.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <sys/uio.h>
+
+#include "util.h"
 
 static const char *const HEADER_FIELDS[8] = {"magic", "version", "max_seq_len", "vocab_size",
     "num_layers", "num_heads", "channels", "padded_vocab_size"};
@@ -123,45 +123,9 @@ out:
     return rc;
 }
 
-int write_file_atomic(const char *path, const void *header, size_t hlen, const void *data, size_t len,
-                      char *err, size_t errlen) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) { snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno)); return -1; }
-    const void *parts[2] = {header, data};
-    size_t lens[2] = {hlen, len};
-    for (int p = 0; p < 2; p++) {
-        const char *at = parts[p];
-        size_t left = lens[p];
-        while (left > 0) {
-            ssize_t w = write(fd, at, left);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) {
-                snprintf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
-                close(fd);
-                unlink(tmp);
-                return -1;
-            }
-            at += w;
-            left -= (size_t)w;
-        }
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        snprintf(err, errlen, "%s: fsync/close failed: %s", tmp, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    if (rename(tmp, path) != 0) {
-        snprintf(err, errlen, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
-}
-
 int modelfile_write(const char *path, const GPT2Config *cfg, const float *params, char *err, size_t errlen) {
     int32_t h[256];
     config_to_header(cfg, h);
-    return write_file_atomic(path, h, sizeof h, params, gpt2_num_params(cfg) * sizeof(float), err, errlen);
+    struct iovec parts[2] = {{h, sizeof h}, {(void *)params, gpt2_num_params(cfg) * sizeof(float)}};
+    return write_file_atomic(path, parts, 2, err, errlen);
 }

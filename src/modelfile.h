@@ -21,9 +21,4 @@ int modelfile_read(const char *path, const GPT2Config *cfg, float *params, char 
 /* Writes atomically (temporary file, fsync, rename). 0 / -1 + err. */
 int modelfile_write(const char *path, const GPT2Config *cfg, const float *params, char *err, size_t errlen);
 
-/* Writes `len` bytes to path atomically (path.tmp, fsync, rename). Shared by every file the
- * job leaves behind. 0 / -1 + err. */
-int write_file_atomic(const char *path, const void *header, size_t hlen, const void *data, size_t len,
-                      char *err, size_t errlen);
-
 #endif

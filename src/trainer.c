@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checkpoint.h"
 #include "data.h"
 #include "modelfile.h"
 #include "optimizer.h"
+#include "shard_state.h"
 #include "util.h"
 
 struct Trainer {
@@ -23,9 +25,19 @@ struct Trainer {
     float *m, *v;       /* AdamW moments of this rank's shard */
     int *inputs, *targets;
     AdamWConfig opt;
+    ShardMeta meta;     /* live, updated with every optimizer step */
+    Snapshot *snap;
 };
 
-static int load_model_config(const JobConfig *cfg, GPT2Config *mc, int *from_file, char *err, size_t errlen) {
+/* Where the initial parameters come from: a resumed checkpoint, a model file, or a preset. */
+static int load_model_config(const JobConfig *cfg, char *model_file, size_t len, GPT2Config *mc, int *from_file,
+                             char *err, size_t errlen) {
+    *from_file = 1;
+    if (cfg->resume_step >= 0) {
+        checkpoint_path(model_file, len, cfg->resume, cfg->resume_step, "model.bin");
+        return modelfile_read_config(model_file, mc, err, errlen);
+    }
+    snprintf(model_file, len, "%s", cfg->model);
     *from_file = 0;
     if (gpt2_preset(cfg->model, mc) == 0) return 0;
     if (strchr(cfg->model, '/') == NULL && strchr(cfg->model, '.') == NULL) {
@@ -47,10 +59,45 @@ static AdamWConfig optimizer_config(const JobConfig *cfg) {
     return o;
 }
 
+/* Restores this rank's shard (parameters, moments, position) from a verified state payload. */
+static int load_shard_state(Trainer *t, const SnapHeader *h, const void *payload, char *err, size_t errlen) {
+    ShardMeta meta;
+    if (h->length != shard_state_bytes(t->shard)) {
+        snprintf(err, errlen, "rank %d state: %llu bytes, expected %zu for this model and %d workers", t->rank,
+                 (unsigned long long)h->length, shard_state_bytes(t->shard), t->size);
+        return -1;
+    }
+    memcpy(&meta, payload, sizeof meta);
+    if (meta.rank != t->rank || meta.world != t->size || (size_t)meta.num_params != t->num_params ||
+        (size_t)meta.shard != t->shard || meta.seed != t->cfg.seed) {
+        snprintf(err, errlen, "rank %d state: taken by rank %d of %d with seed %llu, this job is rank %d of %d with seed %llu",
+                 t->rank, meta.rank, meta.world, (unsigned long long)meta.seed, t->rank, t->size,
+                 (unsigned long long)t->cfg.seed);
+        return -1;
+    }
+    const char *p = payload;
+    float *params = gpt2_params(t->model) + (size_t)t->rank * t->shard;
+    memcpy(params, p + shard_state_params_off(), t->shard * sizeof(float));
+    memcpy(t->m, p + shard_state_m_off(t->shard), t->shard * sizeof(float));
+    memcpy(t->v, p + shard_state_v_off(t->shard), t->shard * sizeof(float));
+    t->meta = meta;
+    return 0;
+}
+
+static int resume_shard(Trainer *t, char *err, size_t errlen) {
+    SnapHeader h;
+    void *payload;
+    if (checkpoint_read_shard(t->cfg.resume, t->cfg.resume_step, t->rank, &h, &payload, err, errlen) != 0) return -1;
+    int rc = load_shard_state(t, &h, payload, err, errlen);
+    free(payload);
+    return rc;
+}
+
 Trainer *trainer_create(const JobConfig *cfg, int rank, int size, char *err, size_t errlen) {
     GPT2Config mc;
     int from_file;
-    if (load_model_config(cfg, &mc, &from_file, err, errlen) != 0) return NULL;
+    char model_file[4200];
+    if (load_model_config(cfg, model_file, sizeof model_file, &mc, &from_file, err, errlen) != 0) return NULL;
     int T = cfg->seq_len ? cfg->seq_len : mc.max_seq_len;
     if (T > mc.max_seq_len) {
         snprintf(err, errlen, "--seq-len: expected <= the model's max_seq_len %d, found %d", mc.max_seq_len, T);
@@ -84,10 +131,13 @@ Trainer *trainer_create(const JobConfig *cfg, int rank, int size, char *err, siz
         goto fail;
     }
     if (from_file) {
-        if (modelfile_read(cfg->model, &mc, gpt2_params(t->model), err, errlen) != 0) goto fail;
+        if (modelfile_read(model_file, &mc, gpt2_params(t->model), err, errlen) != 0) goto fail;
     } else {
         gpt2_init_params(t->model, cfg->seed);
     }
+    t->meta = (ShardMeta){.step = -1, .seed = cfg->seed, .next_step = 0, .num_params = (int64_t)t->num_params,
+                          .shard = (int64_t)t->shard, .rank = rank, .world = size};
+    if (cfg->resume_step >= 0 && resume_shard(t, err, errlen) != 0) goto fail;
     openblas_set_num_threads(cfg->threads);
     return t;
 fail:
@@ -105,6 +155,19 @@ void trainer_free(Trainer *t) {
     free(t->targets);
     free(t);
 }
+
+int trainer_first_step(const Trainer *t) { return (int)t->meta.next_step; }
+
+int trainer_state_regions(Trainer *t, SnapRegion regions[4]) {
+    size_t bytes = t->shard * sizeof(float);
+    regions[0] = (SnapRegion){&t->meta, sizeof t->meta};
+    regions[1] = (SnapRegion){gpt2_params(t->model) + (size_t)t->rank * t->shard, bytes};
+    regions[2] = (SnapRegion){t->m, bytes};
+    regions[3] = (SnapRegion){t->v, bytes};
+    return 4;
+}
+
+void trainer_attach_snapshot(Trainer *t, Snapshot *snap) { t->snap = snap; }
 
 const GPT2Config *trainer_model_config(const Trainer *t) { return gpt2_config(t->model); }
 size_t trainer_num_params(const Trainer *t) { return t->num_params; }
@@ -140,8 +203,13 @@ comm_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) {
     double norm = grad_global_norm(grads, t->num_params) * avg;
     float lr = adamw_lr(&t->opt, step);
     size_t off = (size_t)t->rank * t->shard;
+    /* The previous generation's copy must be done reading the shard before we change it. */
+    double waited = t->snap ? snapshot_wait_read(t->snap) : 0.0;
     adamw_update(params + off, grads + off, t->m, t->v, t->shard, &t->opt, lr,
                  avg * grad_clip_scale(&t->opt, norm), step + 1);
+    t->meta.step = step;
+    t->meta.next_step = step + 1;
+    if (t->snap) snapshot_capture(t->snap, step);
     st = comm_allgather(comm, params + off, params, t->shard, timeout);
     if (st != COMM_OK) return st;
 
@@ -149,6 +217,7 @@ comm_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) {
     stats->loss = loss / (float)micro_batches;
     stats->lr = lr;
     stats->grad_norm = (float)norm;
+    stats->snapshot_wait_ms = waited;
     stats->step_ms = now_ms() - t0;
     stats->tokens_per_s = (double)micro_batches * t->B * t->T / (stats->step_ms / 1e3);
     return COMM_OK;

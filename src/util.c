@@ -2,11 +2,14 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 double now_ms(void) {
     struct timespec ts;
@@ -61,5 +64,39 @@ int mkdir_p(const char *dir) {
         *p = '/';
     }
     if (mkdir(path, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+int write_file_atomic(const char *path, const struct iovec *parts, int nparts, char *err, size_t errlen) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno)); return -1; }
+    for (int p = 0; p < nparts; p++) {
+        const char *at = parts[p].iov_base;
+        size_t left = parts[p].iov_len;
+        while (left > 0) {
+            ssize_t w = write(fd, at, left);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                snprintf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+                close(fd);
+                unlink(tmp);
+                return -1;
+            }
+            at += w;
+            left -= (size_t)w;
+        }
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        snprintf(err, errlen, "%s: fsync/close failed: %s", tmp, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        snprintf(err, errlen, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
     return 0;
 }

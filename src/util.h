@@ -16,6 +16,11 @@ void log_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Escapes s as the inside of a JSON string into out (always NUL-terminated). */
 void json_escape(const char *s, char *out, size_t len);
 
+struct iovec;
+/* Writes the parts to path atomically: path.tmp.PID, fsync, rename. A reader sees the old
+ * file or the whole new one, never a torn one. 0 / -1 + err. */
+int write_file_atomic(const char *path, const struct iovec *parts, int nparts, char *err, size_t errlen);
+
 /* Creates dir and its parents (mkdir -p). 0 / -1 with errno. */
 int mkdir_p(const char *dir);
 

@@ -1,0 +1,83 @@
+/* replica.h — the replication channel: a holder process keeps other ranks' snapshots in its
+ * host memory and serves them back.
+ *
+ * Every DeadPool process runs a replica server (a listening TCP socket plus a thread per
+ * connection), separate from the training collectives, so replication never blocks them.
+ * A holder keeps two slots per (owner rank): a PUT is received into the slot that does not
+ * hold the newest verified generation, and becomes visible only after its CRC32C checks out,
+ * so a sender that dies mid-transfer never damages the previous generation. */
+#ifndef DEADPOOL_REPLICA_H
+#define DEADPOOL_REPLICA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SNAP_MAGIC 0x31535044u /* "DPS1" */
+#define SNAP_VERSION 1
+
+/* Header of one snapshot generation, on the wire and on disk. */
+typedef struct {
+    uint32_t magic;
+    uint32_t version;
+    char job[40];
+    int64_t epoch;       /* membership epoch that produced it */
+    int32_t rank;        /* owner rank */
+    int32_t world;       /* data-parallel size when it was taken */
+    int64_t step;        /* generation: the 0-based step whose optimizer update it follows */
+    uint64_t length;     /* payload bytes */
+    uint32_t crc;        /* CRC32C of the payload */
+    uint32_t header_crc; /* CRC32C of every header byte before this field */
+} SnapHeader;
+
+/* Fills header_crc. */
+void snap_header_seal(SnapHeader *h);
+/* NULL if the header is well formed and its header_crc matches, else what is wrong. */
+const char *snap_header_check(const SnapHeader *h);
+
+typedef enum {
+    REPLICA_OK = 0,
+    REPLICA_IO = -1,        /* connection failed, closed or timed out */
+    REPLICA_REFUSED = -2,   /* the holder refused the PUT: checksum or header mismatch */
+    REPLICA_NOT_FOUND = -3, /* the holder has no such generation */
+    REPLICA_CORRUPT = -4    /* data received on GET failed its checksum */
+} replica_status;
+
+typedef struct ReplicaServer ReplicaServer;
+
+/* Listens on bind_host:port (port 0 = any free port) for job `job`. NULL + err on failure. */
+ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, char *err, size_t errlen);
+int replica_server_port(const ReplicaServer *s);
+/* Closes the socket, ends every connection thread, frees every slot. */
+void replica_server_stop(ReplicaServer *s);
+/* A copy (malloc'ed into *payload) of the newest verified generation of `rank` that is
+ * <= max_step (max_step < 0: the newest). REPLICA_OK or REPLICA_NOT_FOUND; REPLICA_CORRUPT
+ * when the stored bytes of every such generation failed their re-verification (a memory
+ * fault: those generations are dropped). GET answers the same way. */
+replica_status replica_server_lookup(ReplicaServer *s, int rank, int64_t max_step, SnapHeader *h, void **payload);
+/* For tests only: flips one bit of the stored payload of rank's valid generation `step`, as a
+ * memory fault would. 0, or -1 when there is no such generation or byte. */
+int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t offset);
+
+/* Request type bytes on the wire (the protocol is described in replica.c). */
+#define REPLICA_REQ_PUT 'P'
+#define REPLICA_REQ_GET 'G'
+
+/* A client connection to one holder. After an I/O failure or a refusal it is reopened by
+ * the next call, so one ReplicaConn can be kept for the whole job. timeout_ms bounds the
+ * whole call (connect, send, receive); values <= 0 mean 1 ms. */
+typedef struct ReplicaConn ReplicaConn;
+
+/* Connects to a holder, bounded by timeout_ms. NULL + err. */
+ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen);
+void replica_close(ReplicaConn *c);
+
+/* Sends one generation and waits for the holder's verdict (bounded by timeout_ms). */
+replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms);
+/* Fetches rank's newest verified generation <= max_step (max_step < 0: newest) for job;
+ * verifies header and payload checksums. *payload is malloc'ed. */
+replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
+                           void **payload, int timeout_ms);
+
+const char *replica_status_str(replica_status s);
+
+#endif

@@ -1,0 +1,263 @@
+/* snapshot.c — the snapshot thread: ping-pong copy, replication, commit. */
+#include "snapshot.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checksum.h"
+#include "util.h"
+
+typedef struct {
+    SnapHeader header;
+    unsigned char *data;
+} Slot;
+
+struct Snapshot {
+    SnapshotConfig cfg;
+    char job[40];
+    SnapRegion *regions;
+    ReplicaTarget *targets;
+    ReplicaConn **conns;
+    size_t bytes;           /* payload size: sum of region lengths */
+    Slot slots[2];
+    int committed_slot;     /* -1 before the first commit */
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;  /* a capture was requested, or stop */
+    pthread_cond_t done_cv;  /* reading finished / generation finished */
+    int64_t pending;         /* requested generation, -1 none */
+    int reading;             /* the live regions are (about to be) read */
+    int busy;                /* a generation is in flight */
+    int stop;
+    int64_t committed;
+    SnapshotStats stats;
+    int warned;              /* replication failure already logged */
+};
+
+static void copy_regions(Snapshot *s, Slot *slot) {
+    uint32_t crc = 0;
+    size_t off = 0;
+    for (int i = 0; i < s->cfg.nregions; i++) {
+        crc = crc32c_copy(crc, slot->data + off, s->regions[i].ptr, s->regions[i].len);
+        off += s->regions[i].len;
+    }
+    SnapHeader *h = &slot->header;
+    memset(h, 0, sizeof *h);
+    h->magic = SNAP_MAGIC;
+    h->version = SNAP_VERSION;
+    snprintf(h->job, sizeof h->job, "%s", s->job);
+    h->epoch = s->cfg.epoch;
+    h->rank = s->cfg.rank;
+    h->world = s->cfg.world;
+    h->length = s->bytes;
+    h->crc = crc;
+}
+
+/* Sends the slot to every holder; reconnects once per holder on a broken connection. */
+static int replicate(Snapshot *s, const Slot *slot) {
+    int ok = 1;
+    for (int i = 0; i < s->cfg.ntargets; i++) {
+        replica_status st = REPLICA_IO;
+        for (int attempt = 0; attempt < 2 && st == REPLICA_IO; attempt++) {
+            if (!s->conns[i]) {
+                char err[256];
+                s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, err, sizeof err);
+                if (!s->conns[i]) continue;
+            }
+            st = replica_put(s->conns[i], &slot->header, slot->data, s->cfg.timeout_ms);
+            if (st == REPLICA_IO) {
+                replica_close(s->conns[i]);
+                s->conns[i] = NULL;
+            }
+        }
+        if (st != REPLICA_OK) {
+            ok = 0;
+            if (!s->warned) {
+                log_msg("snapshot of step %lld not replicated to %s:%d: %s", (long long)slot->header.step,
+                        s->targets[i].host, s->targets[i].port, replica_status_str(st));
+                s->warned = 1;
+            }
+        }
+    }
+    return ok;
+}
+
+static void run_generation(Snapshot *s, int64_t step) {
+    int free_slot = s->committed_slot == 0 ? 1 : 0;
+    Slot *slot = &s->slots[free_slot];
+    double t0 = now_ms();
+    copy_regions(s, slot);
+    slot->header.step = step;
+    snap_header_seal(&slot->header);
+    double t1 = now_ms();
+
+    pthread_mutex_lock(&s->mu);
+    s->reading = 0;
+    s->stats.copy_ms_last = t1 - t0;
+    s->stats.copy_ms_total += t1 - t0;
+    s->stats.bytes_copied += s->bytes;
+    pthread_cond_broadcast(&s->done_cv);
+    pthread_mutex_unlock(&s->mu);
+
+    int ok = replicate(s, slot);
+    double t2 = now_ms();
+
+    pthread_mutex_lock(&s->mu);
+    s->stats.replicate_ms_last = t2 - t1;
+    s->stats.replicate_ms_total += t2 - t1;
+    if (ok) {
+        s->stats.bytes_replicated += s->bytes * (uint64_t)s->cfg.ntargets;
+        s->committed_slot = free_slot;
+        s->committed = step;
+        s->stats.commits++;
+    } else {
+        s->stats.failures++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* The committed slot is not written again until the next generation commits elsewhere,
+     * so the callback may read it without the lock. */
+    if (ok && s->cfg.on_commit) s->cfg.on_commit(&slot->header, slot->data, s->cfg.arg);
+
+    pthread_mutex_lock(&s->mu);
+    s->busy = s->pending >= 0; /* a capture may have been queued while we replicated */
+    pthread_cond_broadcast(&s->done_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *snapshot_thread(void *arg) {
+    Snapshot *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->pending < 0 && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+        if (s->pending < 0) break;
+        int64_t step = s->pending;
+        s->pending = -1;
+        pthread_mutex_unlock(&s->mu);
+        run_generation(s, step);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen) {
+    Snapshot *s = calloc(1, sizeof *s);
+    if (!s) { snprintf(err, errlen, "out of memory"); return NULL; }
+    s->cfg = *cfg;
+    snprintf(s->job, sizeof s->job, "%s", cfg->job);
+    s->cfg.job = s->job;
+    s->regions = calloc((size_t)cfg->nregions, sizeof *s->regions);
+    s->targets = calloc((size_t)cfg->ntargets + 1, sizeof *s->targets);
+    s->conns = calloc((size_t)cfg->ntargets + 1, sizeof *s->conns);
+    if (!s->regions || !s->targets || !s->conns) goto oom;
+    memcpy(s->regions, cfg->regions, (size_t)cfg->nregions * sizeof *s->regions);
+    if (cfg->ntargets) memcpy(s->targets, cfg->targets, (size_t)cfg->ntargets * sizeof *s->targets);
+    s->cfg.regions = s->regions;
+    s->cfg.targets = s->targets;
+    for (int i = 0; i < cfg->nregions; i++) s->bytes += cfg->regions[i].len;
+    for (int i = 0; i < 2; i++) {
+        /* Touch every page now: the first copy must not pay for page faults. */
+        s->slots[i].data = calloc(1, s->bytes);
+        if (!s->slots[i].data) goto oom;
+    }
+    s->committed_slot = -1;
+    s->committed = -1;
+    s->pending = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+    pthread_cond_init(&s->done_cv, NULL);
+    if (pthread_create(&s->thread, NULL, snapshot_thread, s) != 0) {
+        snprintf(err, errlen, "cannot start the snapshot thread");
+        free(s->slots[0].data);
+        free(s->slots[1].data);
+        free(s->regions);
+        free(s->targets);
+        free(s->conns);
+        free(s);
+        return NULL;
+    }
+    return s;
+oom:
+    snprintf(err, errlen, "out of memory allocating snapshot buffers (2 x %zu bytes)", s->bytes);
+    free(s->slots[0].data);
+    free(s->slots[1].data);
+    free(s->regions);
+    free(s->targets);
+    free(s->conns);
+    free(s);
+    return NULL;
+}
+
+void snapshot_capture(Snapshot *s, int64_t step) {
+    pthread_mutex_lock(&s->mu);
+    s->pending = step;
+    s->reading = 1;
+    s->busy = 1;
+    s->stats.captures++;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+double snapshot_wait_read(Snapshot *s) {
+    pthread_mutex_lock(&s->mu);
+    double waited = 0.0;
+    if (s->reading) {
+        double t0 = now_ms();
+        while (s->reading) pthread_cond_wait(&s->done_cv, &s->mu);
+        waited = now_ms() - t0;
+        s->stats.waits++;
+        s->stats.wait_ms_total += waited;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return waited;
+}
+
+int snapshot_drain(Snapshot *s, int timeout_ms) {
+    double deadline = now_ms() + timeout_ms;
+    pthread_mutex_lock(&s->mu);
+    while (s->busy && now_ms() < deadline) {
+        pthread_mutex_unlock(&s->mu);
+        sleep_ms(1);
+        pthread_mutex_lock(&s->mu);
+    }
+    int rc = s->busy ? -1 : 0;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+int64_t snapshot_committed(Snapshot *s) {
+    pthread_mutex_lock(&s->mu);
+    int64_t c = s->committed;
+    pthread_mutex_unlock(&s->mu);
+    return c;
+}
+
+void snapshot_stats(Snapshot *s, SnapshotStats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void snapshot_destroy(Snapshot *s) {
+    if (!s) return;
+    snapshot_drain(s, s->cfg.timeout_ms);
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    for (int i = 0; i < s->cfg.ntargets; i++)
+        if (s->conns[i]) replica_close(s->conns[i]);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_cond_destroy(&s->done_cv);
+    free(s->slots[0].data);
+    free(s->slots[1].data);
+    free(s->regions);
+    free(s->targets);
+    free(s->conns);
+    free(s);
+}

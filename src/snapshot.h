@@ -1,0 +1,67 @@
+/* snapshot.h — per-iteration in-memory snapshots with ping-pong buffers and replication.
+ *
+ * After the optimizer update of step k the trainer calls snapshot_capture(k). A background
+ * thread copies the live state into the free one of two host buffers (checksumming as it
+ * copies), then sends it to every replica holder and waits for their verdicts. Generation k
+ * is committed when the local copy and all replicas are complete and verified; until then the
+ * other buffer keeps the previous committed generation untouched. The training loop only ever
+ * waits in snapshot_wait_read, before it modifies the live state again, and only if the copy
+ * of the previous generation has not finished reading it. */
+#ifndef DEADPOOL_SNAPSHOT_H
+#define DEADPOOL_SNAPSHOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "replica.h"
+
+typedef struct {
+    const void *ptr;
+    size_t len;
+} SnapRegion;
+
+typedef struct {
+    char host[256];
+    int port;
+} ReplicaTarget;
+
+typedef struct {
+    const char *job;
+    int64_t epoch;
+    int rank, world;
+    const SnapRegion *regions; /* live state, concatenated in this order */
+    int nregions;
+    const ReplicaTarget *targets; /* replica holders (may be 0) */
+    int ntargets;
+    int timeout_ms;               /* bound on connecting to / sending to a holder */
+    /* Called on the snapshot thread after generation `h->step` commits, with the local copy. */
+    void (*on_commit)(const SnapHeader *h, const void *payload, void *arg);
+    void *arg;
+} SnapshotConfig;
+
+typedef struct {
+    uint64_t captures, commits, failures;
+    uint64_t waits;          /* snapshot_wait_read calls that actually blocked */
+    double wait_ms_total;
+    double copy_ms_last, replicate_ms_last;
+    double copy_ms_total, replicate_ms_total; /* over every generation, for means */
+    uint64_t bytes_copied, bytes_replicated;
+} SnapshotStats;
+
+typedef struct Snapshot Snapshot;
+
+Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen);
+/* Finishes the generation in flight (bounded by the config's timeout), stops the thread. */
+void snapshot_destroy(Snapshot *s);
+
+/* Starts capturing generation `step` from the live regions. Returns at once. */
+void snapshot_capture(Snapshot *s, int64_t step);
+/* Blocks until the capture in flight no longer reads the live regions. Returns ms waited. */
+double snapshot_wait_read(Snapshot *s);
+/* Blocks (up to timeout_ms) until no generation is in flight. 0, or -1 on timeout. */
+int snapshot_drain(Snapshot *s, int timeout_ms);
+/* Newest committed generation, -1 before the first. */
+int64_t snapshot_committed(Snapshot *s);
+void snapshot_stats(Snapshot *s, SnapshotStats *out);
+
+#endif

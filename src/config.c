@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_STR } OptType;
+typedef enum { OPT_INT, OPT_U64, OPT_FLOAT, OPT_STR, OPT_LIST } OptType; /* LIST: repeated flags append */
 
 typedef struct {
     const char *name;
@@ -36,9 +36,9 @@ static const OptSpec OPTIONS[] = {
     {"out", OPT_STR, F(out), 0, 0, "output directory (model.bin, metrics.jsonl, events.jsonl)"},
     {"redis", OPT_STR, F(redis), 0, 0, "redis://[:PASSWORD@]HOST:PORT (default: embedded server)"},
     {"threads", OPT_INT, F(threads), 1, 256, "BLAS threads per worker"},
-    {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 10, 3600000, "bound on every collective"},
+    {"detect-timeout-ms", OPT_INT, F(detect_timeout_ms), 50, 3600000, "a silent (hung, cut off) process is failed after this"},
+    {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 0, 3600000, "bound on every collective (0 = detect timeout)"},
     {"start-timeout-ms", OPT_INT, F(start_timeout_ms), 100, 3600000, "bound on joining the job"},
-    {"heartbeat-ttl-ms", OPT_INT, F(heartbeat_ttl_ms), 30, 600000, "heartbeat expiry"},
     {"ft", OPT_STR, F(ft), 0, 0, "fault tolerance: deadpool (in-memory snapshots), disk, none"},
     {"ckpt-every", OPT_INT, F(ckpt_every), 0, 1e9, "--ft disk: synchronous checkpoint every K steps"},
     {"persist-every", OPT_INT, F(persist_every), 0, 1e9, "--ft deadpool: persist a committed snapshot every K steps (0 = never)"},
@@ -46,6 +46,10 @@ static const OptSpec OPTIONS[] = {
     {"replica-placement", OPT_STR, F(replica_placement), 0, 0, "ring (rank i -> i+1 mod N) or spares"},
     {"resume", OPT_STR, F(resume), 0, 0, "continue from the newest checkpoint in this directory"},
     {"resume-step", OPT_INT, F(resume_step), -1, 1e9, "(internal) the checkpoint step --resume found"},
+    {"spare-wait", OPT_INT, F(spare_wait), 0, 1e6, "seconds to wait for a new spare when none is left"},
+    {"inject", OPT_LIST, F(inject), 0, 0, "fault kill|stop|netdown:RANK@STEP (repeatable)"},
+    {"chaos", OPT_FLOAT, F(chaos), 0, 1, "probability per step of a random kill or stop"},
+    {"respawn-spares", OPT_INT, F(respawn_spares), 0, 1, "start a new local spare for each one used"},
 };
 #undef F
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
@@ -66,9 +70,10 @@ void job_config_defaults(JobConfig *c) {
     c->final_lr_frac = 0.1f;
     snprintf(c->out, sizeof c->out, "out");
     c->threads = 1;
-    c->comm_timeout_ms = 30000;
     c->start_timeout_ms = 60000;
-    c->heartbeat_ttl_ms = 1000;
+    c->detect_timeout_ms = 2000;
+    c->spare_wait = 30;
+    c->respawn_spares = 1;
     snprintf(c->ft, sizeof c->ft, "deadpool");
     c->replicas = 1;
     snprintf(c->replica_placement, sizeof c->replica_placement, "ring");
@@ -112,11 +117,24 @@ bad:
     return -1;
 }
 
+static int job_config_set_list(JobConfig *c, const OptSpec *o, const char *value, char *err, size_t errlen) {
+    if (strlen(value) >= 1024) { snprintf(err, errlen, "--%s: more than 1023 characters in all", o->name); return -1; }
+    snprintf((char *)c + o->offset, 1024, "%s", value);
+    return 0;
+}
+
+int job_comm_timeout_ms(const JobConfig *c) { return c->comm_timeout_ms ? c->comm_timeout_ms : c->detect_timeout_ms; }
+
 int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen) {
     const OptSpec *o = find_option(name);
     if (!o) { snprintf(err, errlen, "unknown option --%s (see deadpool run --help)", name); return -1; }
     void *field = (char *)c + o->offset;
-    if (o->type != OPT_STR) return set_number(o, field, value, err, errlen);
+    if (o->type != OPT_STR && o->type != OPT_LIST) return set_number(o, field, value, err, errlen);
+    if (o->type == OPT_LIST && ((char *)field)[0] && value[0]) {
+        char joined[2100];
+        snprintf(joined, sizeof joined, "%s,%s", (char *)field, value);
+        return job_config_set_list(c, o, joined, err, errlen);
+    }
     if (strlen(value) >= 1024 || strchr(value, '\n')) {
         snprintf(err, errlen, "--%s: value too long or contains a newline", name);
         return -1;
@@ -127,6 +145,24 @@ int job_config_set(JobConfig *c, const char *name, const char *value, char *err,
         return -1;
     }
     snprintf((char *)field, cap, "%s", value);
+    return 0;
+}
+
+/* "kind:RANK@STEP[,...]" with kind kill, stop or netdown. */
+static int check_faults(const char *list, char *err, size_t errlen) {
+    const char *at = list;
+    while (*at) {
+        char kind[16];
+        int rank, step, n = 0;
+        if (sscanf(at, "%15[a-z]:%d@%d%n", kind, &rank, &step, &n) != 3 || rank < 0 || step < 1 ||
+            (strcmp(kind, "kill") && strcmp(kind, "stop") && strcmp(kind, "netdown"))) {
+            snprintf(err, errlen, "--inject: expected kill|stop|netdown:RANK@STEP (STEP >= 1), found '%.60s'", at);
+            return -1;
+        }
+        at += n;
+        if (*at == ',') at++;
+        else if (*at) { snprintf(err, errlen, "--inject: unexpected '%.30s'", at); return -1; }
+    }
     return 0;
 }
 
@@ -150,6 +186,7 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
                  c->replicas, c->spares);
         return -1;
     }
+    if (check_faults(c->inject, err, errlen) != 0) return -1;
     if (c->warmup > c->steps) {
         snprintf(err, errlen, "--warmup: expected <= --steps (%d), found %d", c->steps, c->warmup);
         return -1;
@@ -164,7 +201,7 @@ static int format_value(const JobConfig *c, const OptSpec *o, char *buf, size_t 
     case OPT_INT: return snprintf(buf, len, "%d", *(const int *)field);
     case OPT_U64: return snprintf(buf, len, "%" PRIu64, *(const uint64_t *)field);
     case OPT_FLOAT: return snprintf(buf, len, "%.9g", (double)*(const float *)field);
-    default: return snprintf(buf, len, "%s", (const char *)field);
+    default: return snprintf(buf, len, "%s", (const char *)field); /* OPT_STR, OPT_LIST */
     }
 }
 

@@ -24,9 +24,9 @@ typedef struct {
     char out[1024];       /* output directory */
     char redis[1024];     /* redis URL; "" = embedded redis-server */
     int threads;          /* BLAS threads per worker */
-    int comm_timeout_ms;  /* bound on every collective */
+    int detect_timeout_ms;/* heartbeat expiry: a silent process is declared failed after this */
+    int comm_timeout_ms;  /* bound on every collective; 0 = detect_timeout_ms */
     int start_timeout_ms; /* bound on joining the job (rendezvous, registration) */
-    int heartbeat_ttl_ms; /* a process whose heartbeat key is older than this is dead */
     char ft[16];          /* fault tolerance: "deadpool", "disk" or "none" */
     int ckpt_every;       /* --ft disk: synchronous checkpoint every K steps */
     int persist_every;    /* --ft deadpool: write a committed snapshot to disk every K steps (0 = never) */
@@ -34,7 +34,14 @@ typedef struct {
     char replica_placement[16]; /* "ring" (rank i -> i+1..i+R) or "spares" */
     char resume[1024];    /* directory whose newest checkpoint the job continues from ("" = none) */
     int resume_step;      /* that checkpoint's step, -1 = fresh start (set by the launcher) */
+    int spare_wait;       /* seconds to wait for a new spare when none is left */
+    char inject[1024];    /* faults "kind:RANK@STEP,..." (kind: kill, stop, netdown) */
+    float chaos;          /* probability per step of a random fault (kill or stop) */
+    int respawn_spares;   /* the launcher starts a new local spare for each one consumed */
 } JobConfig;
+
+/* Effective collective timeout. */
+int job_comm_timeout_ms(const JobConfig *c);
 
 void job_config_defaults(JobConfig *c);
 

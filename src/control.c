@@ -579,16 +579,16 @@ int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t 
     return rc;
 }
 
-int ctl_committed_set(ctl_t *c, int rank, long long step) {
+int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:committed:%d", c->job, rank);
+    snprintf(key, sizeof key, "dp:%s:e%ld:committed:%d", c->job, epoch, rank);
     redisReply *r = ctl_command(c, "SET %s %lld", key, step);
     if (!r) return -1;
     freeReplyObject(r);
     return 0;
 }
 
-long long ctl_committed_min(ctl_t *c, int nranks) {
+long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
     long long min = LLONG_MAX;
     /* One MGET round trip for all ranks; argv form because the key count varies. */
     enum { CHUNK = 256 };
@@ -598,7 +598,7 @@ long long ctl_committed_min(ctl_t *c, int nranks) {
         const char *argv[CHUNK + 1];
         argv[0] = "MGET";
         for (int i = 0; i < n; i++) {
-            snprintf(keys[i], sizeof keys[i], "dp:%s:committed:%d", c->job, base + i);
+            snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
             argv[i + 1] = keys[i];
         }
         if (ensure_connected(c) != 0) return -2;
@@ -627,6 +627,101 @@ long long ctl_counter_incr(ctl_t *c, const char *name) {
     long long v;
     if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
     return v;
+}
+
+int ctl_set(ctl_t *c, const char *suffix, const char *value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    redisReply *r = ctl_command(c, "SET %s %s", key, value);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    int rc = -1;
+    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, suffix);
+    else ctl_set_error(c, "key '%s' is not set", suffix);
+    freeReplyObject(r);
+    return rc;
+}
+
+int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    redisReply *r = ctl_command(c, "SET %s %s NX", key, value);
+    if (!r) return -1;
+    int set = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    return set;
+}
+
+int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    redisReply *r = ctl_command(c, "SET %s %ld", key, proc_id);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+int ctl_epoch_set(ctl_t *c, long epoch) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "epoch");
+    redisReply *r = ctl_command(c, "SET %s %ld", key, epoch);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+int ctl_notify(ctl_t *c, long proc_id, long value) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:notice:%ld", c->job, proc_id);
+    long long n;
+    return ctl_command_integer(c, &n, "RPUSH %s %ld", key, value);
+}
+
+long ctl_wait_notice(ctl_t *c, long proc_id, int timeout_ms) {
+    char key[CTL_KEY_MAX], timeout[32];
+    snprintf(key, sizeof key, "dp:%s:notice:%ld", c->job, proc_id);
+    /* BLPOP takes fractional seconds; the connection's own timeout must be longer. */
+    snprintf(timeout, sizeof timeout, "%.3f", timeout_ms / 1000.0);
+    redisReply *r = ctl_command(c, "BLPOP %s %s", key, timeout);
+    if (!r) return -1;
+    long v = 0;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING &&
+        parse_long(r->element[1]->str, r->element[1]->len, &v) != 0)
+        v = -1;
+    freeReplyObject(r);
+    return v;
+}
+
+int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive) {
+    enum { CHUNK = 256 };
+    for (int base = 0; base < n; base += CHUNK) {
+        int m = n - base < CHUNK ? n - base : CHUNK;
+        char keys[CHUNK][CTL_KEY_MAX];
+        const char *argv[CHUNK + 1];
+        argv[0] = "MGET";
+        for (int i = 0; i < m; i++) {
+            snprintf(keys[i], sizeof keys[i], "dp:%s:hb:%ld", c->job, procs[base + i]);
+            argv[i + 1] = keys[i];
+        }
+        if (ensure_connected(c) != 0) return -1;
+        redisReply *r = redisCommandArgv(c->rc, m + 1, argv, NULL);
+        if (!r || r->type != REDIS_REPLY_ARRAY || (int)r->elements != m) {
+            ctl_set_error(c, "redis: MGET heartbeats failed");
+            if (r) freeReplyObject(r);
+            return -1;
+        }
+        for (int i = 0; i < m; i++) alive[base + i] = r->element[i]->type == REDIS_REPLY_STRING;
+        freeReplyObject(r);
+    }
+    return 0;
 }
 
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms) {

@@ -51,13 +51,30 @@ int ctl_spare_list(ctl_t *c, long *ids, int max);
 int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value);
 int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len);
 
-/* Newest committed snapshot generation of each rank (dp:{job}:committed:{rank}). */
-int ctl_committed_set(ctl_t *c, int rank, long long step);
+/* Newest committed snapshot generation of each rank in an epoch (dp:{job}:e{epoch}:committed:{rank}). */
+int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step);
 /* Minimum over ranks 0..nranks-1; -1 when some rank has committed nothing; -2 on error. */
-long long ctl_committed_min(ctl_t *c, int nranks);
+long long ctl_committed_min(ctl_t *c, long epoch, int nranks);
 
 /* INCR of the job counter dp:{job}:{name}; the new value, -1 on error. */
 long long ctl_counter_incr(ctl_t *c, const char *name);
+
+/* Plain job keys dp:{job}:{suffix}: SET / GET / SET NX (1 set, 0 existed, -1 error). */
+int ctl_set(ctl_t *c, const char *suffix, const char *value);
+int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len);
+int ctl_set_nx(ctl_t *c, const char *suffix, const char *value);
+/* Reassigns rank to proc_id (the coordinator's hot-swap; plain SET). 0 / -1. */
+int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id);
+/* Sets the epoch counter (the coordinator publishes a decision). 0 / -1. */
+int ctl_epoch_set(ctl_t *c, long epoch);
+
+/* Wake-ups: the coordinator pushes a value to a process's notice list; the process waits on
+ * it with BLPOP. ctl_wait_notice returns the value, 0 on timeout, -1 on error. */
+int ctl_notify(ctl_t *c, long proc_id, long value);
+long ctl_wait_notice(ctl_t *c, long proc_id, int timeout_ms);
+
+/* alive[i] = heartbeat of procs[i] present (1) or expired (0), one round trip. 0 / -1. */
+int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive);
 
 /* Heartbeat: SET dp:{job}:hb:{proc_id} PX ttl_ms. 0 / -1. */
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms);

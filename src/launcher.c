@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "control.h"
+#include "coordinator.h"
 #include "events.h"
 #include "util.h"
 
@@ -36,7 +37,9 @@ typedef struct {
     int nchildren;
     int last_step;
     float last_loss;
-    int failed;             /* a worker ended with an error */
+    int failed;             /* the job cannot continue */
+    int model_saved;        /* rank 0 wrote the final model: the job is done */
+    Coordinator *coord;
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -164,6 +167,7 @@ static void on_metric(const char *json, void *arg) {
     json_number(json, "t", &t);
     L->last_step = (int)step;
     L->last_loss = (float)loss;
+    if (L->coord) coord_progress(L->coord, (int)step);
     printf("step %5d/%d | loss %.4f | %8.0f tok/s | %8.1f ms/step | %7.1f s\n", (int)step, L->cfg->steps, loss,
            tps, ms, t);
     fflush(stdout);
@@ -173,8 +177,11 @@ static void on_event(const char *json, void *arg) {
     Launcher *L = arg;
     fprintf(L->events, "%s\n", json);
     fflush(L->events);
-    if (strstr(json, "\"event\":\"error\"") || strstr(json, "\"event\":\"comm_failure\""))
-        log_msg("worker reported: %s", json);
+    if (strstr(json, "\"event\":\"error\"")) log_msg("worker reported: %s", json);
+    if (strstr(json, "\"event\":\"model_saved\"")) L->model_saved = 1;
+    double epoch;
+    if (strstr(json, "\"event\":\"comm_failure\"") && json_number(json, "epoch", &epoch) == 0 && L->coord)
+        coord_comm_failure(L->coord, (long)epoch);
 }
 
 static void drain_outputs(Launcher *L) {
@@ -197,7 +204,7 @@ static void describe_exit(int status, char *out, size_t len) {
     else snprintf(out, len, "status %d", status);
 }
 
-/* Reaps exited children; returns the number of workers still running. */
+/* Reaps exited children and tells the coordinator. Returns the number still running. */
 static int reap_children(Launcher *L) {
     pid_t pid;
     int status;
@@ -206,19 +213,20 @@ static int reap_children(Launcher *L) {
         if (!c) continue;
         c->exited = 1;
         c->status = status;
-        int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (c->rank >= 0 && !ok && !stop_signal) {
-            char how[64];
-            describe_exit(status, how, sizeof how);
-            log_msg("worker rank %d (pid %d) failed: %s", c->rank, (int)pid, how);
-            event_emit(L->ctl, L->t0_wall_ms, "worker_exit", "\"rank\":%d,\"pid\":%d,\"status\":\"%s\"", c->rank,
-                       (int)pid, how);
-            L->failed = 1;
+        if (stop_signal || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) continue;
+        char how[64];
+        describe_exit(status, how, sizeof how);
+        event_emit(L->ctl, L->t0_wall_ms, "process_exit", "\"pid\":%d,\"status\":\"%s\"", (int)pid, how);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 1) {
+            log_msg("process %d stopped on a bad job (see the message above)", (int)pid);
+            L->failed = 1; /* a configuration problem: every replacement would fail alike */
+        } else {
+            coord_child_exited(L->coord, pid, status);
         }
     }
     int running = 0;
     for (int i = 0; i < L->nchildren; i++)
-        if (L->children[i].rank >= 0 && !L->children[i].exited) running++;
+        if (!L->children[i].exited) running++;
     return running;
 }
 
@@ -248,11 +256,32 @@ static void stop_children(Launcher *L, int grace_ms) {
     }
 }
 
+static void respawn_spares(Launcher *L, int n) {
+    for (int i = 0; i < n && L->nchildren < MAX_CHILDREN; i++) {
+        pid_t pid = spawn_process(L, -1);
+        if (pid > 0) L->children[L->nchildren++] = (Child){.pid = pid, .rank = -1};
+    }
+}
+
 static void supervise(Launcher *L) {
-    while (!stop_signal && !L->failed) {
+    while (!stop_signal && !L->failed && !L->model_saved) {
         drain_outputs(L);
-        if (reap_children(L) == 0) break;
-        sleep_ms(10);
+        if (reap_children(L) == 0) {
+            log_msg("every process has exited before the job finished");
+            L->failed = 1;
+            break;
+        }
+        int used = 0;
+        if (coord_tick(L->coord, &used) == COORD_FAILED) {
+            log_msg("%s", coord_message(L->coord));
+            char esc[4200];
+            json_escape(coord_message(L->coord), esc, sizeof esc);
+            event_emit(L->ctl, L->t0_wall_ms, "job_failed", "\"message\":\"%s\"", esc);
+            L->failed = 1;
+            break;
+        }
+        if (used && L->cfg->respawn_spares) respawn_spares(L, used);
+        sleep_ms(2);
     }
     drain_outputs(L);
 }
@@ -285,7 +314,8 @@ int launcher_run(const JobConfig *cfg) {
         log_msg("resuming from the checkpoint of step %d in %s", cfg->resume_step + 1, cfg->resume);
         event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", cfg->resume_step + 1);
     }
-    if (spawn_all(&L) != 0) {
+    L.coord = coord_create(L.ctl, cfg, L.t0_wall_ms);
+    if (!L.coord || spawn_all(&L) != 0) {
         log_msg("cannot start worker processes: %s", strerror(errno));
         L.failed = 1;
     } else {
@@ -308,6 +338,7 @@ int launcher_run(const JobConfig *cfg) {
     drain_outputs(&L);
     rc = stop_signal ? 130 : ok ? 0 : 1;
 out:
+    coord_free(L.coord);
     if (L.ctl && cfg->redis[0]) ctl_job_delete(L.ctl);
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);

@@ -255,6 +255,7 @@ struct ReplicaServer {
     Owner **owners;
     int n_owners, cap_owners;
     uint64_t next_seq;
+    int64_t min_epoch; /* PUTs from older epochs are refused (fenced writers) */
 };
 
 /* Under s->mu. The owner entry for rank, created when `create` (NULL if absent / no memory). */
@@ -456,7 +457,12 @@ static const char *put_header_problem(const ReplicaServer *s, const SnapHeader *
     if (strncmp(h->job, s->job, sizeof h->job) != 0) return "snapshot of another job";
     if (h->rank > REPLICA_MAX_RANK) return "rank out of range";
     if (h->length > REPLICA_MAX_PAYLOAD) return "payload too large";
+    if (h->epoch < __atomic_load_n(&s->min_epoch, __ATOMIC_ACQUIRE)) return "snapshot from a fenced epoch";
     return NULL;
+}
+
+void replica_server_set_min_epoch(ReplicaServer *s, int64_t epoch) {
+    __atomic_store_n(&s->min_epoch, epoch, __ATOMIC_RELEASE);
 }
 
 /* One PUT (the type byte already read). 1 to keep serving the connection, 0 to close it. */

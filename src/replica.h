@@ -47,6 +47,8 @@ typedef struct ReplicaServer ReplicaServer;
 /* Listens on bind_host:port (port 0 = any free port) for job `job`. NULL + err on failure. */
 ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, char *err, size_t errlen);
 int replica_server_port(const ReplicaServer *s);
+/* Fencing: from now on, PUTs of snapshots taken in an epoch < epoch are refused. */
+void replica_server_set_min_epoch(ReplicaServer *s, int64_t epoch);
 /* Closes the socket, ends every connection thread, frees every slot. */
 void replica_server_stop(ReplicaServer *s);
 /* A copy (malloc'ed into *payload) of the newest verified generation of `rank` that is

@@ -12,6 +12,7 @@
 typedef struct {
     SnapHeader header;
     unsigned char *data;
+    int committed; /* holds a committed generation (header.step) */
 } Slot;
 
 struct Snapshot {
@@ -27,14 +28,15 @@ struct Snapshot {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t work_cv;  /* a capture was requested, or stop */
-    pthread_cond_t done_cv;  /* reading finished / generation finished */
+    pthread_cond_t done_cv;  /* a generation finished */
     int64_t pending;         /* requested generation, -1 none */
-    int reading;             /* the live regions are (about to be) read */
     int busy;                /* a generation is in flight */
     int stop;
     int64_t committed;
     SnapshotStats stats;
     int warned;              /* replication failure already logged */
+    int last_failed;         /* the newest finished generation failed to commit */
+    int abandoned;           /* nobody waits for the thread: it frees everything itself */
 };
 
 static void copy_regions(Snapshot *s, Slot *slot) {
@@ -88,6 +90,9 @@ static int replicate(Snapshot *s, const Slot *slot) {
 static void run_generation(Snapshot *s, int64_t step) {
     int free_slot = s->committed_slot == 0 ? 1 : 0;
     Slot *slot = &s->slots[free_slot];
+    pthread_mutex_lock(&s->mu);
+    slot->committed = 0;
+    pthread_mutex_unlock(&s->mu);
     double t0 = now_ms();
     copy_regions(s, slot);
     slot->header.step = step;
@@ -95,11 +100,9 @@ static void run_generation(Snapshot *s, int64_t step) {
     double t1 = now_ms();
 
     pthread_mutex_lock(&s->mu);
-    s->reading = 0;
     s->stats.copy_ms_last = t1 - t0;
     s->stats.copy_ms_total += t1 - t0;
     s->stats.bytes_copied += s->bytes;
-    pthread_cond_broadcast(&s->done_cv);
     pthread_mutex_unlock(&s->mu);
 
     int ok = replicate(s, slot);
@@ -108,8 +111,10 @@ static void run_generation(Snapshot *s, int64_t step) {
     pthread_mutex_lock(&s->mu);
     s->stats.replicate_ms_last = t2 - t1;
     s->stats.replicate_ms_total += t2 - t1;
+    s->last_failed = !ok;
     if (ok) {
         s->stats.bytes_replicated += s->bytes * (uint64_t)s->cfg.ntargets;
+        slot->committed = 1;
         s->committed_slot = free_slot;
         s->committed = step;
         s->stats.commits++;
@@ -119,7 +124,7 @@ static void run_generation(Snapshot *s, int64_t step) {
     pthread_mutex_unlock(&s->mu);
     /* The committed slot is not written again until the next generation commits elsewhere,
      * so the callback may read it without the lock. */
-    if (ok && s->cfg.on_commit) s->cfg.on_commit(&slot->header, slot->data, s->cfg.arg);
+    if (ok && s->cfg.on_commit && !s->abandoned) s->cfg.on_commit(&slot->header, slot->data, s->cfg.arg);
 
     pthread_mutex_lock(&s->mu);
     s->busy = s->pending >= 0; /* a capture may have been queued while we replicated */
@@ -127,19 +132,23 @@ static void run_generation(Snapshot *s, int64_t step) {
     pthread_mutex_unlock(&s->mu);
 }
 
+static void snapshot_free(Snapshot *s);
+
 static void *snapshot_thread(void *arg) {
     Snapshot *s = arg;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (s->pending < 0 && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
-        if (s->pending < 0) break;
+        if (s->pending < 0 || s->abandoned) break;
         int64_t step = s->pending;
         s->pending = -1;
         pthread_mutex_unlock(&s->mu);
         run_generation(s, step);
         pthread_mutex_lock(&s->mu);
     }
+    int abandoned = s->abandoned;
     pthread_mutex_unlock(&s->mu);
+    if (abandoned) snapshot_free(s);
     return NULL;
 }
 
@@ -194,25 +203,44 @@ oom:
 void snapshot_capture(Snapshot *s, int64_t step) {
     pthread_mutex_lock(&s->mu);
     s->pending = step;
-    s->reading = 1;
     s->busy = 1;
     s->stats.captures++;
     pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
 }
 
-double snapshot_wait_read(Snapshot *s) {
+int snapshot_wait_previous(Snapshot *s, double *waited_ms) {
     pthread_mutex_lock(&s->mu);
     double waited = 0.0;
-    if (s->reading) {
+    if (s->busy) {
         double t0 = now_ms();
-        while (s->reading) pthread_cond_wait(&s->done_cv, &s->mu);
+        while (s->busy) pthread_cond_wait(&s->done_cv, &s->mu);
         waited = now_ms() - t0;
         s->stats.waits++;
         s->stats.wait_ms_total += waited;
     }
+    int rc = s->last_failed ? -1 : 0;
     pthread_mutex_unlock(&s->mu);
-    return waited;
+    if (waited_ms) *waited_ms = waited;
+    return rc;
+}
+
+int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload) {
+    int rc = -1;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < 2; i++) {
+        Slot *slot = &s->slots[i];
+        if (!slot->committed || slot->header.step != step) continue;
+        *payload = malloc(s->bytes);
+        if (*payload) {
+            memcpy(*payload, slot->data, s->bytes);
+            *h = slot->header;
+            rc = 0;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
 int snapshot_drain(Snapshot *s, int timeout_ms) {
@@ -241,14 +269,7 @@ void snapshot_stats(Snapshot *s, SnapshotStats *out) {
     pthread_mutex_unlock(&s->mu);
 }
 
-void snapshot_destroy(Snapshot *s) {
-    if (!s) return;
-    snapshot_drain(s, s->cfg.timeout_ms);
-    pthread_mutex_lock(&s->mu);
-    s->stop = 1;
-    pthread_cond_signal(&s->work_cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->thread, NULL);
+static void snapshot_free(Snapshot *s) {
     for (int i = 0; i < s->cfg.ntargets; i++)
         if (s->conns[i]) replica_close(s->conns[i]);
     pthread_mutex_destroy(&s->mu);
@@ -260,4 +281,25 @@ void snapshot_destroy(Snapshot *s) {
     free(s->targets);
     free(s->conns);
     free(s);
+}
+
+void snapshot_destroy(Snapshot *s) {
+    if (!s) return;
+    snapshot_drain(s, s->cfg.timeout_ms);
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    snapshot_free(s);
+}
+
+void snapshot_abandon(Snapshot *s) {
+    if (!s) return;
+    pthread_detach(s->thread);
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    s->abandoned = 1;
+    pthread_cond_signal(&s->work_cv);
+    pthread_mutex_unlock(&s->mu); /* s may be freed by the thread from here on */
 }

@@ -4,9 +4,14 @@
  * thread copies the live state into the free one of two host buffers (checksumming as it
  * copies), then sends it to every replica holder and waits for their verdicts. Generation k
  * is committed when the local copy and all replicas are complete and verified; until then the
- * other buffer keeps the previous committed generation untouched. The training loop only ever
- * waits in snapshot_wait_read, before it modifies the live state again, and only if the copy
- * of the previous generation has not finished reading it. */
+ * other buffer keeps the previous committed generation untouched.
+ *
+ * The training loop waits in snapshot_wait_previous before the gradient reduction of step k+1
+ * until generation k is committed (normally long done: replication overlaps the whole forward
+ * and backward pass). Waiting there rather than just before the next optimizer update costs
+ * nothing in practice and buys the invariant recovery relies on: when any rank captures k+1,
+ * every rank has committed k, so the newest generation committed by all ranks is always still
+ * in every rank's ping-pong buffers and in its holders' two slots. */
 #ifndef DEADPOOL_SNAPSHOT_H
 #define DEADPOOL_SNAPSHOT_H
 
@@ -56,8 +61,15 @@ void snapshot_destroy(Snapshot *s);
 
 /* Starts capturing generation `step` from the live regions. Returns at once. */
 void snapshot_capture(Snapshot *s, int64_t step);
-/* Blocks until the capture in flight no longer reads the live regions. Returns ms waited. */
-double snapshot_wait_read(Snapshot *s);
+/* Blocks until the generation in flight (if any) is committed or has failed; *waited_ms gets
+ * the time spent. 0 if every captured generation committed, -1 if the last one failed
+ * (a replica holder is lost: the job must re-place its replicas). */
+int snapshot_wait_previous(Snapshot *s, double *waited_ms);
+/* Copy (malloc'ed) of the local committed generation `step`, if either buffer holds it. 0 / -1. */
+int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload);
+/* Lets the thread finish its transfer in the background, without callbacks, and free itself:
+ * recovery must not wait for a send to a dead holder. */
+void snapshot_abandon(Snapshot *s);
 /* Blocks (up to timeout_ms) until no generation is in flight. 0, or -1 on timeout. */
 int snapshot_drain(Snapshot *s, int timeout_ms);
 /* Newest committed generation, -1 before the first. */

@@ -27,6 +27,8 @@ struct Trainer {
     AdamWConfig opt;
     ShardMeta meta;     /* live, updated with every optimizer step */
     Snapshot *snap;
+    int (*fence_closed)(void *arg);
+    void *fence_arg;
 };
 
 /* Where the initial parameters come from: a resumed checkpoint, a model file, or a preset. */
@@ -48,6 +50,12 @@ static int load_model_config(const JobConfig *cfg, char *model_file, size_t len,
     return modelfile_read_config(cfg->model, mc, err, errlen);
 }
 
+int trainer_job_model_config(const JobConfig *cfg, GPT2Config *mc, char *err, size_t errlen) {
+    char file[4200];
+    int from_file;
+    return load_model_config(cfg, file, sizeof file, mc, &from_file, err, errlen);
+}
+
 static AdamWConfig optimizer_config(const JobConfig *cfg) {
     AdamWConfig o = adamw_defaults();
     o.lr = cfg->lr;
@@ -60,7 +68,7 @@ static AdamWConfig optimizer_config(const JobConfig *cfg) {
 }
 
 /* Restores this rank's shard (parameters, moments, position) from a verified state payload. */
-static int load_shard_state(Trainer *t, const SnapHeader *h, const void *payload, char *err, size_t errlen) {
+int trainer_restore(Trainer *t, const SnapHeader *h, const void *payload, char *err, size_t errlen) {
     ShardMeta meta;
     if (h->length != shard_state_bytes(t->shard)) {
         snprintf(err, errlen, "rank %d state: %llu bytes, expected %zu for this model and %d workers", t->rank,
@@ -88,7 +96,7 @@ static int resume_shard(Trainer *t, char *err, size_t errlen) {
     SnapHeader h;
     void *payload;
     if (checkpoint_read_shard(t->cfg.resume, t->cfg.resume_step, t->rank, &h, &payload, err, errlen) != 0) return -1;
-    int rc = load_shard_state(t, &h, payload, err, errlen);
+    int rc = trainer_restore(t, &h, payload, err, errlen);
     free(payload);
     return rc;
 }
@@ -158,6 +166,24 @@ void trainer_free(Trainer *t) {
 
 int trainer_first_step(const Trainer *t) { return (int)t->meta.next_step; }
 
+void trainer_set_rank(Trainer *t, int rank) {
+    t->rank = rank;
+    t->meta.rank = rank;
+}
+
+void trainer_reinit(Trainer *t) {
+    gpt2_init_params(t->model, t->cfg.seed);
+    memset(t->m, 0, t->shard * sizeof(float));
+    memset(t->v, 0, t->shard * sizeof(float));
+    t->meta.step = -1;
+    t->meta.next_step = 0;
+}
+
+comm_status trainer_sync_params(Trainer *t, comm_t *comm) {
+    float *params = gpt2_params(t->model);
+    return comm_allgather(comm, params + (size_t)t->rank * t->shard, params, t->shard, job_comm_timeout_ms(&t->cfg));
+}
+
 int trainer_state_regions(Trainer *t, SnapRegion regions[4]) {
     size_t bytes = t->shard * sizeof(float);
     regions[0] = (SnapRegion){&t->meta, sizeof t->meta};
@@ -168,6 +194,11 @@ int trainer_state_regions(Trainer *t, SnapRegion regions[4]) {
 }
 
 void trainer_attach_snapshot(Trainer *t, Snapshot *snap) { t->snap = snap; }
+
+void trainer_set_fence_check(Trainer *t, int (*closed)(void *arg), void *arg) {
+    t->fence_closed = closed;
+    t->fence_arg = arg;
+}
 
 const GPT2Config *trainer_model_config(const Trainer *t) { return gpt2_config(t->model); }
 size_t trainer_num_params(const Trainer *t) { return t->num_params; }
@@ -186,16 +217,20 @@ static float accumulate_gradients(Trainer *t, int step) {
     return loss_sum;
 }
 
-comm_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) {
+train_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) {
     double t0 = now_ms();
-    int timeout = t->cfg.comm_timeout_ms;
+    int timeout = job_comm_timeout_ms(&t->cfg);
     float *params = gpt2_params(t->model), *grads = gpt2_grads(t->model);
     size_t padded = t->shard * (size_t)t->size;
 
     float loss = accumulate_gradients(t, step);
+    /* No rank reduces step k+1 before its generation k is committed (see snapshot.h). */
+    double waited = 0.0;
+    if (t->snap && snapshot_wait_previous(t->snap, &waited) != 0) return TRAIN_SNAPSHOT;
     comm_status st = comm_allreduce_sum(comm, grads, padded, timeout);
     if (st == COMM_OK) st = comm_allreduce_sum(comm, &loss, 1, timeout);
-    if (st != COMM_OK) return st;
+    if (st != COMM_OK) return TRAIN_COMM;
+    if (t->fence_closed && t->fence_closed(t->fence_arg)) return TRAIN_FENCED;
 
     /* Gradients are now sums over N*A micro-batch means: average them. */
     int micro_batches = t->size * t->cfg.grad_accum;
@@ -203,15 +238,13 @@ comm_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) {
     double norm = grad_global_norm(grads, t->num_params) * avg;
     float lr = adamw_lr(&t->opt, step);
     size_t off = (size_t)t->rank * t->shard;
-    /* The previous generation's copy must be done reading the shard before we change it. */
-    double waited = t->snap ? snapshot_wait_read(t->snap) : 0.0;
     adamw_update(params + off, grads + off, t->m, t->v, t->shard, &t->opt, lr,
                  avg * grad_clip_scale(&t->opt, norm), step + 1);
     t->meta.step = step;
     t->meta.next_step = step + 1;
     if (t->snap) snapshot_capture(t->snap, step);
     st = comm_allgather(comm, params + off, params, t->shard, timeout);
-    if (st != COMM_OK) return st;
+    if (st != COMM_OK) return TRAIN_COMM;
 
     stats->step = step;
     stats->loss = loss / (float)micro_batches;
@@ -220,7 +253,7 @@ comm_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) {
     stats->snapshot_wait_ms = waited;
     stats->step_ms = now_ms() - t0;
     stats->tokens_per_s = (double)micro_batches * t->B * t->T / (stats->step_ms / 1e3);
-    return COMM_OK;
+    return TRAIN_OK;
 }
 
 int trainer_save_model(const Trainer *t, const char *path, char *err, size_t errlen) {

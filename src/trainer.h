@@ -31,6 +31,8 @@ typedef struct {
  * the data-parallel group. NULL + err on any problem (bad file, vocabulary mismatch, memory). */
 Trainer *trainer_create(const JobConfig *cfg, int rank, int size, char *err, size_t errlen);
 void trainer_free(Trainer *t);
+/* The model shape a job trains (from its preset, model file or resumed checkpoint). 0 / -1. */
+int trainer_job_model_config(const JobConfig *cfg, GPT2Config *mc, char *err, size_t errlen);
 
 const GPT2Config *trainer_model_config(const Trainer *t);
 size_t trainer_num_params(const Trainer *t);
@@ -39,15 +41,35 @@ const char *trainer_data_description(const Trainer *t);
 /* The step to run next (0, or the resumed checkpoint's step + 1). */
 int trainer_first_step(const Trainer *t);
 
+/* A warm spare builds its trainer before it knows which rank it will replace; taking a rank
+ * only changes which micro-batches and which shard are its own. */
+void trainer_set_rank(Trainer *t, int rank);
+/* Loads a verified state payload (shard_state.h layout) of this rank. 0 / -1 + err. */
+int trainer_restore(Trainer *t, const SnapHeader *h, const void *payload, char *err, size_t errlen);
+/* Back to the initial state (rollback before the first committed generation). */
+void trainer_reinit(Trainer *t);
+/* Rebuilds the full parameters from every rank's shard (allgather). */
+comm_status trainer_sync_params(Trainer *t, comm_t *comm);
+
 /* The live non-reconstructible state as regions in shard_state.h's layout (4 regions). */
 int trainer_state_regions(Trainer *t, SnapRegion regions[4]);
-/* After each optimizer update the trainer waits for `snap` to finish reading the previous
- * generation (before the update) and hands it the new one (after). NULL detaches. */
+/* Before each gradient reduction the trainer waits for `snap` to commit the previous
+ * generation, and after each optimizer update it hands `snap` the new one. NULL detaches. */
 void trainer_attach_snapshot(Trainer *t, Snapshot *snap);
 
-/* Runs step `step` over comm. COMM_OK, or the comm error that interrupted it (the trainer's
- * state is then undefined until restored). */
-comm_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats);
+typedef enum {
+    TRAIN_OK = 0,
+    TRAIN_COMM = 1,    /* a collective failed: see comm_last_error */
+    TRAIN_SNAPSHOT = 2, /* the previous generation could not be replicated (a holder is lost) */
+    TRAIN_FENCED = 3    /* the epoch was closed: stopped before changing any state */
+} train_status;
+
+/* Asked after the gradient reduction, before the optimizer changes any state: non-zero
+ * means the epoch is closed and the step must not go on. */
+void trainer_set_fence_check(Trainer *t, int (*closed)(void *arg), void *arg);
+
+/* Runs step `step` over comm. On failure the trainer's live state is undefined until restored. */
+train_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats);
 
 /* Writes the current parameters as an llm.c model file. 0 / -1 + err. */
 int trainer_save_model(const Trainer *t, const char *path, char *err, size_t errlen);

@@ -12,8 +12,9 @@ typedef struct {
     const char *bind_host;  /* address peers reach this process at */
 } WorkerArgs;
 
-/* Runs the process until the job ends. Exit status: 0 done, 1 bad job/config, 2 a
- * communication failure ended training, 3 stopped by the job (Ctrl-C). */
+/* Runs the process until the job ends. Exit status: 0 done, 1 bad job/config, 2 training
+ * failed and no recovery decision came, 3 stopped by the job (Ctrl-C), 4 fenced (a newer
+ * epoch replaced this process after it hung or lost its network). */
 int worker_main(const WorkerArgs *args);
 
 #endif

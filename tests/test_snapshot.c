@@ -55,7 +55,7 @@ static void test_replica_equals_live_state(void) {
     if (!s) return;
     CHECK(snapshot_committed(s) == -1, "nothing committed yet");
     for (int step = 0; step < 5; step++) {
-        snapshot_wait_read(s); /* as the trainer does before it changes the live state */
+        snapshot_wait_previous(s, NULL); /* as the trainer does before it changes the live state */
         fill(a, n1, step * 3 + 1);
         fill(b, n2, step * 3 + 2);
         fill(c, n3, step * 3 + 3);
@@ -85,7 +85,7 @@ static void test_replica_equals_live_state(void) {
 }
 
 /* The capture in flight blocks the next update only until it has read the live state; a
- * state changed right after snapshot_wait_read returns is never seen by that generation:
+ * state changed right after snapshot_wait_previous returns is never seen by that generation:
  * every committed generation holds exactly the bytes that were live at its capture. */
 static uint32_t expect_crc[20];
 static int commits_seen, commits_wrong;
@@ -96,7 +96,7 @@ static void check_commit(const SnapHeader *h, const void *payload, void *arg) {
     if (crc32c(0, payload, h->length) != expect_crc[h->step] || h->crc != expect_crc[h->step]) commits_wrong++;
 }
 
-static void test_wait_read_protects_generation(void) {
+static void test_wait_protects_generation(void) {
     char err[256];
     size_t n = 8 << 20;
     unsigned char *live = malloc(n);
@@ -107,7 +107,7 @@ static void test_wait_read_protects_generation(void) {
     CHECK(s != NULL, "%s", err);
     if (!s) return;
     for (int step = 0; step < 20; step++) {
-        snapshot_wait_read(s);
+        snapshot_wait_previous(s, NULL);
         memset(live, step + 1, n);
         expect_crc[step] = crc32c(0, live, n);
         snapshot_capture(s, step);
@@ -149,7 +149,7 @@ static void test_rank_killed_mid_replication(void) {
         if (!s) _exit(2);
         snapshot_capture(s, 0);
         if (snapshot_drain(s, 5000) != 0 || snapshot_committed(s) != 0) _exit(3);
-        snapshot_wait_read(s);
+        snapshot_wait_previous(s, NULL);
         fill(live, n, 78);
         snapshot_capture(s, 1);
         if (write(ready[1], "x", 1) != 1) _exit(4);
@@ -192,7 +192,7 @@ static void test_rank_killed_mid_replication(void) {
 
 int main(void) {
     RUN_TEST(test_replica_equals_live_state);
-    RUN_TEST(test_wait_read_protects_generation);
+    RUN_TEST(test_wait_protects_generation);
     RUN_TEST(test_rank_killed_mid_replication);
     TEST_MAIN_END();
 }

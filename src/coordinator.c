@@ -1,0 +1,369 @@
+/* coordinator.c — detection, decisions, and the no-spare fallback. */
+#include "coordinator.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "events.h"
+#include "recovery.h"
+#include "replica.h"
+#include "trainer.h"
+#include "util.h"
+
+#define MAX_PENDING RECOVERY_MAX_RANKS
+#define LIVENESS_PERIOD_MS 25
+#define BATCH_MS 15 /* failures this close together go into one decision */
+
+typedef struct {
+    int rank;
+    char kind[16];
+    int64_t t_fail_ms, t_detect_ms;
+} Pending;
+
+struct Coordinator {
+    ctl_t *ctl;
+    const JobConfig *cfg;
+    int64_t t0_wall_ms;
+    char my_host[256];
+    long epoch;
+    long long rollback;      /* restore point of the current epoch */
+    int have_members;
+    long procs[RECOVERY_MAX_RANKS];
+    pid_t pids[RECOVERY_MAX_RANKS]; /* 0 when the member is not on this host */
+    Pending pending[MAX_PENDING];
+    int npending;
+    double first_pending_ms;
+    double suspicion_ms;     /* a comm failure was reported in this epoch, 0 = none */
+    double last_liveness_ms;
+    int last_step;
+    double waiting_spare_since; /* no-spare fallback in progress, 0 = no */
+    int persisted;
+    int fenced;              /* the current epoch is closed; waiting for members to stop */
+    double fenced_ms;
+    char message[2048];
+};
+
+Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms) {
+    Coordinator *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->ctl = ctl;
+    c->cfg = cfg;
+    c->t0_wall_ms = t0_wall_ms;
+    c->rollback = cfg->resume_step;
+    gethostname(c->my_host, sizeof c->my_host - 1);
+    return c;
+}
+
+void coord_free(Coordinator *c) { free(c); }
+const char *coord_message(const Coordinator *c) { return c->message; }
+long coord_epoch(const Coordinator *c) { return c->epoch; }
+void coord_progress(Coordinator *c, int step) { if (step > c->last_step) c->last_step = step; }
+
+/* The pid of proc when it runs on this host, else 0. */
+static pid_t local_pid(Coordinator *c, long proc) {
+    char host[256], pid[32];
+    if (ctl_proc_get(c->ctl, proc, "host", host, sizeof host) != 0 || strcmp(host, c->my_host) != 0) return 0;
+    if (ctl_proc_get(c->ctl, proc, "pid", pid, sizeof pid) != 0) return 0;
+    return (pid_t)atoi(pid);
+}
+
+/* Epoch 0's members are whoever claimed the ranks; known once every rank is claimed. */
+static int load_members(Coordinator *c) {
+    for (int r = 0; r < c->cfg->workers; r++) {
+        long proc = ctl_rank_owner(c->ctl, r);
+        if (proc <= 0) return -1;
+        c->procs[r] = proc;
+    }
+    for (int r = 0; r < c->cfg->workers; r++) c->pids[r] = local_pid(c, c->procs[r]);
+    c->have_members = 1;
+    return 0;
+}
+
+static int pending_has(const Coordinator *c, int rank) {
+    for (int i = 0; i < c->npending; i++)
+        if (c->pending[i].rank == rank) return 1;
+    return 0;
+}
+
+/* When the failure happened: an injected fault says so; a silent process failed when it last
+ * heartbeated; a crash is seen within milliseconds. */
+static int64_t failure_time(Coordinator *c, int rank, const char *kind, int64_t detected) {
+    char last[128], k[16];
+    int r;
+    long long t;
+    if (ctl_get(c->ctl, "fault:last", last, sizeof last) == 0 && sscanf(last, "%15[a-z]:%d:%lld", k, &r, &t) == 3 &&
+        r == rank && t <= detected && detected - t < 10LL * c->cfg->detect_timeout_ms + 5000)
+        return t;
+    if (!strcmp(kind, "crash")) return detected;
+    return detected - c->cfg->detect_timeout_ms;
+}
+
+static void add_failure(Coordinator *c, int rank, const char *kind) {
+    if (pending_has(c, rank) || c->npending >= MAX_PENDING) return;
+    Pending *p = &c->pending[c->npending++];
+    p->rank = rank;
+    snprintf(p->kind, sizeof p->kind, "%s", kind);
+    p->t_detect_ms = wall_ms();
+    p->t_fail_ms = failure_time(c, rank, kind, p->t_detect_ms);
+    if (c->npending == 1) c->first_pending_ms = now_ms();
+    log_msg("rank %d failed (%s)", rank, kind);
+}
+
+void coord_child_exited(Coordinator *c, pid_t pid, int status) {
+    if (!c->have_members) return;
+    for (int r = 0; r < c->cfg->workers; r++) {
+        if (c->pids[r] != pid) continue;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (code == 0 || code == 3) return; /* finished, or stopped by the job */
+        add_failure(c, r, "crash");
+        return;
+    }
+}
+
+void coord_comm_failure(Coordinator *c, long epoch) {
+    if (epoch == c->epoch && c->suspicion_ms == 0) c->suspicion_ms = now_ms();
+}
+
+/* What a member whose heartbeat expired is doing, when it runs here. */
+static const char *silent_kind(pid_t pid) {
+    if (pid <= 0) return "unknown";
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return "crash";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *paren = strrchr(buf, ')');
+    char state = paren && paren[1] == ' ' ? paren[2] : '?';
+    if (state == 'T' || state == 't') return "hang";
+    if (state == 'Z') return "crash";
+    return "network"; /* alive and running, yet unheard: cut off from the job */
+}
+
+static void check_liveness(Coordinator *c) {
+    int alive[RECOVERY_MAX_RANKS];
+    if (ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) != 0) return;
+    for (int r = 0; r < c->cfg->workers; r++)
+        if (!alive[r]) add_failure(c, r, silent_kind(c->pids[r]));
+    long spares[4096];
+    int n = ctl_spare_list(c->ctl, spares, 4096);
+    if (n <= 0) return;
+    int spare_alive[4096];
+    if (ctl_alive_many(c->ctl, spares, n, spare_alive) != 0) return;
+    for (int i = 0; i < n; i++) {
+        if (spare_alive[i]) continue;
+        ctl_spare_remove(c->ctl, spares[i]);
+        event_emit(c->ctl, c->t0_wall_ms, "spare_lost", "\"proc\":%ld", spares[i]);
+        log_msg("spare %ld is gone", spares[i]);
+    }
+}
+
+/* Live spares, in process-id order. */
+static int live_spares(Coordinator *c, long *out, int max) {
+    long ids[4096];
+    int n = ctl_spare_list(c->ctl, ids, 4096), alive[4096], k = 0;
+    if (n <= 0 || ctl_alive_many(c->ctl, ids, n, alive) != 0) return 0;
+    for (int i = 0; i < n && k < max; i++)
+        if (alive[i]) out[k++] = ids[i];
+    return k;
+}
+
+/* The newest generation every member committed in this epoch, or the epoch's restore point. */
+static long long rollback_generation(Coordinator *c) {
+    long long g = ctl_committed_min(c->ctl, c->epoch, c->cfg->workers);
+    return g > c->rollback ? g : c->rollback;
+}
+
+/* 1 if some holder of rank's replicas (recorded for this epoch) is still a live member/spare. */
+static int replica_survives(Coordinator *c, int rank) {
+    char list[1024];
+    if (holders_read(c->ctl, c->epoch, rank, list, sizeof list) != 0) return 0;
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        long proc = atol(tok);
+        int dead = 0;
+        for (int i = 0; i < c->npending; i++)
+            if (c->procs[c->pending[i].rank] == proc) dead = 1;
+        int alive = 0;
+        if (!dead && ctl_alive_many(c->ctl, &proc, 1, &alive) == 0 && alive) return 1;
+    }
+    return 0;
+}
+
+static void decide(Coordinator *c, const long *spares) {
+    static Decision d;
+    memset(&d, 0, sizeof d);
+    d.epoch = c->epoch + 1;
+    d.world = c->cfg->workers;
+    d.rollback = rollback_generation(c);
+    memcpy(d.procs, c->procs, sizeof(long) * (size_t)d.world);
+    d.t_fail_ms = c->npending ? c->pending[0].t_fail_ms : wall_ms();
+    d.t_detect_ms = c->npending ? c->pending[0].t_detect_ms : wall_ms();
+    for (int i = 0; i < c->npending; i++) {
+        FailedRank *f = &d.failed[d.nfailed++];
+        f->rank = c->pending[i].rank;
+        f->old_proc = c->procs[f->rank];
+        f->spare_proc = spares[i];
+        snprintf(f->kind, sizeof f->kind, "%s", c->pending[i].kind);
+        d.procs[f->rank] = spares[i];
+        if (c->pending[i].t_fail_ms < d.t_fail_ms) d.t_fail_ms = c->pending[i].t_fail_ms;
+    }
+    char last[32];
+    snprintf(last, sizeof last, "%d", c->last_step);
+    ctl_set(c->ctl, "last_step", last);
+    d.t_decide_ms = wall_ms();
+    for (int i = 0; i < d.nfailed; i++) {
+        ctl_spare_remove(c->ctl, d.failed[i].spare_proc);
+        event_emit(c->ctl, c->t0_wall_ms, "failure", "\"rank\":%d,\"proc\":%ld,\"kind\":\"%s\",\"epoch\":%ld",
+                   d.failed[i].rank, d.failed[i].old_proc, d.failed[i].kind, c->epoch);
+    }
+    if (decision_publish(c->ctl, &d) != 0) {
+        log_msg("publishing the decision failed: %s", ctl_last_error(c->ctl));
+        return;
+    }
+    event_emit(c->ctl, c->t0_wall_ms, "decision", "\"epoch\":%ld,\"rollback_step\":%lld,\"failed\":%d", d.epoch,
+               d.rollback + 1, d.nfailed);
+    for (int i = 0; i < d.nfailed; i++) {
+        log_msg("epoch %ld: spare %ld takes rank %d; rolling back to step %lld", d.epoch, d.failed[i].spare_proc,
+                d.failed[i].rank, d.rollback + 1);
+        pid_t old = c->pids[d.failed[i].rank];
+        /* A stopped ex-member is woken so that it finds itself fenced and leaves. */
+        if (old > 0) kill(old, SIGCONT);
+    }
+    c->epoch = d.epoch;
+    c->rollback = d.rollback;
+    memcpy(c->procs, d.procs, sizeof(long) * (size_t)d.world);
+    for (int i = 0; i < d.nfailed; i++) c->pids[d.failed[i].rank] = local_pid(c, d.failed[i].spare_proc);
+    c->npending = 0;
+    c->suspicion_ms = 0;
+    c->waiting_spare_since = 0;
+    c->persisted = 0;
+    c->fenced = 0;
+}
+
+/* Closes the epoch and wakes its members; 1 once every surviving member reported that it
+ * stopped (or the bound passed), so committed generations no longer move. */
+static int members_stopped(Coordinator *c) {
+    if (!c->fenced) {
+        fence_epoch(c->ctl, c->epoch);
+        for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], -1);
+        c->fenced = 1;
+        c->fenced_ms = now_ms();
+    }
+    for (int r = 0; r < c->cfg->workers; r++) {
+        int failed = 0;
+        for (int i = 0; i < c->npending; i++) failed |= c->pending[i].rank == r;
+        if (failed || stopped_reported(c->ctl, c->epoch, r)) continue;
+        /* A member stuck in a collective stops when the collective times out. */
+        if (now_ms() - c->fenced_ms < job_comm_timeout_ms(c->cfg) + 2.0 * c->cfg->detect_timeout_ms) return 0;
+        add_failure(c, r, "unknown");
+    }
+    return 1;
+}
+
+/* No spare left: make the newest committed generation durable, so that nothing committed is
+ * lost even if no spare ever comes. Members write their own shards; the coordinator writes
+ * the failed ranks' shards from their replicas. */
+static void persist_for_fallback(Coordinator *c) {
+    long long g = rollback_generation(c);
+    char req[64];
+    snprintf(req, sizeof req, "%ld:%lld", c->epoch, g);
+    ctl_set(c->ctl, "persist:req", req);
+    for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], -1);
+    if (g < 0) return;
+    for (int i = 0; i < c->npending; i++) {
+        int rank = c->pending[i].rank;
+        char list[1024];
+        if (holders_read(c->ctl, c->epoch, rank, list, sizeof list) != 0) continue;
+        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+            char *at = strchr(tok, '@'), *colon = strrchr(tok, ':'), err[1024];
+            if (!at || !colon) continue;
+            *colon = 0;
+            ReplicaConn *rc = replica_connect(at + 1, atoi(colon + 1), 1000, err, sizeof err);
+            if (!rc) continue;
+            SnapHeader h;
+            void *payload = NULL;
+            replica_status st = replica_get(rc, ctl_job(c->ctl), rank, g, &h, &payload, 5000);
+            replica_close(rc);
+            if (st != REPLICA_OK || h.step != g) { free(payload); continue; }
+            SnapRegion all = {payload, h.length};
+            if (checkpoint_write_shard(c->cfg->out, &h, &all, 1, err, sizeof err) == 0) {
+                char counter[64];
+                snprintf(counter, sizeof counter, "persisted:%lld", g);
+                if (ctl_counter_incr(c->ctl, counter) == c->cfg->workers) {
+                    GPT2Config mc;
+                    static char text[65536];
+                    job_config_serialize(c->cfg, text, sizeof text);
+                    if (trainer_job_model_config(c->cfg, &mc, err, sizeof err) == 0)
+                        checkpoint_finish(c->cfg->out, g, c->cfg->workers, &mc, text, err, sizeof err);
+                }
+            }
+            free(payload);
+            break;
+        }
+    }
+    c->persisted = 1;
+}
+
+static coord_state no_spare(Coordinator *c) {
+    if (c->waiting_spare_since == 0) {
+        c->waiting_spare_since = now_ms();
+        long long g = rollback_generation(c);
+        event_emit(c->ctl, c->t0_wall_ms, "no_spare", "\"failed\":%d,\"rollback_step\":%lld,\"wait_s\":%d", c->npending,
+                   g + 1, c->cfg->spare_wait);
+        log_msg("%d rank(s) failed and no spare is left: step %lld is being persisted to %s/ckpt; waiting up to %d s "
+                "for a spare (deadpool worker --spare --job %s --redis URL)", c->npending, g + 1, c->cfg->out,
+                c->cfg->spare_wait, ctl_job(c->ctl));
+        if (!strcmp(c->cfg->ft, "deadpool")) persist_for_fallback(c);
+    }
+    if (now_ms() - c->waiting_spare_since < c->cfg->spare_wait * 1000.0) return COORD_RUNNING;
+    long long g = rollback_generation(c);
+    snprintf(c->message, sizeof c->message,
+             "rank %d failed (%s) and no spare joined within %d s. Nothing committed is lost: continue with "
+             "`deadpool run --resume %.700s` (checkpoint of step %lld)",
+             c->pending[0].rank, c->pending[0].kind, c->cfg->spare_wait, c->cfg->out, g + 1);
+    return COORD_FAILED;
+}
+
+coord_state coord_tick(Coordinator *c, int *spares_used) {
+    *spares_used = 0;
+    if (!c->have_members && load_members(c) != 0) return COORD_RUNNING;
+    double now = now_ms();
+    if (now - c->last_liveness_ms >= LIVENESS_PERIOD_MS) {
+        c->last_liveness_ms = now;
+        check_liveness(c);
+    }
+    /* A failed collective with no failed member: rebuild the communicator, same members. */
+    if (c->npending == 0 && c->suspicion_ms > 0 && now - c->suspicion_ms > 1.5 * c->cfg->detect_timeout_ms) {
+        if (members_stopped(c)) decide(c, NULL);
+        return COORD_RUNNING;
+    }
+    if (c->npending == 0 || now - c->first_pending_ms < BATCH_MS) return COORD_RUNNING;
+    if (!members_stopped(c)) return COORD_RUNNING;
+    if (strcmp(c->cfg->ft, "deadpool") != 0) {
+        snprintf(c->message, sizeof c->message, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from",
+                 c->pending[0].rank, c->pending[0].kind, c->cfg->ft);
+        return COORD_FAILED;
+    }
+    for (int i = 0; i < c->npending; i++) {
+        if (!replica_survives(c, c->pending[i].rank) && rollback_generation(c) >= 0) {
+            snprintf(c->message, sizeof c->message,
+                     "rank %d failed (%s) together with every holder of its replicas: its state is lost; "
+                     "continue from the newest persisted checkpoint with `deadpool run --resume %.700s`",
+                     c->pending[i].rank, c->pending[i].kind, c->cfg->out);
+            return COORD_FAILED;
+        }
+    }
+    long spares[MAX_PENDING];
+    int n = live_spares(c, spares, MAX_PENDING);
+    if (n < c->npending) return no_spare(c);
+    int used = c->npending;
+    decide(c, spares);
+    *spares_used = used;
+    return COORD_RUNNING;
+}

@@ -1,0 +1,39 @@
+/* coordinator.h — failure detection and the one decision per epoch (runs in the launcher).
+ *
+ * It watches the members of the current epoch (local child exits, heartbeat keys, reported
+ * communication failures), and when members fail it decides the next epoch: a live spare for
+ * each failed rank and the rollback generation (the newest committed by every rank). Its
+ * state is the job's Redis keys (epoch, decisions, committed generations, spare pool), so a
+ * restarted coordinator would find everything it needs there. When no spare is left it
+ * persists the newest committed generation and waits --spare-wait seconds for one. */
+#ifndef DEADPOOL_COORDINATOR_H
+#define DEADPOOL_COORDINATOR_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+#include "control.h"
+
+typedef struct Coordinator Coordinator;
+
+typedef enum { COORD_RUNNING = 0, COORD_FAILED = 1 } coord_state;
+
+Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms);
+void coord_free(Coordinator *c);
+
+/* A local child process exited (waitpid status). */
+void coord_child_exited(Coordinator *c, pid_t pid, int status);
+/* A member reported a failed collective in `epoch`. */
+void coord_comm_failure(Coordinator *c, long epoch);
+/* The newest step the job completed (from the metrics). */
+void coord_progress(Coordinator *c, int step);
+
+/* Periodic work: liveness checks and decisions. *spares_used counts spares consumed since the
+ * last call (the launcher may start replacements). */
+coord_state coord_tick(Coordinator *c, int *spares_used);
+/* Why the job cannot continue (after COORD_FAILED). */
+const char *coord_message(const Coordinator *c);
+long coord_epoch(const Coordinator *c);
+
+#endif

@@ -30,6 +30,7 @@ typedef struct {
     const char *host;
     int port;
     const char *password; /* may be NULL */
+    const char *abort_key; /* joining gives up once this Redis key exists (NULL: never) */
 } comm_store_addr;
 
 /* Joins the communicator of `size` ranks under `prefix` (unique per job and epoch) as `rank`.

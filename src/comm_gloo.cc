@@ -65,8 +65,8 @@ using std::chrono::milliseconds;
 class RedisAuthStore : public gloo::rendezvous::Store {
   public:
     RedisAuthStore(const std::string &host, int port, const char *password, const std::string &prefix,
-                   milliseconds timeout)
-        : prefix_(prefix), timeout_(timeout) {
+                   milliseconds timeout, const char *abort_key)
+        : prefix_(prefix), timeout_(timeout), abortKey_(abort_key ? abort_key : "") {
         long ms = std::max<long>(1, static_cast<long>(timeout.count()));
         struct timeval tv;
         tv.tv_sec = ms / 1000;
@@ -167,7 +167,16 @@ class RedisAuthStore : public gloo::rendezvous::Store {
   private:
     std::string full(const std::string &key) const { return prefix_ + "/" + key; }
 
-    static void sleepOrThrow(Clock::time_point deadline, milliseconds &backoff, const std::string &what) {
+    // Waiting for peers ends early when the abort key appears (the job closed this epoch:
+    // a peer will never come, and the caller must not sit out the whole timeout).
+    void sleepOrThrow(Clock::time_point deadline, milliseconds &backoff, const std::string &what) {
+        if (!abortKey_.empty()) {
+            std::lock_guard<std::mutex> lock(m_);
+            redisReply *r = command({"EXISTS", abortKey_});
+            bool aborted = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
+            freeReplyObject(r);
+            if (aborted) throw StoreError("rendezvous aborted: " + abortKey_ + " is set");
+        }
         Clock::time_point now = Clock::now();
         if (now >= deadline)
             throw StoreTimeout("rendezvous: Timed out waiting for " + what + " in the Redis store");
@@ -204,6 +213,7 @@ class RedisAuthStore : public gloo::rendezvous::Store {
     std::mutex m_;
     const std::string prefix_;
     const milliseconds timeout_;
+    const std::string abortKey_;
     long long ttl_s_ = 3600;
 };
 
@@ -343,7 +353,7 @@ comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, 
             cc->timeout_ms = timeout_ms;
             if (size > 1) {
                 milliseconds t(timeout_ms);
-                RedisAuthStore rs(store->host, store->port, store->password, prefix, t);
+                RedisAuthStore rs(store->host, store->port, store->password, prefix, t, store->abort_key);
                 gloo::transport::tcp::attr attr;
                 attr.hostname = (bind_host != nullptr && bind_host[0] != '\0') ? bind_host : "127.0.0.1";
                 cc->dev = gloo::transport::tcp::CreateDevice(attr);

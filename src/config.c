@@ -47,7 +47,7 @@ static const OptSpec OPTIONS[] = {
     {"resume", OPT_STR, F(resume), 0, 0, "continue from the newest checkpoint in this directory"},
     {"resume-step", OPT_INT, F(resume_step), -1, 1e9, "(internal) the checkpoint step --resume found"},
     {"spare-wait", OPT_INT, F(spare_wait), 0, 1e6, "seconds to wait for a new spare when none is left"},
-    {"inject", OPT_LIST, F(inject), 0, 0, "fault kill|stop|netdown:RANK@STEP (repeatable)"},
+    {"inject", OPT_LIST, F(inject), 0, 0, "fault kill|stop|netdown:RANK@STEP, or rkill:RANK@EPOCH (dies recovering); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 1, "probability per step of a random kill or stop"},
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 1, "start a new local spare for each one used"},
 };
@@ -155,8 +155,8 @@ static int check_faults(const char *list, char *err, size_t errlen) {
         char kind[16];
         int rank, step, n = 0;
         if (sscanf(at, "%15[a-z]:%d@%d%n", kind, &rank, &step, &n) != 3 || rank < 0 || step < 1 ||
-            (strcmp(kind, "kill") && strcmp(kind, "stop") && strcmp(kind, "netdown"))) {
-            snprintf(err, errlen, "--inject: expected kill|stop|netdown:RANK@STEP (STEP >= 1), found '%.60s'", at);
+            (strcmp(kind, "kill") && strcmp(kind, "stop") && strcmp(kind, "netdown") && strcmp(kind, "rkill"))) {
+            snprintf(err, errlen, "--inject: expected kill|stop|netdown:RANK@STEP or rkill:RANK@EPOCH, found '%.60s'", at);
             return -1;
         }
         at += n;

@@ -114,15 +114,25 @@ static void add_failure(Coordinator *c, int rank, const char *kind) {
     log_msg("rank %d failed (%s)", rank, kind);
 }
 
+static void spare_lost(Coordinator *c, long proc) {
+    ctl_spare_remove(c->ctl, proc);
+    event_emit(c->ctl, c->t0_wall_ms, "spare_lost", "\"proc\":%ld", proc);
+    log_msg("spare %ld is gone", proc);
+}
+
 void coord_child_exited(Coordinator *c, pid_t pid, int status) {
     if (!c->have_members) return;
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (code == 0 || code == 3 || code == 4) return; /* finished, stopped by the job, fenced */
     for (int r = 0; r < c->cfg->workers; r++) {
         if (c->pids[r] != pid) continue;
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        if (code == 0 || code == 3) return; /* finished, or stopped by the job */
         add_failure(c, r, "crash");
         return;
     }
+    long spares[4096];
+    int n = ctl_spare_list(c->ctl, spares, 4096);
+    for (int i = 0; i < n; i++)
+        if (local_pid(c, spares[i]) == pid) spare_lost(c, spares[i]);
 }
 
 void coord_comm_failure(Coordinator *c, long epoch) {
@@ -156,12 +166,8 @@ static void check_liveness(Coordinator *c) {
     if (n <= 0) return;
     int spare_alive[4096];
     if (ctl_alive_many(c->ctl, spares, n, spare_alive) != 0) return;
-    for (int i = 0; i < n; i++) {
-        if (spare_alive[i]) continue;
-        ctl_spare_remove(c->ctl, spares[i]);
-        event_emit(c->ctl, c->t0_wall_ms, "spare_lost", "\"proc\":%ld", spares[i]);
-        log_msg("spare %ld is gone", spares[i]);
-    }
+    for (int i = 0; i < n; i++)
+        if (!spare_alive[i]) spare_lost(c, spares[i]);
 }
 
 /* Live spares, in process-id order. */
@@ -180,10 +186,13 @@ static long long rollback_generation(Coordinator *c) {
     return g > c->rollback ? g : c->rollback;
 }
 
-/* 1 if some holder of rank's replicas (recorded for this epoch) is still a live member/spare. */
+/* 1 if some holder of rank's replicas (recorded in this or a recent epoch: a rank that died
+ * while recovering recorded none yet) is still alive and not failing now. */
 static int replica_survives(Coordinator *c, int rank) {
     char list[1024];
-    if (holders_read(c->ctl, c->epoch, rank, list, sizeof list) != 0) return 0;
+    long e = c->epoch;
+    while (e >= 0 && e > c->epoch - 4 && holders_read(c->ctl, e, rank, list, sizeof list) != 0) e--;
+    if (e < 0 || e <= c->epoch - 4) return 0;
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         long proc = atol(tok);
         int dead = 0;
@@ -352,10 +361,18 @@ coord_state coord_tick(Coordinator *c, int *spares_used) {
     }
     for (int i = 0; i < c->npending; i++) {
         if (!replica_survives(c, c->pending[i].rank) && rollback_generation(c) >= 0) {
-            snprintf(c->message, sizeof c->message,
-                     "rank %d failed (%s) together with every holder of its replicas: its state is lost; "
-                     "continue from the newest persisted checkpoint with `deadpool run --resume %.700s`",
-                     c->pending[i].rank, c->pending[i].kind, c->cfg->out);
+            char err[256];
+            int64_t ck = checkpoint_latest(c->cfg->out, err, sizeof err);
+            if (ck >= 0)
+                snprintf(c->message, sizeof c->message,
+                         "rank %d failed (%s) together with every holder of its replicas, so its in-memory state is "
+                         "lost; continue from the checkpoint of step %lld with `deadpool run --resume %.700s`",
+                         c->pending[i].rank, c->pending[i].kind, (long long)ck + 1, c->cfg->out);
+            else
+                snprintf(c->message, sizeof c->message,
+                         "rank %d failed (%s) together with every holder of its replicas, so its state is lost and "
+                         "no checkpoint exists (use --replicas 2 or --persist-every K to survive this)",
+                         c->pending[i].rank, c->pending[i].kind);
             return COORD_FAILED;
         }
     }

@@ -61,6 +61,9 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, 
     if (job_config_parse_lines(cfg, text, err, errlen) != 0) return -1;
     snprintf(cfg->out, sizeof cfg->out, "%s", dir);
     snprintf(cfg->resume, sizeof cfg->resume, "%s", dir);
+    /* Injected faults belong to the run that asked for them, not to its continuation. */
+    cfg->inject[0] = 0;
+    cfg->chaos = 0.0f;
     cfg->resume_step = (int)step;
     return 0;
 }

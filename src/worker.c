@@ -104,6 +104,7 @@ struct Member {
     long epoch;
     comm_t *comm;
     Snapshot *snap;
+    Snapshot *restore_src; /* a previous epoch's snapshots, kept until the next epoch commits */
     CommitCtx ctx;
     char holders[1024]; /* this epoch's replica holders of my rank: "proc@host:port,..." */
 };
@@ -272,7 +273,8 @@ static void maybe_inject(Member *m, int step) {
         if (sscanf(at, "%15[a-z]:%d@%d%n", kind, &rank, &when, &n) != 3) break;
         at += n + (at[n] == ',');
         snprintf(key, sizeof key, "injected:%d", i);
-        if (rank == m->rank && when == step + 1 && ctl_set_nx(p->ctl, key, "1") == 1) fire_fault(m, kind, step);
+        if (strcmp(kind, "rkill") != 0 && rank == m->rank && when == step + 1 && ctl_set_nx(p->ctl, key, "1") == 1)
+            fire_fault(m, kind, step);
     }
     if (p->cfg.chaos > 0.0f) {
         uint64_t h = rng_hash4(p->cfg.seed, (uint64_t)step, 0xC4A05ULL, 0);
@@ -282,6 +284,21 @@ static void maybe_inject(Member *m, int step) {
         if (u < p->cfg.chaos && (int)((h >> 3) % (uint64_t)p->cfg.workers) == m->rank && step > 0 &&
             ctl_set_nx(p->ctl, key, "1") == 1)
             fire_fault(m, (h >> 40) & 1 ? "stop" : "kill", step);
+    }
+}
+
+/* "rkill:RANK@EPOCH": the process taking RANK dies while it recovers into EPOCH (a failure
+ * during recovery). */
+static void maybe_inject_in_recovery(Member *m) {
+    const char *at = m->p->cfg.inject;
+    for (int i = 0; *at; i++) {
+        char kind[16], key[64];
+        int rank, epoch, n = 0;
+        if (sscanf(at, "%15[a-z]:%d@%d%n", kind, &rank, &epoch, &n) != 3) break;
+        at += n + (at[n] == ',');
+        snprintf(key, sizeof key, "injected:%d", i);
+        if (!strcmp(kind, "rkill") && rank == m->rank && epoch == m->epoch && ctl_set_nx(m->p->ctl, key, "1") == 1)
+            fire_fault(m, "kill", -1);
     }
 }
 
@@ -415,9 +432,10 @@ static int restore_generation(Member *m, Snapshot *old, long long rollback, char
 
 static int join_communicator(Member *m, int timeout_ms, char *err, size_t errlen) {
     Proc *p = m->p;
-    char prefix[256];
+    char prefix[256], fence[256];
     snprintf(prefix, sizeof prefix, "dp:%s:e%ld:gloo", p->job, m->epoch);
-    comm_store_addr store = {p->addr.host, p->addr.port, p->addr.password[0] ? p->addr.password : NULL};
+    snprintf(fence, sizeof fence, "dp:%s:e%ld:fenced", p->job, m->epoch); /* see fence_epoch */
+    comm_store_addr store = {p->addr.host, p->addr.port, p->addr.password[0] ? p->addr.password : NULL, fence};
     m->comm = comm_create(&store, prefix, m->rank, p->cfg.workers, p->bind_host, timeout_ms, err, errlen);
     return m->comm ? 0 : -1;
 }
@@ -426,18 +444,25 @@ static int join_communicator(Member *m, int timeout_ms, char *err, size_t errlen
 static int join_epoch(Member *m, const Decision *d, char *err, size_t errlen) {
     Proc *p = m->p;
     double t0 = now_ms();
-    Snapshot *old = m->snap;
-    m->snap = NULL;
+    /* The old snapshots stay until the new epoch has committed its restore point: if this
+     * join fails, they are still the only local copy. */
+    if (m->snap) {
+        snapshot_abandon(m->restore_src);
+        m->restore_src = m->snap;
+        m->snap = NULL;
+    }
     trainer_attach_snapshot(m->t, NULL);
     m->epoch = d->epoch;
     m->rank = decision_rank_of(d, p->proc_id);
     trainer_set_rank(m->t, m->rank);
     replica_server_set_min_epoch(p->replicas, d->epoch);
-    int rc = restore_generation(m, old, d->rollback, err, errlen);
-    snapshot_abandon(old);
-    if (rc != 0) return -1;
+    if (restore_generation(m, m->restore_src, d->rollback, err, errlen) != 0) return -1;
+    maybe_inject_in_recovery(m);
     double t1 = now_ms();
-    if (join_communicator(m, p->cfg.start_timeout_ms, err, errlen) != 0) return -1;
+    /* Everyone is warm and restores in parallel: if a member does not show up within this
+     * bound it died during recovery, and the coordinator will decide again. */
+    int join_timeout = 2 * p->cfg.detect_timeout_ms + 3000;
+    if (join_communicator(m, join_timeout, err, errlen) != 0) return -1;
     if (trainer_sync_params(m->t, m->comm) != COMM_OK) {
         snprintf(err, errlen, "rebuilding the parameters failed: %s", comm_last_error(m->comm));
         return -1;
@@ -454,6 +479,8 @@ static int join_epoch(Member *m, const Decision *d, char *err, size_t errlen) {
                 return -1;
             }
         }
+        snapshot_abandon(m->restore_src);
+        m->restore_src = NULL;
     }
     char key[64], value[128];
     snprintf(key, sizeof key, "e%ld:timing:%d", m->epoch, m->rank);
@@ -544,7 +571,12 @@ static int member_run(Member *m, Decision *first) {
         log_set_role(role);
         if (first) {
             if (join_epoch(m, first, err, sizeof err) != 0) {
-                report_error(p, m->rank, "joining the new epoch failed: ", err);
+                /* Usually a member died while recovering; the coordinator decides again. */
+                char esc[2048];
+                log_msg("joining epoch %ld failed: %s", m->epoch, err);
+                json_escape(err, esc, sizeof esc);
+                event_emit(p->ctl, p->t0_wall_ms, "join_failed", "\"rank\":%d,\"epoch\":%ld,\"message\":\"%s\"",
+                           m->rank, m->epoch, esc);
                 rc = EXIT_FAILED;
             } else {
                 rc = train_loop(m);
@@ -592,6 +624,7 @@ static int member_run(Member *m, Decision *first) {
         if (rc == EXIT_DONE) comm_barrier(m->comm, job_comm_timeout_ms(&p->cfg));
         snapshot_destroy(m->snap);
     }
+    snapshot_abandon(m->restore_src);
     if (m->ctx.ctl) ctl_close(m->ctx.ctl);
     comm_destroy(m->comm);
     return rc;

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# e2e_hotswap.sh — hot-swap recovery end to end. For each failure mode the final model.bin
+# must equal the failure-free run's byte for byte, nothing may be left running, and every
+# run is bounded by a timeout.
+source "$(dirname "$0")/lib_e2e.sh"
+
+BASE=(--workers 4 --model tiny --steps 30 --seed 21)
+run_job "$WORK/ref" 120 "${BASE[@]}" --spares 0; rc=$?
+[ $rc -eq 0 ] || notok "reference_run" "rc $rc" "$(tail -3 "$WORK/ref.log")"
+
+# expect_recovered NAME N_RECOVERED ARGS... — a run that must recover N times and match ref.
+expect_recovered() {
+  local name=$1 n=$2; shift 2
+  run_job "$WORK/$name" 180 "${BASE[@]}" "$@"; local rc=$?
+  local e="$WORK/$name/events.jsonl" got bad=""
+  got=$(grep -c '"event":"recovered"' "$e" 2>/dev/null)
+  [ $rc -eq 0 ] || bad="rc $rc"
+  [ "${got:-0}" -ge "$n" ] || bad="$bad; $got recovered events, expected >= $n"
+  cmp -s "$WORK/ref/model.bin" "$WORK/$name/model.bin" || bad="$bad; model differs from the failure-free run"
+  no_leftovers "$WORK/$name" || bad="$bad; processes left behind"
+  for k in rank spare failure_kind rollback_step detect_ms decide_ms rebuild_ms restore_ms total_ms steps_recomputed; do
+    grep '"event":"recovered"' "$e" | grep -q "\"$k\":" || bad="$bad; recovered lacks $k"
+  done
+  if [ -z "$bad" ]; then
+    ok "$name ($(grep '"event":"recovered"' "$e" | grep -o '"failure_kind":"[a-z]*"\|"total_ms":[0-9]*\|"steps_recomputed":-*[0-9]*' | tr '\n' ' '))"
+  else
+    notok "$name" "$bad" "$(tail -5 "$WORK/$name.log")"
+  fi
+}
+
+expect_recovered crash_kill9 1 --spares 1 --inject kill:2@10
+grep -q '"failure_kind":"crash"' "$WORK/crash_kill9/events.jsonl" || notok "crash_kind_reported"
+
+expect_recovered hang_sigstop 1 --spares 1 --inject stop:1@8 --detect-timeout-ms 1000
+if grep -q '"failure_kind":"hang"' "$WORK/hang_sigstop/events.jsonl" && grep -q '"event":"fenced"' "$WORK/hang_sigstop/events.jsonl"; then
+  ok "hung_worker_fenced_when_it_wakes"
+else notok "hung_worker_fenced_when_it_wakes" "$(grep -E 'fenced|failure' "$WORK/hang_sigstop/events.jsonl")"; fi
+
+expect_recovered two_nonadjacent_same_step 2 --spares 2 --inject kill:0@10 --inject kill:2@10
+expect_recovered failure_during_recovery 1 --spares 2 --inject kill:2@10 --inject rkill:2@1
+expect_recovered owner_and_holder_with_2_replicas 2 --spares 2 --replicas 2 --inject kill:1@10 --inject kill:2@10
+expect_recovered replicas_on_spares 1 --spares 2 --replica-placement spares --inject kill:3@12
+
+# A spare dies while waiting; the other one takes the failed rank later.
+mkdir -p "$WORK/spare_dies"
+"$DP" run --out "$WORK/spare_dies" "${BASE[@]}" --steps 200 --spares 2 --respawn-spares 0 --inject kill:1@150 \
+  >"$WORK/spare_dies.stdout" 2>"$WORK/spare_dies.log" &
+lp=$!
+sp=""
+for _ in $(seq 200); do
+  sp=$(grep -m1 '"event":"spare_joined"' "$WORK/spare_dies/events.jsonl" 2>/dev/null | grep -o '"pid":[0-9]*' | cut -d: -f2)
+  [ -n "$sp" ] && break; sleep 0.05
+done
+[ -n "$sp" ] && kill -9 "$sp"
+for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -9 $lp 2>/dev/null; wait $lp; rc=$?
+run_job "$WORK/ref200" 120 "${BASE[@]}" --steps 200 --spares 0
+if [ $rc -eq 0 ] && grep -q '"event":"spare_lost"' "$WORK/spare_dies/events.jsonl" \
+   && grep -q '"event":"recovered"' "$WORK/spare_dies/events.jsonl" && cmp -s "$WORK/ref200/model.bin" "$WORK/spare_dies/model.bin" \
+   && no_leftovers "$WORK/spare_dies"; then
+  ok "spare_fails_while_waiting"
+else notok "spare_fails_while_waiting" "rc $rc spare $sp" "$(tail -3 "$WORK/spare_dies.log")"; fi
+
+# No spare left: the committed generation is persisted, the job waits --spare-wait, exits
+# non-zero with how to resume, and the resumed job ends bit-identical.
+run_job "$WORK/nospare" 120 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --inject kill:1@13; rc=$?
+msg=$(grep -o 'continue with `deadpool run --resume [^`]*`' "$WORK/nospare.log")
+timeout -k 5 120 "$DP" run --resume "$WORK/nospare" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
+if [ $rc -ne 0 ] && [ -n "$msg" ] && grep -q '"event":"no_spare"' "$WORK/nospare/events.jsonl" && [ $rc2 -eq 0 ] \
+   && cmp -s "$WORK/ref/model.bin" "$WORK/nospare/model.bin" && no_leftovers "$WORK/nospare"; then
+  ok "no_spare_persists_then_resume_bit_identical"
+else notok "no_spare_persists_then_resume_bit_identical" "rc $rc $rc2 msg '$msg'" "$(tail -3 "$WORK/nospare.log")"; fi
+
+# A failed rank and its only replica holder die together: the job stops with a clear message
+# and resumes from the persistent tier, bit-identical.
+run_job "$WORK/lost" 120 "${BASE[@]}" --spares 2 --persist-every 5 --inject kill:1@13 --inject kill:2@13; rc=$?
+timeout -k 5 120 "$DP" run --resume "$WORK/lost" >"$WORK/lost.resume.stdout" 2>"$WORK/lost.resume.log"; rc2=$?
+if [ $rc -ne 0 ] && grep -q 'every holder of its replicas' "$WORK/lost.log" && [ $rc2 -eq 0 ] \
+   && cmp -s "$WORK/ref/model.bin" "$WORK/lost/model.bin"; then
+  ok "owner_and_only_holder_lost_resume_from_disk"
+else notok "owner_and_only_holder_lost_resume_from_disk" "rc $rc $rc2" "$(tail -3 "$WORK/lost.log")"; fi
+
+# A new spare joins from "another host" (deadpool worker --spare) while the job waits.
+if command -v redis-server >/dev/null; then
+  port=$(( 20000 + RANDOM % 20000 )); pw=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
+  rp=$!
+  for _ in $(seq 100); do redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  mkdir -p "$WORK/join"
+  "$DP" run --out "$WORK/join" "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 60 --inject kill:3@12 \
+    --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/join.stdout" 2>"$WORK/join.log" &
+  lp=$!
+  for _ in $(seq 300); do grep -q '"event":"no_spare"' "$WORK/join/events.jsonl" 2>/dev/null && break; sleep 0.05; done
+  job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/join/events.jsonl" | head -1 | cut -d'"' -f4)
+  DEADPOOL_REDIS_PASSWORD=$pw timeout 120 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
+    >"$WORK/join.spare.log" 2>&1 &
+  wp=$!
+  for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+  kill -9 $lp 2>/dev/null; wait $lp; rc=$?
+  wait $wp
+  kill "$rp" 2>/dev/null; wait "$rp" 2>/dev/null
+  if [ $rc -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$WORK/join/model.bin" && ! grep -q "$pw" "$WORK/join.log" "$WORK/join.stdout"; then
+    ok "spare_joins_from_outside_while_job_waits"
+  else notok "spare_joins_from_outside_while_job_waits" "rc $rc job $job" "$(tail -3 "$WORK/join.log")"; fi
+fi

@@ -60,6 +60,13 @@ Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms) 
 }
 
 void coord_free(Coordinator *c) { free(c); }
+
+int coord_unhandled_failure(const Coordinator *c, char *kind, size_t len, int64_t *t_fail_ms) {
+    if (c->npending == 0) return -1;
+    snprintf(kind, len, "%s", c->pending[0].kind);
+    *t_fail_ms = c->pending[0].t_fail_ms;
+    return c->pending[0].rank;
+}
 const char *coord_message(const Coordinator *c) { return c->message; }
 long coord_epoch(const Coordinator *c) { return c->epoch; }
 void coord_progress(Coordinator *c, int step) { if (step > c->last_step) c->last_step = step; }

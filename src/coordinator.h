@@ -35,5 +35,8 @@ coord_state coord_tick(Coordinator *c, int *spares_used);
 /* Why the job cannot continue (after COORD_FAILED). */
 const char *coord_message(const Coordinator *c);
 long coord_epoch(const Coordinator *c);
+/* The first failure the coordinator could not hot-swap (for the --ft disk restart path):
+ * its rank, kind and wall-clock time. -1 if none. */
+int coord_unhandled_failure(const Coordinator *c, char *kind, size_t len, int64_t *t_fail_ms);
 
 #endif

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "control.h"
 #include "coordinator.h"
 #include "events.h"
@@ -25,8 +26,23 @@ typedef struct {
     int status;  /* waitpid status */
 } Child;
 
+/* The classic baseline (--ft disk): a failure tears the whole job down and restarts every
+ * process from the newest disk checkpoint, the way a TorchElastic-style restart works. */
+typedef struct {
+    int pending;           /* a restart happened; its `recovered` event waits for the first step */
+    int rank;
+    char kind[16];
+    int64_t t_fail_ms;
+    long long checkpoint;  /* 0-based step restarted from, -1 = from scratch */
+    int last_step;         /* steps completed before the failure */
+    int count;
+} Restart;
+
 typedef struct {
     const JobConfig *cfg;
+    JobConfig run_cfg;      /* cfg as the current incarnation runs it (restarts change it) */
+    redis_addr addr;
+    Restart restart;
     char job[32];
     char url[600];          /* redis URL without the password */
     redis_server server;    /* embedded server; pid 0 when --redis was given */
@@ -60,7 +76,7 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
         if (redis_addr_parse(L->cfg->redis, &addr, err, errlen) != 0) return -1;
         log_msg("control plane: redis at %s:%d", addr.host, addr.port);
     } else {
-        if (redis_server_start(&L->server, 5000, err, errlen) != 0) return -1;
+            if (redis_server_start(&L->server, 5000, err, errlen) != 0) return -1;
         memset(&addr, 0, sizeof addr);
         snprintf(addr.host, sizeof addr.host, "127.0.0.1");
         addr.port = L->server.port;
@@ -71,6 +87,7 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     snprintf(L->url, sizeof L->url, "redis://%s:%d", addr.host, addr.port);
     /* Children inherit the secret through the environment, never through argv (visible in ps). */
     if (addr.password[0]) setenv("DEADPOOL_REDIS_PASSWORD", addr.password, 1);
+    L->addr = addr;
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
     return L->ctl ? 0 : -1;
 }
@@ -78,8 +95,8 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
 static int publish_job(Launcher *L, char *err, size_t errlen) {
     static char text[65536];
     char t0[32];
-    if (job_config_serialize(L->cfg, text, sizeof text) != 0) { snprintf(err, errlen, "job config too large"); return -1; }
-    L->t0_wall_ms = wall_ms();
+    if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) { snprintf(err, errlen, "job config too large"); return -1; }
+    if (!L->t0_wall_ms) L->t0_wall_ms = wall_ms();
     snprintf(t0, sizeof t0, "%lld", (long long)L->t0_wall_ms);
     if (ctl_config_set(L->ctl, "config", text) != 0 || ctl_config_set(L->ctl, "t0_ms", t0) != 0 ||
         ctl_state_set(L->ctl, "running") != 0) {
@@ -168,6 +185,17 @@ static void on_metric(const char *json, void *arg) {
     L->last_step = (int)step;
     L->last_loss = (float)loss;
     if (L->coord) coord_progress(L->coord, (int)step);
+    if (L->restart.pending) {
+        Restart *r = &L->restart;
+        r->pending = 0;
+        long long ms = (long long)(wall_ms() - r->t_fail_ms);
+        event_emit(L->ctl, L->t0_wall_ms, "recovered",
+                   "\"mode\":\"restart\",\"rank\":%d,\"failure_kind\":\"%s\",\"rollback_step\":%lld,"
+                   "\"total_ms\":%lld,\"steps_recomputed\":%lld",
+                   r->rank, r->kind, r->checkpoint + 1, ms, (long long)r->last_step - (r->checkpoint + 1));
+        printf("[deadpool] restarted the whole job from the checkpoint of step %lld in %lld ms (first step done)\n",
+               r->checkpoint + 1, ms);
+    }
     printf("step %5d/%d | loss %.4f | %8.0f tok/s | %8.1f ms/step | %7.1f s\n", (int)step, L->cfg->steps, loss,
            tps, ms, t);
     fflush(stdout);
@@ -249,7 +277,7 @@ static void stop_children(Launcher *L, int grace_ms) {
     for (int i = 0; i < L->nchildren; i++) {
         Child *c = &L->children[i];
         if (c->exited) continue;
-        log_msg("process %d did not stop in time: killing it", (int)c->pid);
+        if (grace_ms > 0) log_msg("process %d did not stop in time: killing it", (int)c->pid);
         kill(c->pid, SIGKILL);
         waitpid(c->pid, &c->status, 0);
         c->exited = 1;
@@ -263,6 +291,46 @@ static void respawn_spares(Launcher *L, int n) {
     }
 }
 
+static void kill_all_children(Launcher *L) {
+    for (int i = 0; i < L->nchildren; i++)
+        if (!L->children[i].exited) kill(L->children[i].pid, SIGKILL);
+    stop_children(L, 0);
+    L->nchildren = 0;
+}
+
+/* --ft disk: tear everything down and start a new incarnation of the job from the newest
+ * checkpoint. 0, or -1 if that is not possible. */
+static int restart_from_disk(Launcher *L) {
+    Restart *r = &L->restart;
+    char err[1024];
+    r->rank = coord_unhandled_failure(L->coord, r->kind, sizeof r->kind, &r->t_fail_ms);
+    r->last_step = L->last_step;
+    ctl_state_set(L->ctl, "failed");
+    kill_all_children(L);
+    r->checkpoint = checkpoint_latest(L->run_cfg.out, err, sizeof err);
+    if (r->checkpoint >= 0) {
+        snprintf(L->run_cfg.resume, sizeof L->run_cfg.resume, "%s", L->run_cfg.out);
+        L->run_cfg.resume_step = (int)r->checkpoint;
+    }
+    L->run_cfg.inject[0] = 0; /* injected faults fire once per run */
+    L->run_cfg.chaos = 0.0f;
+    log_msg("--ft disk: restarting every process from the checkpoint of step %lld", r->checkpoint + 1);
+    event_emit(L->ctl, L->t0_wall_ms, "restart", "\"rank\":%d,\"kind\":\"%s\",\"checkpoint_step\":%lld", r->rank,
+               r->kind, r->checkpoint + 1);
+    drain_outputs(L);
+    ctl_close(L->ctl);
+    coord_free(L->coord);
+    make_job_id(L->job, sizeof L->job);
+    L->ctl = ctl_connect(&L->addr, L->job, 5000, err, sizeof err);
+    L->coord = NULL;
+    if (!L->ctl || publish_job(L, err, sizeof err) != 0) { log_msg("restart failed: %s", err); return -1; }
+    L->coord = coord_create(L->ctl, &L->run_cfg, L->t0_wall_ms);
+    if (!L->coord || spawn_all(L) != 0) return -1;
+    r->pending = 1;
+    r->count++;
+    return 0;
+}
+
 static void supervise(Launcher *L) {
     while (!stop_signal && !L->failed && !L->model_saved) {
         drain_outputs(L);
@@ -272,7 +340,13 @@ static void supervise(Launcher *L) {
             break;
         }
         int used = 0;
-        if (coord_tick(L->coord, &used) == COORD_FAILED) {
+        coord_state cs = coord_tick(L->coord, &used);
+        if (cs == COORD_FAILED && !strcmp(L->run_cfg.ft, "disk") && L->restart.count < 100) {
+            if (restart_from_disk(L) == 0) continue;
+            L->failed = 1;
+            break;
+        }
+        if (cs == COORD_FAILED) {
             log_msg("%s", coord_message(L->coord));
             char esc[4200];
             json_escape(coord_message(L->coord), esc, sizeof esc);
@@ -290,6 +364,7 @@ int launcher_run(const JobConfig *cfg) {
     static Launcher L;
     memset(&L, 0, sizeof L);
     L.cfg = cfg;
+    L.run_cfg = *cfg;
     char err[1024];
     int rc = 1;
     signal(SIGPIPE, SIG_IGN);
@@ -314,7 +389,7 @@ int launcher_run(const JobConfig *cfg) {
         log_msg("resuming from the checkpoint of step %d in %s", cfg->resume_step + 1, cfg->resume);
         event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", cfg->resume_step + 1);
     }
-    L.coord = coord_create(L.ctl, cfg, L.t0_wall_ms);
+    L.coord = coord_create(L.ctl, &L.run_cfg, L.t0_wall_ms);
     if (!L.coord || spawn_all(&L) != 0) {
         log_msg("cannot start worker processes: %s", strerror(errno));
         L.failed = 1;

@@ -678,16 +678,16 @@ int ctl_epoch_set(ctl_t *c, long epoch) {
     return 0;
 }
 
-int ctl_notify(ctl_t *c, long proc_id, long value) {
+int ctl_notify(ctl_t *c, long proc_id, const char *list, long value) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:notice:%ld", c->job, proc_id);
+    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
     long long n;
     return ctl_command_integer(c, &n, "RPUSH %s %ld", key, value);
 }
 
-long ctl_wait_notice(ctl_t *c, long proc_id, int timeout_ms) {
+long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms) {
     char key[CTL_KEY_MAX], timeout[32];
-    snprintf(key, sizeof key, "dp:%s:notice:%ld", c->job, proc_id);
+    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
     /* BLPOP takes fractional seconds; the connection's own timeout must be longer. */
     snprintf(timeout, sizeof timeout, "%.3f", timeout_ms / 1000.0);
     redisReply *r = ctl_command(c, "BLPOP %s %s", key, timeout);
@@ -721,6 +721,13 @@ int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive) {
         for (int i = 0; i < m; i++) alive[base + i] = r->element[i]->type == REDIS_REPLY_STRING;
         freeReplyObject(r);
     }
+    return 0;
+}
+
+int ctl_server_config_set(ctl_t *c, const char *param, const char *value) {
+    redisReply *r = ctl_command(c, "CONFIG SET %s %s", param, value);
+    if (!r) return -1;
+    freeReplyObject(r);
     return 0;
 }
 

@@ -68,13 +68,17 @@ int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id);
 /* Sets the epoch counter (the coordinator publishes a decision). 0 / -1. */
 int ctl_epoch_set(ctl_t *c, long epoch);
 
-/* Wake-ups: the coordinator pushes a value to a process's notice list; the process waits on
- * it with BLPOP. ctl_wait_notice returns the value, 0 on timeout, -1 on error. */
-int ctl_notify(ctl_t *c, long proc_id, long value);
-long ctl_wait_notice(ctl_t *c, long proc_id, int timeout_ms);
+/* Wake-ups: the coordinator pushes a value to one of a process's lists ("notice": a decision
+ * is out; "abort": abandon the step in flight); the process waits on it with BLPOP.
+ * ctl_wait_notice returns the value, 0 on timeout, -1 on error. */
+int ctl_notify(ctl_t *c, long proc_id, const char *list, long value);
+long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms);
 
 /* alive[i] = heartbeat of procs[i] present (1) or expired (0), one round trip. 0 / -1. */
 int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive);
+
+/* CONFIG SET on the server (e.g. "bind"): 0 / -1. */
+int ctl_server_config_set(ctl_t *c, const char *param, const char *value);
 
 /* Heartbeat: SET dp:{job}:hb:{proc_id} PX ttl_ms. 0 / -1. */
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms);

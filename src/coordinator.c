@@ -43,8 +43,7 @@ struct Coordinator {
     int last_step;
     double waiting_spare_since; /* no-spare fallback in progress, 0 = no */
     int persisted;
-    int fenced;              /* the current epoch is closed; waiting for members to stop */
-    double fenced_ms;
+    int fenced;              /* the current epoch is closed */
     char message[2048];
 };
 
@@ -262,24 +261,15 @@ static void decide(Coordinator *c, const long *spares) {
     c->fenced = 0;
 }
 
-/* Closes the epoch and wakes its members; 1 once every surviving member reported that it
- * stopped (or the bound passed), so committed generations no longer move. */
-static int members_stopped(Coordinator *c) {
-    if (!c->fenced) {
-        fence_epoch(c->ctl, c->epoch);
-        for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], -1);
-        c->fenced = 1;
-        c->fenced_ms = now_ms();
-    }
-    for (int r = 0; r < c->cfg->workers; r++) {
-        int failed = 0;
-        for (int i = 0; i < c->npending; i++) failed |= c->pending[i].rank == r;
-        if (failed || stopped_reported(c->ctl, c->epoch, r)) continue;
-        /* A member stuck in a collective stops when the collective times out. */
-        if (now_ms() - c->fenced_ms < job_comm_timeout_ms(c->cfg) + 2.0 * c->cfg->detect_timeout_ms) return 0;
-        add_failure(c, r, "unknown");
-    }
-    return 1;
+/* Closes the epoch before deciding: from now on no member changes its state in it (members
+ * check the fence before every optimizer update), and every member abandons the step it is
+ * computing. Generation g = min committed then stays in every buffer and holder whatever the
+ * members still do (see snapshot.h), so the decision need not wait for them. */
+static void close_epoch(Coordinator *c) {
+    if (c->fenced) return;
+    fence_epoch(c->ctl, c->epoch);
+    for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], "abort", c->epoch + 1); /* 0 means nothing */
+    c->fenced = 1;
 }
 
 /* No spare left: make the newest committed generation durable, so that nothing committed is
@@ -290,7 +280,7 @@ static void persist_for_fallback(Coordinator *c) {
     char req[64];
     snprintf(req, sizeof req, "%ld:%lld", c->epoch, g);
     ctl_set(c->ctl, "persist:req", req);
-    for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], -1);
+    for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], "notice", -1);
     if (g < 0) return;
     for (int i = 0; i < c->npending; i++) {
         int rank = c->pending[i].rank;
@@ -356,11 +346,13 @@ coord_state coord_tick(Coordinator *c, int *spares_used) {
     }
     /* A failed collective with no failed member: rebuild the communicator, same members. */
     if (c->npending == 0 && c->suspicion_ms > 0 && now - c->suspicion_ms > 1.5 * c->cfg->detect_timeout_ms) {
-        if (members_stopped(c)) decide(c, NULL);
+        close_epoch(c);
+        decide(c, NULL);
         return COORD_RUNNING;
     }
-    if (c->npending == 0 || now - c->first_pending_ms < BATCH_MS) return COORD_RUNNING;
-    if (!members_stopped(c)) return COORD_RUNNING;
+    if (c->npending == 0) return COORD_RUNNING;
+    close_epoch(c);
+    if (now - c->first_pending_ms < BATCH_MS) return COORD_RUNNING;
     if (strcmp(c->cfg->ft, "deadpool") != 0) {
         snprintf(c->message, sizeof c->message, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from",
                  c->pending[0].rank, c->pending[0].kind, c->cfg->ft);

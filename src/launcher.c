@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "control.h"
 #include "coordinator.h"
 #include "events.h"
+#include "netns.h"
 #include "util.h"
 
 #define MAX_CHILDREN 4096
@@ -56,6 +58,9 @@ typedef struct {
     int failed;             /* the job cannot continue */
     int model_saved;        /* rank 0 wrote the final model: the job is done */
     Coordinator *coord;
+    NetNs netns;            /* --inject netdown: one rank runs behind a link we can cut */
+    long netdown_epoch;     /* the link went down in this epoch; -1 = up */
+    char self_path[4096];   /* this executable, for `ip netns exec` */
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -128,27 +133,69 @@ static int open_outputs(Launcher *L, char *err, size_t errlen) {
 }
 
 static pid_t spawn_process(Launcher *L, int rank) {
-    char rank_arg[16];
+    char rank_arg[16], ns_url[700];
     snprintf(rank_arg, sizeof rank_arg, "%d", rank);
-    char *argv[12];
+    int in_ns = L->netns.active && rank == L->netns.rank && L->restart.count == 0;
+    char *argv[20];
     int n = 0;
-    argv[n++] = "deadpool";
+    if (in_ns) {
+        argv[n++] = "ip";
+        argv[n++] = "netns";
+        argv[n++] = "exec";
+        argv[n++] = L->netns.ns;
+        argv[n++] = L->self_path;
+        snprintf(ns_url, sizeof ns_url, "redis://%s:%d", L->netns.host_addr, L->addr.port);
+    } else {
+        argv[n++] = "deadpool";
+    }
     argv[n++] = "worker";
     argv[n++] = "--redis";
-    argv[n++] = L->url;
+    argv[n++] = in_ns ? ns_url : L->url;
     argv[n++] = "--job";
     argv[n++] = L->job;
+    if (L->netns.active) {
+        argv[n++] = "--bind";
+        argv[n++] = in_ns ? L->netns.ns_addr : L->netns.host_addr;
+    }
     if (rank >= 0) { argv[n++] = "--rank"; argv[n++] = rank_arg; }
     else argv[n++] = "--spare";
     argv[n] = NULL;
     fflush(NULL);
     pid_t pid = fork();
     if (pid != 0) return pid;
-    /* Own process group: Ctrl-C reaches only the launcher, which stops the job in order. */
+    /* Own process group: Ctrl-C reaches only the launcher, which stops the job in order.
+     * Workers run at the default priority, below the control plane's. */
     setpgid(0, 0);
+    if (setpriority(PRIO_PROCESS, 0, 0) != 0) { /* keep the inherited one */ }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    execv("/proc/self/exe", argv);
+    if (in_ns) {
+        setenv("DEADPOOL_NETDOWN_IF", L->netns.ns_if, 1);
+        execvp("ip", argv);
+    } else {
+        execv("/proc/self/exe", argv);
+    }
     _exit(127);
+}
+
+/* --inject netdown: put the rank behind a veth link and let Redis listen on it too. */
+static int setup_netns(Launcher *L, char *err, size_t errlen) {
+    L->netdown_epoch = -1;
+    int rank = netns_fault_rank(L->cfg->inject);
+    if (rank < 0) return 0;
+    if (rank >= L->cfg->workers) { snprintf(err, errlen, "--inject netdown:%d: no such rank", rank); return -1; }
+    if (netns_create(&L->netns, L->job, rank, err, errlen) != 0) return -1;
+    ssize_t len = readlink("/proc/self/exe", L->self_path, sizeof L->self_path - 1);
+    if (len <= 0) { snprintf(err, errlen, "cannot find this executable"); return -1; }
+    L->self_path[len] = 0;
+    char bind[80];
+    snprintf(bind, sizeof bind, "127.0.0.1 %s", L->netns.host_addr);
+    if (ctl_server_config_set(L->ctl, "bind", bind) != 0) {
+        snprintf(err, errlen, "redis: cannot listen on %s: %s", L->netns.host_addr, ctl_last_error(L->ctl));
+        return -1;
+    }
+    log_msg("rank %d runs in network namespace %s (%s); its link goes down at the injected step", rank, L->netns.ns,
+            L->netns.ns_addr);
+    return 0;
 }
 
 static int spawn_all(Launcher *L) {
@@ -207,6 +254,10 @@ static void on_event(const char *json, void *arg) {
     fflush(L->events);
     if (strstr(json, "\"event\":\"error\"")) log_msg("worker reported: %s", json);
     if (strstr(json, "\"event\":\"model_saved\"")) L->model_saved = 1;
+    if (strstr(json, "\"event\":\"fault_injected\"") && strstr(json, "\"kind\":\"netdown\"")) {
+        L->netns.link_down = 1;
+        L->netdown_epoch = L->coord ? coord_epoch(L->coord) : 0;
+    }
     double epoch;
     if (strstr(json, "\"event\":\"comm_failure\"") && json_number(json, "epoch", &epoch) == 0 && L->coord)
         coord_comm_failure(L->coord, (long)epoch);
@@ -333,7 +384,7 @@ static int restart_from_disk(Launcher *L) {
 
 static void supervise(Launcher *L) {
     while (!stop_signal && !L->failed && !L->model_saved) {
-        drain_outputs(L);
+        /* Exits first: a crash is known the moment waitpid says so. */
         if (reap_children(L) == 0) {
             log_msg("every process has exited before the job finished");
             L->failed = 1;
@@ -341,6 +392,7 @@ static void supervise(Launcher *L) {
         }
         int used = 0;
         coord_state cs = coord_tick(L->coord, &used);
+        drain_outputs(L);
         if (cs == COORD_FAILED && !strcmp(L->run_cfg.ft, "disk") && L->restart.count < 100) {
             if (restart_from_disk(L) == 0) continue;
             L->failed = 1;
@@ -355,6 +407,11 @@ static void supervise(Launcher *L) {
             break;
         }
         if (used && L->cfg->respawn_spares) respawn_spares(L, used);
+        /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */
+        if (L->netdown_epoch >= 0 && L->coord && coord_epoch(L->coord) > L->netdown_epoch) {
+            netns_link_up(&L->netns);
+            L->netdown_epoch = -1;
+        }
         sleep_ms(2);
     }
     drain_outputs(L);
@@ -372,9 +429,13 @@ int launcher_run(const JobConfig *cfg) {
     signal(SIGTERM, on_stop_signal);
     log_set_role("deadpool");
     make_job_id(L.job, sizeof L.job);
+    /* The control plane must stay responsive while the workers saturate every core: when
+     * allowed (root), the launcher and its redis-server run at a higher priority. Workers
+     * keep the default one. */
+    if (setpriority(PRIO_PROCESS, 0, -5) != 0) { /* not permitted: run at the default priority */ }
 
     if (open_outputs(&L, err, sizeof err) != 0 || start_control_plane(&L, err, sizeof err) != 0 ||
-        publish_job(&L, err, sizeof err) != 0) {
+        setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0) {
         log_msg("%s", err);
         goto out;
     }
@@ -413,6 +474,7 @@ int launcher_run(const JobConfig *cfg) {
     drain_outputs(&L);
     rc = stop_signal ? 130 : ok ? 0 : 1;
 out:
+    netns_destroy(&L.netns);
     coord_free(L.coord);
     if (L.ctl && cfg->redis[0]) ctl_job_delete(L.ctl);
     if (L.ctl) ctl_close(L.ctl);

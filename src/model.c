@@ -8,6 +8,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +57,12 @@ struct GPT2 {
     int *inputs, *targets;                    /* (B,T) copies of the last forward's tokens */
     int B, T;                                 /* of the last forward */
     int has_targets;                          /* last forward computed losses: backward allowed */
+    const _Atomic int *abort_flag;            /* raised by another thread: stop between layers */
 };
+
+void gpt2_set_abort_flag(GPT2 *m, const _Atomic int *flag) { m->abort_flag = flag; }
+
+static int aborted(const GPT2 *m) { return m->abort_flag && atomic_load(m->abort_flag); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration                                                                               */
@@ -310,6 +316,7 @@ float gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T)
     float **p = m->p;
     encoder_forward(m->encoded, inputs, p[WTE], p[WPE], B, T, C);
     for (int l = 0; l < L; l++) {
+        if (aborted(m)) return NAN;
         const float *residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * BTC;
         float *l_ln1 = m->ln1 + l * BTC, *l_ln1_mean = m->ln1_mean + l * BT, *l_ln1_rstd = m->ln1_rstd + l * BT;
         float *l_qkv = m->qkv + l * 3 * BTC, *l_atty = m->atty + l * BTC, *l_att = m->att + l * BNHTT;
@@ -369,6 +376,7 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
      * branches read dresidual directly and the layernorms add into it in place: the same
      * floats as llm.c's separate dresidual2/3 buffers, without the copies. */
     for (int l = L - 1; l >= 0; l--) {
+        if (aborted(m)) return;
         const float *residual = l == 0 ? m->encoded : m->residual3 + (l - 1) * BTC;
         const float *l_ln1 = m->ln1 + l * BTC, *l_ln1_mean = m->ln1_mean + l * BT, *l_ln1_rstd = m->ln1_rstd + l * BT;
         const float *l_qkv = m->qkv + l * 3 * BTC, *l_atty = m->atty + l * BTC, *l_att = m->att + l * BNHTT;

@@ -60,6 +60,11 @@ float gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T)
  * loss)/d(params) into the gradients, so several micro-batches accumulate. */
 void gpt2_backward(GPT2 *m, float loss_scale);
 void gpt2_zero_grad(GPT2 *m);
+/* A flag another thread may raise to abandon the forward/backward in flight (checked between
+ * layers): forward then returns NaN and backward returns early, leaving the gradients
+ * undefined. Used when a peer failed and the step will be rolled back anyway. NULL = none. */
+void gpt2_set_abort_flag(GPT2 *m, const _Atomic int *flag);
+
 /* Probabilities (B,T,Vp) of the last forward, for sampling and tests. */
 const float *gpt2_probs(const GPT2 *m);
 

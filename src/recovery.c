@@ -64,7 +64,7 @@ int decision_publish(ctl_t *c, const Decision *d) {
     for (int i = 0; i < d->nfailed; i++)
         if (ctl_set_rank_owner(c, d->failed[i].rank, d->failed[i].spare_proc) != 0) return -1;
     if (ctl_epoch_set(c, d->epoch) != 0) return -1;
-    for (int r = 0; r < d->world; r++) ctl_notify(c, d->procs[r], d->epoch);
+    for (int r = 0; r < d->world; r++) ctl_notify(c, d->procs[r], "notice", d->epoch);
     return 0;
 }
 
@@ -110,16 +110,4 @@ int epoch_fenced(ctl_t *c, long epoch) {
     char key[64], v[8];
     snprintf(key, sizeof key, "e%ld:fenced", epoch);
     return ctl_get(c, key, v, sizeof v) == 0 ? 1 : 0;
-}
-
-int stopped_report(ctl_t *c, long epoch, int rank) {
-    char key[64];
-    snprintf(key, sizeof key, "e%ld:stopped:%d", epoch, rank);
-    return ctl_set(c, key, "1");
-}
-
-int stopped_reported(ctl_t *c, long epoch, int rank) {
-    char key[64], v[8];
-    snprintf(key, sizeof key, "e%ld:stopped:%d", epoch, rank);
-    return ctl_get(c, key, v, sizeof v) == 0;
 }

@@ -42,15 +42,11 @@ int decision_rank_of(const Decision *d, long proc_id);
 int decision_rank_replaced(const Decision *d, int rank);
 
 /* Fencing an epoch: once the coordinator has seen a failure in epoch e it closes e; members
- * check before every optimizer update and stop instead of changing their state, then report
- * that they stopped. The decision waits for those reports, so the committed generations it
- * reads can no longer move past the rollback point. */
+ * check before every optimizer update and stop instead of changing their state, and a
+ * rendezvous for e gives up. */
 int fence_epoch(ctl_t *c, long epoch);
-/* 1 if `epoch` is closed, 0 if not, -1 on error. */
+/* 1 if `epoch` is closed, 0 if not. */
 int epoch_fenced(ctl_t *c, long epoch);
-int stopped_report(ctl_t *c, long epoch, int rank);
-/* 1 if `rank` reported stopping in `epoch`. */
-int stopped_reported(ctl_t *c, long epoch, int rank);
 
 /* Replica holders of each rank are recorded per epoch so a spare can find a failed rank's
  * state: "host:port,host:port". */

@@ -225,6 +225,21 @@ int snapshot_wait_previous(Snapshot *s, double *waited_ms) {
     return rc;
 }
 
+int snapshot_local_use(Snapshot *s, int64_t step, int (*use)(const SnapHeader *h, const void *payload, void *arg),
+                       void *arg) {
+    int rc = -1;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < 2; i++) {
+        Slot *slot = &s->slots[i];
+        if (slot->committed && slot->header.step == step) {
+            rc = use(&slot->header, slot->data, arg);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload) {
     int rc = -1;
     pthread_mutex_lock(&s->mu);

@@ -67,6 +67,10 @@ void snapshot_capture(Snapshot *s, int64_t step);
 int snapshot_wait_previous(Snapshot *s, double *waited_ms);
 /* Copy (malloc'ed) of the local committed generation `step`, if either buffer holds it. 0 / -1. */
 int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload);
+/* Calls use(h, payload, arg) on the local committed generation `step` in place (no copy),
+ * with the buffer held. Returns use's result, or -1 if neither buffer holds `step`. */
+int snapshot_local_use(Snapshot *s, int64_t step, int (*use)(const SnapHeader *h, const void *payload, void *arg),
+                       void *arg);
 /* Lets the thread finish its transfer in the background, without callbacks, and free itself:
  * recovery must not wait for a send to a dead holder. */
 void snapshot_abandon(Snapshot *s);

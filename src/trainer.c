@@ -3,6 +3,7 @@
 #include "trainer.h"
 
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@ struct Trainer {
     Snapshot *snap;
     int (*fence_closed)(void *arg);
     void *fence_arg;
+    const _Atomic int *abort_flag;
 };
 
 /* Where the initial parameters come from: a resumed checkpoint, a model file, or a preset. */
@@ -129,8 +131,12 @@ Trainer *trainer_create(const JobConfig *cfg, int rank, int size, char *err, siz
         goto fail;
     }
     t->model = gpt2_create(&mc, t->B, T, t->shard * (size_t)size);
-    t->m = calloc(t->shard, sizeof(float));
-    t->v = calloc(t->shard, sizeof(float));
+    /* malloc + memset, not calloc: every page is touched now, so restoring a shard into a
+     * warm spare does not pay for page faults during recovery. */
+    t->m = malloc(t->shard * sizeof(float));
+    t->v = malloc(t->shard * sizeof(float));
+    if (t->m) memset(t->m, 0, t->shard * sizeof(float));
+    if (t->v) memset(t->v, 0, t->shard * sizeof(float));
     t->inputs = malloc((size_t)t->B * T * sizeof(int));
     t->targets = malloc((size_t)t->B * T * sizeof(int));
     if (!t->model || !t->m || !t->v || !t->inputs || !t->targets) {
@@ -195,6 +201,11 @@ int trainer_state_regions(Trainer *t, SnapRegion regions[4]) {
 
 void trainer_attach_snapshot(Trainer *t, Snapshot *snap) { t->snap = snap; }
 
+void trainer_set_abort_flag(Trainer *t, const _Atomic int *flag) {
+    t->abort_flag = flag;
+    gpt2_set_abort_flag(t->model, flag);
+}
+
 void trainer_set_fence_check(Trainer *t, int (*closed)(void *arg), void *arg) {
     t->fence_closed = closed;
     t->fence_arg = arg;
@@ -212,6 +223,7 @@ static float accumulate_gradients(Trainer *t, int step) {
     for (int a = 0; a < A; a++) {
         data_batch(t->data, t->cfg.seed, step, t->rank * A + a, t->B, t->T, t->inputs, t->targets);
         loss_sum += gpt2_forward(t->model, t->inputs, t->targets, t->B, t->T);
+        if (t->abort_flag && atomic_load(t->abort_flag)) break;
         gpt2_backward(t->model, 1.0f);
     }
     return loss_sum;
@@ -224,6 +236,7 @@ train_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) 
     size_t padded = t->shard * (size_t)t->size;
 
     float loss = accumulate_gradients(t, step);
+    if (t->abort_flag && atomic_load(t->abort_flag)) return TRAIN_FENCED;
     /* No rank reduces step k+1 before its generation k is committed (see snapshot.h). */
     double waited = 0.0;
     if (t->snap && snapshot_wait_previous(t->snap, &waited) != 0) return TRAIN_SNAPSHOT;

@@ -67,6 +67,9 @@ typedef enum {
 /* Asked after the gradient reduction, before the optimizer changes any state: non-zero
  * means the epoch is closed and the step must not go on. */
 void trainer_set_fence_check(Trainer *t, int (*closed)(void *arg), void *arg);
+/* A flag raised from another thread when the epoch closes: the step in flight is abandoned
+ * between layers (TRAIN_FENCED) instead of computing to the end. */
+void trainer_set_abort_flag(Trainer *t, const _Atomic int *flag);
 
 /* Runs step `step` over comm. On failure the trainer's live state is undefined until restored. */
 train_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats);

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "control.h"
 #include "events.h"
+#include "netns.h"
 #include "recovery.h"
 #include "replica.h"
 #include "rng.h"
@@ -46,17 +47,38 @@ typedef struct {
     pthread_t hb_thread;
     atomic_int hb_stop;
     atomic_int job_over; /* the launcher set the job's state to stopping/done/failed */
+    /* abort watcher thread: the coordinator closed our epoch, abandon the step in flight */
+    pthread_t abort_thread;
+    _Atomic int abort_step;
+    _Atomic long cur_epoch;
 } Proc;
+
+/* Waits on the process's "abort" list; a value e+1 with e >= our epoch raises abort_step. */
+static void *abort_watch_loop(void *arg) {
+    Proc *p = arg;
+    char err[256];
+    ctl_t *c = ctl_connect(&p->addr, p->job, 2000, err, sizeof err);
+    if (!c) { log_msg("abort watcher: %s", err); return NULL; }
+    while (!atomic_load(&p->hb_stop)) {
+        long v = ctl_wait_notice(c, p->proc_id, "abort", 200);
+        if (v < 0) sleep_ms(100);
+        else if (v > 0 && v - 1 >= atomic_load(&p->cur_epoch)) atomic_store(&p->abort_step, 1);
+    }
+    ctl_close(c);
+    return NULL;
+}
 
 static void *heartbeat_loop(void *arg) {
     Proc *p = arg;
     char err[256];
     ctl_t *c = ctl_connect(&p->addr, p->job, 2000, err, sizeof err);
     if (!c) { log_msg("heartbeat: %s", err); return NULL; }
-    int period = p->cfg.detect_timeout_ms / 4;
+    int period = p->cfg.detect_timeout_ms / 4, failing = 0;
     while (!atomic_load(&p->hb_stop)) {
-        if (ctl_heartbeat(c, p->proc_id, p->cfg.detect_timeout_ms) != 0)
-            log_msg("heartbeat failed: %s", ctl_last_error(c));
+        int ok = ctl_heartbeat(c, p->proc_id, p->cfg.detect_timeout_ms) == 0;
+        if (!ok && !failing) log_msg("heartbeat failed: %s", ctl_last_error(c));
+        if (ok && failing) log_msg("heartbeat restored");
+        failing = !ok;
         char state[32];
         if (ctl_state_get(c, state, sizeof state) == 0 && strcmp(state, "running") != 0)
             atomic_store(&p->job_over, 1);
@@ -260,6 +282,7 @@ static void fire_fault(Member *m, const char *kind, int step) {
     log_msg("injecting %s at step %d", kind, step + 1);
     if (!strcmp(kind, "kill")) raise(SIGKILL);
     else if (!strcmp(kind, "stop")) raise(SIGSTOP);
+    else if (!strcmp(kind, "netdown")) netns_cut_own_link();
 }
 
 /* Faults from --inject and --chaos fire once each, even when the step is re-run after a
@@ -353,7 +376,10 @@ static int train_loop(Member *m) {
             s.tokens_per_s *= s.step_ms / ms;
             s.step_ms = ms;
         }
-        if (ts == TRAIN_FENCED) return EXIT_FAILED;
+        if (ts == TRAIN_FENCED) {
+            log_msg("step %d abandoned: epoch %ld was closed after a failure", step + 1, m->epoch);
+            return EXIT_FAILED;
+        }
         if (ts != TRAIN_OK || st != COMM_OK) {
             const char *what = ts == TRAIN_SNAPSHOT ? "replication of the previous snapshot failed" : comm_last_error(m->comm);
             log_msg("step %d: %s", step + 1, what);
@@ -365,6 +391,10 @@ static int train_loop(Member *m) {
         if (m->rank == 0) {
             push_metrics(m, &s, committed_step(m, last_disk_step));
             if (first && m->epoch > 0) report_recovery(m);
+        }
+        if (first && m->restore_src) { /* the new epoch has committed its restore point */
+            snapshot_abandon(m->restore_src);
+            m->restore_src = NULL;
         }
         first = 0;
     }
@@ -408,6 +438,14 @@ static int fetch_from_holders(Member *m, int rank, long long step, SnapHeader *h
     return -1;
 }
 
+static int restore_in_place(const SnapHeader *h, const void *payload, void *arg) {
+    Member *m = arg;
+    char err[256];
+    if (trainer_restore(m->t, h, payload, err, sizeof err) == 0) return 0;
+    log_msg("local copy of step %lld unusable: %s", (long long)h->step + 1, err);
+    return -1;
+}
+
 /* Puts this rank's shard at generation `rollback`: from our own ping-pong buffer, else from a
  * replica holder, else (the resumed checkpoint) from disk; -1 means the initial state. */
 static int restore_generation(Member *m, Snapshot *old, long long rollback, char *err, size_t errlen) {
@@ -417,8 +455,8 @@ static int restore_generation(Member *m, Snapshot *old, long long rollback, char
     }
     SnapHeader h;
     void *payload = NULL;
-    int found = old && snapshot_local_copy(old, rollback, &h, &payload) == 0;
-    if (!found) found = fetch_from_holders(m, m->rank, rollback, &h, &payload) == 0;
+    if (old && snapshot_local_use(old, rollback, restore_in_place, m) == 0) return 0;
+    int found = fetch_from_holders(m, m->rank, rollback, &h, &payload) == 0;
     if (!found && rollback == m->p->cfg.resume_step)
         found = checkpoint_read_shard(m->p->cfg.resume, rollback, m->rank, &h, &payload, err, errlen) == 0;
     if (!found) {
@@ -452,11 +490,14 @@ static int join_epoch(Member *m, const Decision *d, char *err, size_t errlen) {
         m->snap = NULL;
     }
     trainer_attach_snapshot(m->t, NULL);
+    atomic_store(&p->cur_epoch, d->epoch);
+    atomic_store(&p->abort_step, 0);
     m->epoch = d->epoch;
     m->rank = decision_rank_of(d, p->proc_id);
     trainer_set_rank(m->t, m->rank);
     replica_server_set_min_epoch(p->replicas, d->epoch);
     if (restore_generation(m, m->restore_src, d->rollback, err, errlen) != 0) return -1;
+    log_msg("restored step %lld in %.1f ms", d->rollback + 1, now_ms() - t0);
     maybe_inject_in_recovery(m);
     double t1 = now_ms();
     /* Everyone is warm and restores in parallel: if a member does not show up within this
@@ -470,21 +511,14 @@ static int join_epoch(Member *m, const Decision *d, char *err, size_t errlen) {
     double t2 = now_ms();
     if (!strcmp(p->cfg.ft, "deadpool")) {
         if (start_snapshots(m, err, errlen) != 0) return -1;
-        /* Every epoch starts with its restore point committed, so a failure during recovery
-         * rolls back to the same generation. */
-        if (d->rollback >= 0) {
-            snapshot_capture(m->snap, d->rollback);
-            if (snapshot_wait_previous(m->snap, NULL) != 0) {
-                snprintf(err, errlen, "replicating the restored state failed");
-                return -1;
-            }
-        }
-        snapshot_abandon(m->restore_src);
-        m->restore_src = NULL;
+        /* The restore point is snapshotted again in the new epoch; the first step waits for
+         * its commit before reducing (as every step does), so this overlaps with that step's
+         * forward/backward. Until then the old buffers stay as a second copy. */
+        if (d->rollback >= 0) snapshot_capture(m->snap, d->rollback);
     }
     char key[64], value[128];
     snprintf(key, sizeof key, "e%ld:timing:%d", m->epoch, m->rank);
-    snprintf(value, sizeof value, "%.3f %.3f %.3f", t1 - t0, t2 - t1, now_ms() - t2);
+    snprintf(value, sizeof value, "%.3f %.3f %.3f %lld", t1 - t0, t2 - t1, now_ms() - t2, (long long)wall_ms());
     ctl_set(p->ctl, key, value);
     return 0;
 }
@@ -494,34 +528,40 @@ static void report_recovery(Member *m) {
     Proc *p = m->p;
     Decision d;
     if (decision_read(p->ctl, m->epoch, &d) != 0) return;
+    /* The slowest member sets each phase; training resumed when the last member did. */
     double restore = 0, rebuild = 0, resnap = 0;
+    long long resumed = 0;
     for (int r = 0; r < p->cfg.workers; r++) {
         char key[64], value[128];
         double a, b, c;
+        long long w;
         snprintf(key, sizeof key, "e%ld:timing:%d", m->epoch, r);
-        if (ctl_get(p->ctl, key, value, sizeof value) == 0 && sscanf(value, "%lf %lf %lf", &a, &b, &c) == 3) {
+        if (ctl_get(p->ctl, key, value, sizeof value) == 0 && sscanf(value, "%lf %lf %lf %lld", &a, &b, &c, &w) == 4) {
             if (a > restore) restore = a;
             if (b > rebuild) rebuild = b;
             if (c > resnap) resnap = c;
+            if (w > resumed) resumed = w;
         }
     }
     char last[32] = "0";
     ctl_get(p->ctl, "last_step", last, sizeof last);
-    int64_t now = wall_ms();
+    long long total = resumed - d.t_fail_ms, first_step = wall_ms() - d.t_fail_ms;
     for (int i = 0; i < d.nfailed; i++) {
         event_emit(p->ctl, p->t0_wall_ms, "recovered",
                    "\"epoch\":%ld,\"rank\":%d,\"spare\":%ld,\"failure_kind\":\"%s\",\"rollback_step\":%lld,"
                    "\"detect_ms\":%lld,\"decide_ms\":%lld,\"restore_ms\":%.1f,\"rebuild_ms\":%.1f,\"resnapshot_ms\":%.1f,"
-                   "\"total_ms\":%lld,\"steps_recomputed\":%lld",
+                   "\"total_ms\":%lld,\"first_step_done_ms\":%lld,\"steps_recomputed\":%lld",
                    m->epoch, d.failed[i].rank, d.failed[i].spare_proc, d.failed[i].kind, d.rollback + 1,
                    (long long)(d.t_detect_ms - d.t_fail_ms), (long long)(d.t_decide_ms - d.t_detect_ms), restore, rebuild,
-                   resnap, (long long)(now - d.t_fail_ms), atoll(last) - (d.rollback + 1));
-        printf("[deadpool] recovered rank %d (%s) with spare %ld in %lld ms: rolled back to step %lld\n",
-               d.failed[i].rank, d.failed[i].kind, d.failed[i].spare_proc, (long long)(now - d.t_fail_ms), d.rollback + 1);
+                   resnap, total, first_step, atoll(last) - (d.rollback + 1));
+        printf("[deadpool] recovered rank %d (%s) with spare %ld: training resumed %lld ms after the failure, "
+               "rolled back to step %lld\n", d.failed[i].rank, d.failed[i].kind, d.failed[i].spare_proc, total,
+               d.rollback + 1);
     }
     if (d.nfailed == 0)
-        event_emit(p->ctl, p->t0_wall_ms, "recovered", "\"epoch\":%ld,\"rank\":-1,\"failure_kind\":\"comm\",\"rollback_step\":%lld,\"total_ms\":%lld",
-                   m->epoch, d.rollback + 1, (long long)(now - d.t_fail_ms));
+        event_emit(p->ctl, p->t0_wall_ms, "recovered",
+                   "\"epoch\":%ld,\"rank\":-1,\"failure_kind\":\"comm\",\"rollback_step\":%lld,\"total_ms\":%lld",
+                   m->epoch, d.rollback + 1, total);
 }
 
 /* The coordinator found no spare: write our committed generation to disk so the job can be
@@ -556,7 +596,7 @@ static long wait_for_decision(Member *m, int timeout_ms) {
         long e = ctl_epoch(p->ctl);
         if (e > m->epoch) return e;
         answer_persist_request(m, &persisted);
-        ctl_wait_notice(p->ctl, p->proc_id, 100);
+        if (ctl_wait_notice(p->ctl, p->proc_id, "notice", 100) < 0) sleep_ms(100); /* Redis unreachable */
     }
     return -1;
 }
@@ -588,7 +628,6 @@ static int member_run(Member *m, Decision *first) {
         if (rc != EXIT_FAILED) break;
         comm_destroy(m->comm);
         m->comm = NULL;
-        stopped_report(p->ctl, m->epoch, m->rank);
         long e = wait_for_decision(m, p->cfg.spare_wait * 1000 + 4 * p->cfg.detect_timeout_ms + 30000);
         if (e == 0) { rc = EXIT_STOPPED; break; }
         static Decision d;
@@ -637,6 +676,7 @@ static int run_initial_member(Proc *p, int rank) {
     m.t = trainer_create(&p->cfg, rank, p->cfg.workers, err, sizeof err);
     if (!m.t) { report_error(p, rank, "", err); return EXIT_BAD_JOB; }
     trainer_set_fence_check(m.t, epoch_closed, &m);
+    trainer_set_abort_flag(m.t, &p->abort_step);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     event_emit(p->ctl, p->t0_wall_ms, "rank_joined", "\"rank\":%d,\"proc\":%ld,\"pid\":%d,\"host\":\"%s\"",
@@ -664,6 +704,7 @@ static int run_spare(Proc *p) {
     m.t = trainer_create(&p->cfg, 0, p->cfg.workers, err, sizeof err);
     if (!m.t) { report_error(p, -1, "spare: ", err); return EXIT_BAD_JOB; }
     trainer_set_fence_check(m.t, epoch_closed, &m);
+    trainer_set_abort_flag(m.t, &p->abort_step);
     if (ctl_spare_add(p->ctl, p->proc_id) != 0) {
         log_msg("cannot join the spare pool: %s", ctl_last_error(p->ctl));
         trainer_free(m.t);
@@ -673,7 +714,7 @@ static int run_spare(Proc *p) {
     int rc = EXIT_DONE;
     long seen = ctl_epoch(p->ctl);
     while (!atomic_load(&p->job_over)) {
-        ctl_wait_notice(p->ctl, p->proc_id, 100);
+        ctl_wait_notice(p->ctl, p->proc_id, "notice", 100);
         long e = ctl_epoch(p->ctl);
         if (e <= seen) continue;
         seen = e;
@@ -722,6 +763,7 @@ int worker_main(const WorkerArgs *a) {
     if (start_replica_server(&p, err, sizeof err) != 0) { log_msg("%s", err); ctl_close(p.ctl); return EXIT_BAD_JOB; }
     ctl_heartbeat(p.ctl, p.proc_id, p.cfg.detect_timeout_ms);
     pthread_create(&p.hb_thread, NULL, heartbeat_loop, &p);
+    pthread_create(&p.abort_thread, NULL, abort_watch_loop, &p);
 
     int rank = a->spare ? -1 : claim_rank(&p, a->rank);
     if (!a->spare && a->rank >= 0 && rank < 0) log_msg("rank %d is taken; joining as a spare", a->rank);
@@ -729,6 +771,7 @@ int worker_main(const WorkerArgs *a) {
 
     atomic_store(&p.hb_stop, 1);
     pthread_join(p.hb_thread, NULL);
+    pthread_join(p.abort_thread, NULL);
     replica_server_stop(p.replicas);
     ctl_close(p.ctl);
     return rc;

@@ -115,6 +115,7 @@ class RedisAuthStore : public gloo::rendezvous::Store {
     }
 
     std::vector<char> get(const std::string &key) override {
+        throwIfAborted();
         std::string k = full(key);
         Clock::time_point deadline = Clock::now() + timeout_;
         milliseconds backoff(1);
@@ -139,6 +140,7 @@ class RedisAuthStore : public gloo::rendezvous::Store {
     void wait(const std::vector<std::string> &keys) override { wait(keys, timeout_); }
 
     void wait(const std::vector<std::string> &keys, const milliseconds &timeout) override {
+        throwIfAborted();
         milliseconds t = timeout.count() > 0 ? timeout : timeout_;
         Clock::time_point deadline = Clock::now() + t;
         milliseconds backoff(1);
@@ -167,16 +169,20 @@ class RedisAuthStore : public gloo::rendezvous::Store {
   private:
     std::string full(const std::string &key) const { return prefix_ + "/" + key; }
 
-    // Waiting for peers ends early when the abort key appears (the job closed this epoch:
-    // a peer will never come, and the caller must not sit out the whole timeout).
+    // The rendezvous ends early when the abort key appears (the job closed this epoch: a
+    // peer will never come, or has already left). Checked on every store access, so a late
+    // arrival does not go on to connect to peers that are gone.
+    void throwIfAborted() {
+        if (abortKey_.empty()) return;
+        std::lock_guard<std::mutex> lock(m_);
+        redisReply *r = command({"EXISTS", abortKey_});
+        bool aborted = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
+        freeReplyObject(r);
+        if (aborted) throw StoreError("rendezvous aborted: " + abortKey_ + " is set");
+    }
+
     void sleepOrThrow(Clock::time_point deadline, milliseconds &backoff, const std::string &what) {
-        if (!abortKey_.empty()) {
-            std::lock_guard<std::mutex> lock(m_);
-            redisReply *r = command({"EXISTS", abortKey_});
-            bool aborted = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
-            freeReplyObject(r);
-            if (aborted) throw StoreError("rendezvous aborted: " + abortKey_ + " is set");
-        }
+        throwIfAborted();
         Clock::time_point now = Clock::now();
         if (now >= deadline)
             throw StoreTimeout("rendezvous: Timed out waiting for " + what + " in the Redis store");

@@ -47,7 +47,7 @@ static const OptSpec OPTIONS[] = {
     {"resume", OPT_STR, F(resume), 0, 0, "continue from the newest checkpoint in this directory"},
     {"resume-step", OPT_INT, F(resume_step), -1, 1e9, "(internal) the checkpoint step --resume found"},
     {"spare-wait", OPT_INT, F(spare_wait), 0, 1e6, "seconds to wait for a new spare when none is left"},
-    {"inject", OPT_LIST, F(inject), 0, 0, "fault kill|stop|netdown:RANK@STEP, or rkill:RANK@EPOCH (dies recovering); repeatable"},
+    {"inject", OPT_LIST, F(inject), 0, 0, "fault kill|stop|netdown:RANK@STEP (mid-step), or rkill:RANK@EPOCH (dies recovering); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 1, "probability per step of a random kill or stop"},
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 1, "start a new local spare for each one used"},
 };

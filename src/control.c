@@ -442,6 +442,26 @@ static int ctl_command_integer(ctl_t *c, long long *out, const char *fmt, ...) {
     return rc;
 }
 
+/* Runs a command whose reply carries nothing we need. 0 / -1. */
+static int ctl_command_ok(ctl_t *c, const char *fmt, ...) {
+    if (ensure_connected(c) != 0) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c->rc, fmt, ap);
+    va_end(ap);
+    if (!r) {
+        ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+        return -1;
+    }
+    int rc = 0;
+    if (r->type == REDIS_REPLY_ERROR) {
+        ctl_set_error(c, "redis: %s", r->str);
+        rc = -1;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
 /* "dp:{job}:{suffix}" into key. */
 static void make_key(const ctl_t *c, char *key, size_t cap, const char *suffix) {
     snprintf(key, cap, "dp:%s:%s", c->job, suffix);
@@ -463,10 +483,7 @@ static int copy_reply_string(ctl_t *c, const redisReply *r, char *out, size_t le
 int ctl_config_set(ctl_t *c, const char *field, const char *value) {
     char key[CTL_KEY_MAX];
     make_key(c, key, sizeof key, "config");
-    redisReply *r = ctl_command(c, "HSET %s %s %s", key, field, value);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
 int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len) {
@@ -561,10 +578,7 @@ int ctl_spare_list(ctl_t *c, long *ids, int max) {
 int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value) {
     char key[CTL_KEY_MAX];
     snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, proc_id);
-    redisReply *r = ctl_command(c, "HSET %s %s %s", key, field, value);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
 int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len) {
@@ -582,10 +596,7 @@ int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t 
 int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step) {
     char key[CTL_KEY_MAX];
     snprintf(key, sizeof key, "dp:%s:e%ld:committed:%d", c->job, epoch, rank);
-    redisReply *r = ctl_command(c, "SET %s %lld", key, step);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "SET %s %lld", key, step);
 }
 
 long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
@@ -632,10 +643,7 @@ long long ctl_counter_incr(ctl_t *c, const char *name) {
 int ctl_set(ctl_t *c, const char *suffix, const char *value) {
     char key[CTL_KEY_MAX];
     make_key(c, key, sizeof key, suffix);
-    redisReply *r = ctl_command(c, "SET %s %s", key, value);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "SET %s %s", key, value);
 }
 
 int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len) {
@@ -663,19 +671,13 @@ int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
 int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id) {
     char key[CTL_KEY_MAX];
     snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
-    redisReply *r = ctl_command(c, "SET %s %ld", key, proc_id);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "SET %s %ld", key, proc_id);
 }
 
 int ctl_epoch_set(ctl_t *c, long epoch) {
     char key[CTL_KEY_MAX];
     make_key(c, key, sizeof key, "epoch");
-    redisReply *r = ctl_command(c, "SET %s %ld", key, epoch);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "SET %s %ld", key, epoch);
 }
 
 int ctl_notify(ctl_t *c, long proc_id, const char *list, long value) {
@@ -725,10 +727,7 @@ int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive) {
 }
 
 int ctl_server_config_set(ctl_t *c, const char *param, const char *value) {
-    redisReply *r = ctl_command(c, "CONFIG SET %s %s", param, value);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "CONFIG SET %s %s", param, value);
 }
 
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms) {
@@ -738,10 +737,7 @@ int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms) {
     }
     char key[CTL_KEY_MAX];
     snprintf(key, sizeof key, "dp:%s:hb:%ld", c->job, proc_id);
-    redisReply *r = ctl_command(c, "SET %s 1 PX %d", key, ttl_ms);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "SET %s 1 PX %d", key, ttl_ms);
 }
 
 int ctl_alive(ctl_t *c, long proc_id) {
@@ -777,10 +773,7 @@ long ctl_epoch_incr(ctl_t *c) {
 int ctl_state_set(ctl_t *c, const char *state) {
     char key[CTL_KEY_MAX];
     make_key(c, key, sizeof key, "state");
-    redisReply *r = ctl_command(c, "SET %s %s", key, state);
-    if (!r) return -1;
-    freeReplyObject(r);
-    return 0;
+    return ctl_command_ok(c, "SET %s %s", key, state);
 }
 
 /* An absent state reads as "" (0), so a poller can tell "not set yet" from an error. */

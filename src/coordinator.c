@@ -42,7 +42,6 @@ struct Coordinator {
     double last_liveness_ms;
     int last_step;
     double waiting_spare_since; /* no-spare fallback in progress, 0 = no */
-    int persisted;
     int fenced;              /* the current epoch is closed */
     char message[2048];
 };
@@ -257,7 +256,6 @@ static void decide(Coordinator *c, const long *spares) {
     c->npending = 0;
     c->suspicion_ms = 0;
     c->waiting_spare_since = 0;
-    c->persisted = 0;
     c->fenced = 0;
 }
 
@@ -313,7 +311,6 @@ static void persist_for_fallback(Coordinator *c) {
             break;
         }
     }
-    c->persisted = 1;
 }
 
 static coord_state no_spare(Coordinator *c) {

@@ -235,13 +235,14 @@ static void on_metric(const char *json, void *arg) {
     if (L->restart.pending) {
         Restart *r = &L->restart;
         r->pending = 0;
-        long long ms = (long long)(wall_ms() - r->t_fail_ms);
+        /* Training resumed when this first step started. */
+        long long done = (long long)(wall_ms() - r->t_fail_ms), resumed = done - (long long)ms;
         event_emit(L->ctl, L->t0_wall_ms, "recovered",
                    "\"mode\":\"restart\",\"rank\":%d,\"failure_kind\":\"%s\",\"rollback_step\":%lld,"
-                   "\"total_ms\":%lld,\"steps_recomputed\":%lld",
-                   r->rank, r->kind, r->checkpoint + 1, ms, (long long)r->last_step - (r->checkpoint + 1));
-        printf("[deadpool] restarted the whole job from the checkpoint of step %lld in %lld ms (first step done)\n",
-               r->checkpoint + 1, ms);
+                   "\"total_ms\":%lld,\"first_step_done_ms\":%lld,\"steps_recomputed\":%lld",
+                   r->rank, r->kind, r->checkpoint + 1, resumed, done, (long long)r->last_step - (r->checkpoint + 1));
+        printf("[deadpool] restarted the whole job from the checkpoint of step %lld: training resumed %lld ms after "
+               "the failure\n", r->checkpoint + 1, resumed);
     }
     printf("step %5d/%d | loss %.4f | %8.0f tok/s | %8.1f ms/step | %7.1f s\n", (int)step, L->cfg->steps, loss,
            tps, ms, t);

@@ -136,6 +136,7 @@ static void snapshot_free(Snapshot *s);
 
 static void *snapshot_thread(void *arg) {
     Snapshot *s = arg;
+    thread_background_priority();
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (s->pending < 0 && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
@@ -178,19 +179,12 @@ Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work_cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
-    if (pthread_create(&s->thread, NULL, snapshot_thread, s) != 0) {
-        snprintf(err, errlen, "cannot start the snapshot thread");
-        free(s->slots[0].data);
-        free(s->slots[1].data);
-        free(s->regions);
-        free(s->targets);
-        free(s->conns);
-        free(s);
-        return NULL;
-    }
-    return s;
+    if (pthread_create(&s->thread, NULL, snapshot_thread, s) == 0) return s;
+    snprintf(err, errlen, "cannot start the snapshot thread");
+    goto fail;
 oom:
     snprintf(err, errlen, "out of memory allocating snapshot buffers (2 x %zu bytes)", s->bytes);
+fail:
     free(s->slots[0].data);
     free(s->slots[1].data);
     free(s->regions);

@@ -31,6 +31,8 @@ struct Trainer {
     int (*fence_closed)(void *arg);
     void *fence_arg;
     const _Atomic int *abort_flag;
+    void (*mid_step)(void *arg, int step);
+    void *mid_step_arg;
 };
 
 /* Where the initial parameters come from: a resumed checkpoint, a model file, or a preset. */
@@ -201,6 +203,11 @@ int trainer_state_regions(Trainer *t, SnapRegion regions[4]) {
 
 void trainer_attach_snapshot(Trainer *t, Snapshot *snap) { t->snap = snap; }
 
+void trainer_set_mid_step_hook(Trainer *t, void (*hook)(void *arg, int step), void *arg) {
+    t->mid_step = hook;
+    t->mid_step_arg = arg;
+}
+
 void trainer_set_abort_flag(Trainer *t, const _Atomic int *flag) {
     t->abort_flag = flag;
     gpt2_set_abort_flag(t->model, flag);
@@ -236,6 +243,7 @@ train_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) 
     size_t padded = t->shard * (size_t)t->size;
 
     float loss = accumulate_gradients(t, step);
+    if (t->mid_step) t->mid_step(t->mid_step_arg, step);
     if (t->abort_flag && atomic_load(t->abort_flag)) return TRAIN_FENCED;
     /* No rank reduces step k+1 before its generation k is committed (see snapshot.h). */
     double waited = 0.0;

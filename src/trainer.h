@@ -67,6 +67,9 @@ typedef enum {
 /* Asked after the gradient reduction, before the optimizer changes any state: non-zero
  * means the epoch is closed and the step must not go on. */
 void trainer_set_fence_check(Trainer *t, int (*closed)(void *arg), void *arg);
+/* Called in the middle of every step, after its forward/backward, before any communication:
+ * where injected faults fire (a failure mid-compute is the common case). */
+void trainer_set_mid_step_hook(Trainer *t, void (*hook)(void *arg, int step), void *arg);
 /* A flag raised from another thread when the epoch closes: the step in flight is abandoned
  * between layers (TRAIN_FENCED) instead of computing to the end. */
 void trainer_set_abort_flag(Trainer *t, const _Atomic int *flag);

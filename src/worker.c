@@ -286,8 +286,10 @@ static void fire_fault(Member *m, const char *kind, int step) {
 }
 
 /* Faults from --inject and --chaos fire once each, even when the step is re-run after a
- * rollback (SET NX in Redis). */
-static void maybe_inject(Member *m, int step) {
+ * rollback (SET NX in Redis). They fire mid-step, after the forward/backward (the trainer's
+ * mid-step hook): where a real failure most likely strikes. */
+static void maybe_inject(void *arg, int step) {
+    Member *m = arg;
     Proc *p = m->p;
     const char *at = p->cfg.inject;
     for (int i = 0; *at; i++) {
@@ -363,7 +365,6 @@ static int train_loop(Member *m) {
     int last_disk_step = 0, first = 1;
     for (int step = trainer_first_step(m->t); step < p->cfg.steps; step++) {
         if (atomic_load(&p->job_over)) return EXIT_STOPPED;
-        maybe_inject(m, step);
         double t0 = now_ms();
         StepStats s;
         train_status ts = trainer_step(m->t, m->comm, step, &s);
@@ -677,6 +678,7 @@ static int run_initial_member(Proc *p, int rank) {
     if (!m.t) { report_error(p, rank, "", err); return EXIT_BAD_JOB; }
     trainer_set_fence_check(m.t, epoch_closed, &m);
     trainer_set_abort_flag(m.t, &p->abort_step);
+    trainer_set_mid_step_hook(m.t, maybe_inject, &m);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     event_emit(p->ctl, p->t0_wall_ms, "rank_joined", "\"rank\":%d,\"proc\":%ld,\"pid\":%d,\"host\":\"%s\"",
@@ -705,6 +707,7 @@ static int run_spare(Proc *p) {
     if (!m.t) { report_error(p, -1, "spare: ", err); return EXIT_BAD_JOB; }
     trainer_set_fence_check(m.t, epoch_closed, &m);
     trainer_set_abort_flag(m.t, &p->abort_step);
+    trainer_set_mid_step_hook(m.t, maybe_inject, &m);
     if (ctl_spare_add(p->ctl, p->proc_id) != 0) {
         log_msg("cannot join the spare pool: %s", ctl_last_error(p->ctl));
         trainer_free(m.t);

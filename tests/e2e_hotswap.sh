@@ -103,3 +103,16 @@ if command -v redis-server >/dev/null; then
     ok "spare_joins_from_outside_while_job_waits"
   else notok "spare_joins_from_outside_while_job_waits" "rc $rc job $job" "$(tail -3 "$WORK/join.log")"; fi
 fi
+
+# A worker loses its network (root only: it runs in a network namespace whose link it cuts at
+# the injected step); the link comes back after the recovery and the worker finds itself fenced.
+if [ "$(id -u)" -eq 0 ] && ip netns add dp_probe_$$ 2>/dev/null; then
+  ip netns del dp_probe_$$
+  expect_recovered network_loss 1 --spares 1 --inject netdown:3@10 --detect-timeout-ms 1000
+  e="$WORK/network_loss/events.jsonl"
+  if grep -q '"failure_kind":"network"' "$e" && grep -q '"event":"fenced"' "$e" && ! ip netns list | grep -q '^dp'; then
+    ok "network_loss_detected_fenced_and_cleaned_up"
+  else notok "network_loss_detected_fenced_and_cleaned_up" "$(grep -E 'failure|fenced' "$e")" "$(ip netns list)"; fi
+else
+  echo "# network_loss: skipped (needs root and network namespaces)"
+fi

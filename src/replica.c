@@ -537,7 +537,6 @@ static int serve_get(ReplicaServer *s, int fd) {
 static void *conn_main(void *arg) {
     Conn *c = arg;
     ReplicaServer *s = c->srv;
-    thread_background_priority(); /* receiving replicas must not slow this process's training */
     for (;;) {
         unsigned char type;
         io_bound idle = bound_none(); /* an idle connection may wait for its next request */

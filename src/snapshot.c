@@ -136,7 +136,6 @@ static void snapshot_free(Snapshot *s);
 
 static void *snapshot_thread(void *arg) {
     Snapshot *s = arg;
-    thread_background_priority();
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (s->pending < 0 && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);

@@ -6,9 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -101,9 +99,4 @@ int write_file_atomic(const char *path, const struct iovec *parts, int nparts, c
         return -1;
     }
     return 0;
-}
-
-void thread_background_priority(void) {
-    /* On Linux a thread id is a valid PRIO_PROCESS target and affects that thread only. */
-    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19) != 0) { /* best effort */ }
 }

@@ -13,11 +13,6 @@ void sleep_ms(int ms);
 void log_set_role(const char *role);
 void log_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Lowers the calling thread's priority to the minimum (nice 19): background work such as
- * snapshot replication then runs in the gaps the training threads leave (communication
- * waits) instead of taking cores from them. */
-void thread_background_priority(void);
-
 /* Escapes s as the inside of a JSON string into out (always NUL-terminated). */
 void json_escape(const char *s, char *out, size_t len);
 

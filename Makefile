@@ -33,6 +33,10 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libdeadpool.a | $(BUILD)
 	@mkdir -p $(BUILD)/tests
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libdeadpool.a $(LDLIBS)
 
+$(BUILD)/bench/%: bench/%.c | $(BUILD)
+	@mkdir -p $(BUILD)/bench
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
 $(BUILD):
 	mkdir -p $(BUILD)
 

@@ -33,4 +33,5 @@ for w in 1 2 4; do
   awk -v w="$w" -v ms="$ms" 'BEGIN { tok = w * 4 * 256; printf "| %d | %.1f | %.0f | %.0f |\n", w, ms, tok / (ms / 1000), tok / (ms / 1000) / w }'
 done
 echo
+make -s build/bench/sgemm_floor && build/bench/sgemm_floor 5
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u +%F); steps $STEPS, reps $REPS"

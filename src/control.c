@@ -399,12 +399,9 @@ static int ensure_connected(ctl_t *c) {
 
 /* Runs one command. Returns the reply (caller frees), or NULL with c->err set on I/O error
  * or when Redis answered with an error. */
-static redisReply *ctl_command(ctl_t *c, const char *fmt, ...) {
+static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
     if (ensure_connected(c) != 0) return NULL;
-    va_list ap;
-    va_start(ap, fmt);
     redisReply *r = redisvCommand(c->rc, fmt, ap);
-    va_end(ap);
     if (!r) {
         ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
         return NULL;
@@ -417,23 +414,24 @@ static redisReply *ctl_command(ctl_t *c, const char *fmt, ...) {
     return r;
 }
 
-/* Like ctl_command, but expects an integer reply. 0 and *out, or -1. */
-static int ctl_command_integer(ctl_t *c, long long *out, const char *fmt, ...) {
-    if (ensure_connected(c) != 0) return -1;
+static redisReply *ctl_command(ctl_t *c, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    redisReply *r = redisvCommand(c->rc, fmt, ap);
+    redisReply *r = ctl_vcommand(c, fmt, ap);
     va_end(ap);
-    if (!r) {
-        ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
-        return -1;
-    }
+    return r;
+}
+
+/* Like ctl_command, but expects an integer reply. 0 and *out, or -1. */
+static int ctl_command_integer(ctl_t *c, long long *out, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = ctl_vcommand(c, fmt, ap);
+    va_end(ap);
+    if (!r) return -1;
     int rc = 0;
     if (r->type == REDIS_REPLY_INTEGER) {
         *out = r->integer;
-    } else if (r->type == REDIS_REPLY_ERROR) {
-        ctl_set_error(c, "redis: %s", r->str);
-        rc = -1;
     } else {
         ctl_set_error(c, "redis: unexpected reply type %d (expected an integer)", r->type);
         rc = -1;
@@ -444,22 +442,13 @@ static int ctl_command_integer(ctl_t *c, long long *out, const char *fmt, ...) {
 
 /* Runs a command whose reply carries nothing we need. 0 / -1. */
 static int ctl_command_ok(ctl_t *c, const char *fmt, ...) {
-    if (ensure_connected(c) != 0) return -1;
     va_list ap;
     va_start(ap, fmt);
-    redisReply *r = redisvCommand(c->rc, fmt, ap);
+    redisReply *r = ctl_vcommand(c, fmt, ap);
     va_end(ap);
-    if (!r) {
-        ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
-        return -1;
-    }
-    int rc = 0;
-    if (r->type == REDIS_REPLY_ERROR) {
-        ctl_set_error(c, "redis: %s", r->str);
-        rc = -1;
-    }
+    if (!r) return -1;
     freeReplyObject(r);
-    return rc;
+    return 0;
 }
 
 /* "dp:{job}:{suffix}" into key. */

@@ -134,6 +134,15 @@ static void run_generation(Snapshot *s, int64_t step) {
 
 static void snapshot_free(Snapshot *s);
 
+static void free_memory(Snapshot *s) {
+    free(s->slots[0].data);
+    free(s->slots[1].data);
+    free(s->regions);
+    free(s->targets);
+    free(s->conns);
+    free(s);
+}
+
 static void *snapshot_thread(void *arg) {
     Snapshot *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -184,12 +193,7 @@ Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen) {
 oom:
     snprintf(err, errlen, "out of memory allocating snapshot buffers (2 x %zu bytes)", s->bytes);
 fail:
-    free(s->slots[0].data);
-    free(s->slots[1].data);
-    free(s->regions);
-    free(s->targets);
-    free(s->conns);
-    free(s);
+    free_memory(s);
     return NULL;
 }
 
@@ -283,12 +287,7 @@ static void snapshot_free(Snapshot *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->work_cv);
     pthread_cond_destroy(&s->done_cv);
-    free(s->slots[0].data);
-    free(s->slots[1].data);
-    free(s->regions);
-    free(s->targets);
-    free(s->conns);
-    free(s);
+    free_memory(s);
 }
 
 void snapshot_destroy(Snapshot *s) {

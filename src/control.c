@@ -10,6 +10,7 @@
  * hiredis 0.14 writes with write(2), so a connection the server has closed raises SIGPIPE:
  * processes using this file must ignore SIGPIPE (launcher and worker do). */
 #include "control.h"
+#include "util.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -37,16 +38,6 @@ struct ctl {
 /* ------------------------------------------------------------------------------------- */
 /* small helpers                                                                          */
 /* ------------------------------------------------------------------------------------- */
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static void ctl_set_error(ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void ctl_set_error(ctl_t *c, const char *fmt, ...) {
@@ -588,30 +579,36 @@ int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step) {
     return ctl_command_ok(c, "SET %s %lld", key, step);
 }
 
+#define MGET_CHUNK 256
+
+/* One MGET of keys[0..n), n <= MGET_CHUNK (argv form: the key count varies). The array reply
+ * of n elements (caller frees), or NULL with c->err set. */
+static redisReply *ctl_mget(ctl_t *c, char (*keys)[CTL_KEY_MAX], int n) {
+    const char *argv[MGET_CHUNK + 1];
+    argv[0] = "MGET";
+    for (int i = 0; i < n; i++) argv[i + 1] = keys[i];
+    if (ensure_connected(c) != 0) return NULL;
+    redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
+    if (!r || r->type != REDIS_REPLY_ARRAY || (int)r->elements != n) {
+        ctl_set_error(c, "redis: MGET of %d keys failed", n);
+        if (r) freeReplyObject(r);
+        return NULL;
+    }
+    return r;
+}
+
 long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
     long long min = LLONG_MAX;
-    /* One MGET round trip for all ranks; argv form because the key count varies. */
-    enum { CHUNK = 256 };
-    for (int base = 0; base < nranks; base += CHUNK) {
-        int n = nranks - base < CHUNK ? nranks - base : CHUNK;
-        char keys[CHUNK][CTL_KEY_MAX];
-        const char *argv[CHUNK + 1];
-        argv[0] = "MGET";
-        for (int i = 0; i < n; i++) {
-            snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
-            argv[i + 1] = keys[i];
-        }
-        if (ensure_connected(c) != 0) return -2;
-        redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
-        if (!r || r->type != REDIS_REPLY_ARRAY) {
-            ctl_set_error(c, "redis: MGET committed failed");
-            if (r) freeReplyObject(r);
-            return -2;
-        }
+    for (int base = 0; base < nranks; base += MGET_CHUNK) {
+        int n = nranks - base < MGET_CHUNK ? nranks - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < n; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
+        redisReply *r = ctl_mget(c, keys, n);
+        if (!r) return -2;
         for (size_t i = 0; i < r->elements; i++) {
             long v;
             if (r->element[i]->type != REDIS_REPLY_STRING || parse_long(r->element[i]->str, r->element[i]->len, &v) != 0) {
-                min = -1;
+                min = -1; /* a rank has committed nothing */
                 continue;
             }
             if (v < min) min = v;
@@ -692,23 +689,12 @@ long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms) {
 }
 
 int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive) {
-    enum { CHUNK = 256 };
-    for (int base = 0; base < n; base += CHUNK) {
-        int m = n - base < CHUNK ? n - base : CHUNK;
-        char keys[CHUNK][CTL_KEY_MAX];
-        const char *argv[CHUNK + 1];
-        argv[0] = "MGET";
-        for (int i = 0; i < m; i++) {
-            snprintf(keys[i], sizeof keys[i], "dp:%s:hb:%ld", c->job, procs[base + i]);
-            argv[i + 1] = keys[i];
-        }
-        if (ensure_connected(c) != 0) return -1;
-        redisReply *r = redisCommandArgv(c->rc, m + 1, argv, NULL);
-        if (!r || r->type != REDIS_REPLY_ARRAY || (int)r->elements != m) {
-            ctl_set_error(c, "redis: MGET heartbeats failed");
-            if (r) freeReplyObject(r);
-            return -1;
-        }
+    for (int base = 0; base < n; base += MGET_CHUNK) {
+        int m = n - base < MGET_CHUNK ? n - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < m; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:hb:%ld", c->job, procs[base + i]);
+        redisReply *r = ctl_mget(c, keys, m);
+        if (!r) return -1;
         for (int i = 0; i < m; i++) alive[base + i] = r->element[i]->type == REDIS_REPLY_STRING;
         freeReplyObject(r);
     }

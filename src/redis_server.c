@@ -4,6 +4,7 @@
  * on its stdin ("redis-server -"), never through the command line, where `ps` would show it.
  * The child is tied to its parent with PR_SET_PDEATHSIG so it cannot outlive the launcher. */
 #include "control.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,28 +26,6 @@
 #define PING_POLL_MS 10
 #define PING_CONNECT_MS 200
 #define EXIT_EXEC_FAILED 127    /* the shell's convention for "command not found" */
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static long long now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 /* A port the kernel considers free right now on 127.0.0.1 (bind to port 0, read it back).
  * Another process may take it before redis binds it; the caller retries on that race. */
@@ -196,7 +175,7 @@ typedef enum { WAIT_READY, WAIT_EXITED, WAIT_FAILED } wait_result;
 
 /* Polls until the server answers PING, exits, or the deadline passes. On WAIT_EXITED the
  * child has been reaped and *status holds its wait status. */
-static wait_result wait_until_ready(pid_t pid, int port, const char *password, long long deadline,
+static wait_result wait_until_ready(pid_t pid, int port, const char *password, double deadline,
                                     int *status, char *err, size_t errlen) {
     for (;;) {
         int exited = child_exited(pid, status);
@@ -240,7 +219,7 @@ int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen
         set_err(err, errlen, "redis_server_start: timeout must be positive (got %d ms)", timeout_ms);
         return -1;
     }
-    long long deadline = now_ms() + timeout_ms;
+    double deadline = now_ms() + timeout_ms;
     if (make_password(s->password, err, errlen) != 0) return -1;
 
     for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
@@ -280,7 +259,7 @@ void redis_server_stop(redis_server *s, int timeout_ms) {
     pid_t pid = (pid_t)s->pid;
     int status;
     if (kill(pid, SIGTERM) == 0) {
-        long long deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+        double deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
         for (;;) {
             int exited = child_exited(pid, &status);
             if (exited != 0) break; /* reaped, or not our child any more (ECHILD) */

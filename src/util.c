@@ -42,6 +42,14 @@ void log_msg(const char *fmt, ...) {
     fprintf(stderr, "[%s] %s\n", log_role, line);
 }
 
+void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
 void json_escape(const char *s, char *out, size_t len) {
     size_t o = 0;
     for (; *s && o + 7 < len; s++) {

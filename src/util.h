@@ -13,6 +13,9 @@ void sleep_ms(int ms);
 void log_set_role(const char *role);
 void log_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Formats an error message into err (NULL or empty err: ignored). */
+void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* Escapes s as the inside of a JSON string into out (always NUL-terminated). */
 void json_escape(const char *s, char *out, size_t len);
 

@@ -223,16 +223,43 @@ uint32_t crc32c(uint32_t crc, const void *data, size_t len) {
     return crc32c_sw(crc, data, len);
 }
 
+/* Copies n bytes with non-temporal stores where it can. A snapshot buffer is written now and
+ * read much later (by a holder, or at a restore), so its lines need not displace the
+ * training loop's working set from the cache; streaming stores also skip reading each
+ * destination line before overwriting it, which makes the copy about a third cheaper. */
+static void copy_streaming(unsigned char *d, const unsigned char *s, size_t n) {
+#ifdef __SSE2__
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i)), b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32)), e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    memcpy(d + i, s + i, n - i);
+#else
+    memcpy(d, s, n);
+#endif
+}
+
 uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len) {
     unsigned char *d = dst;
     const unsigned char *s = src;
     while (len > 0) {
         size_t n = len < CRC32C_COPY_CHUNK ? len : CRC32C_COPY_CHUNK;
-        memcpy(d, s, n);
-        crc = crc32c(crc, d, n); /* reads the chunk back while it is still in cache */
+        crc = crc32c(crc, s, n); /* brings the chunk into cache; the copy then reads it there */
+        copy_streaming(d, s, n);
         d += n;
         s += n;
         len -= n;
     }
+#ifdef __SSE2__
+    _mm_sfence(); /* streaming stores are weakly ordered: make them visible before returning */
+#endif
     return crc;
 }

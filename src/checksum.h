@@ -11,7 +11,8 @@
 uint32_t crc32c(uint32_t crc, const void *data, size_t len);
 
 /* dst[0..len) = src[0..len), returning crc32c(crc, src) computed in the same pass over the
- * data (chunked so the bytes are checksummed while still in cache). */
+ * data (chunk by chunk: the copy reads what the checksum just brought into cache). dst is
+ * written with streaming stores: it is meant for buffers that are not read again soon. */
 uint32_t crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
 /* The table-driven software CRC32C, same contract as crc32c(): the reference

@@ -44,6 +44,7 @@ static const OptSpec OPTIONS[] = {
     {"persist-every", OPT_INT, F(persist_every), 0, 1e9, "--ft deadpool: persist a committed snapshot every K steps (0 = never)"},
     {"replicas", OPT_INT, F(replicas), 0, 16, "replica holders per rank"},
     {"replica-placement", OPT_STR, F(replica_placement), 0, 0, "ring (rank i -> i+1 mod N) or spares"},
+    {"replica-transport", OPT_STR, F(replica_transport), 0, 0, "auto (a holder on this machine copies from memory, else TCP) or tcp"},
     {"resume", OPT_STR, F(resume), 0, 0, "continue from the newest checkpoint in this directory"},
     {"resume-step", OPT_INT, F(resume_step), -1, 1e9, "(internal) the checkpoint step --resume found"},
     {"spare-wait", OPT_INT, F(spare_wait), 0, 1e6, "seconds to wait for a new spare when none is left"},
@@ -77,6 +78,7 @@ void job_config_defaults(JobConfig *c) {
     snprintf(c->ft, sizeof c->ft, "deadpool");
     c->replicas = 1;
     snprintf(c->replica_placement, sizeof c->replica_placement, "ring");
+    snprintf(c->replica_transport, sizeof c->replica_transport, "auto");
     c->resume_step = -1;
 }
 
@@ -85,6 +87,7 @@ void job_config_defaults(JobConfig *c) {
 static size_t field_capacity(const OptSpec *o) {
     if (o->offset == offsetof(JobConfig, ft)) return sizeof(((JobConfig *)0)->ft);
     if (o->offset == offsetof(JobConfig, replica_placement)) return sizeof(((JobConfig *)0)->replica_placement);
+    if (o->offset == offsetof(JobConfig, replica_transport)) return sizeof(((JobConfig *)0)->replica_transport);
     return 1024;
 }
 
@@ -179,6 +182,10 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
     }
     if (strcmp(c->replica_placement, "ring") && strcmp(c->replica_placement, "spares")) {
         snprintf(err, errlen, "--replica-placement: expected ring or spares, found '%s'", c->replica_placement);
+        return -1;
+    }
+    if (strcmp(c->replica_transport, "auto") && strcmp(c->replica_transport, "tcp")) {
+        snprintf(err, errlen, "--replica-transport: expected auto or tcp, found '%s'", c->replica_transport);
         return -1;
     }
     if (!strcmp(c->replica_placement, "spares") && c->replicas > c->spares) {

@@ -32,6 +32,7 @@ typedef struct {
     int persist_every;    /* --ft deadpool: write a committed snapshot to disk every K steps (0 = never) */
     int replicas;         /* replica holders per rank */
     char replica_placement[16]; /* "ring" (rank i -> i+1..i+R) or "spares" */
+    char replica_transport[16]; /* "auto" (same-machine holders pull from memory) or "tcp" */
     char resume[1024];    /* directory whose newest checkpoint the job continues from ("" = none) */
     int resume_step;      /* that checkpoint's step, -1 = fresh start (set by the launcher) */
     int spare_wait;       /* seconds to wait for a new spare when none is left */

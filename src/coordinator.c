@@ -288,7 +288,7 @@ static void persist_for_fallback(Coordinator *c) {
             char *at = strchr(tok, '@'), *colon = strrchr(tok, ':'), err[1024];
             if (!at || !colon) continue;
             *colon = 0;
-            ReplicaConn *rc = replica_connect(at + 1, atoi(colon + 1), 1000, err, sizeof err);
+            ReplicaConn *rc = replica_connect(at + 1, atoi(colon + 1), 1000, 0, err, sizeof err);
             if (!rc) continue;
             SnapHeader h;
             void *payload = NULL;
@@ -331,6 +331,12 @@ static coord_state no_spare(Coordinator *c) {
              "`deadpool run --resume %.700s` (checkpoint of step %lld)",
              c->pending[0].rank, c->pending[0].kind, c->cfg->spare_wait, c->cfg->out, g + 1);
     return COORD_FAILED;
+}
+
+int coord_tick_due_ms(const Coordinator *c) {
+    if (!c->have_members || c->npending > 0 || c->suspicion_ms > 0) return 2;
+    int due = (int)(c->last_liveness_ms + LIVENESS_PERIOD_MS - now_ms());
+    return due < 1 ? 1 : due;
 }
 
 coord_state coord_tick(Coordinator *c, int *spares_used) {

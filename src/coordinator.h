@@ -32,6 +32,9 @@ void coord_progress(Coordinator *c, int step);
 /* Periodic work: liveness checks and decisions. *spares_used counts spares consumed since the
  * last call (the launcher may start replacements). */
 coord_state coord_tick(Coordinator *c, int *spares_used);
+/* How soon coord_tick wants to run again, in ms: short while a failure is being handled,
+ * otherwise when the next liveness check is due. */
+int coord_tick_due_ms(const Coordinator *c);
 /* Why the job cannot continue (after COORD_FAILED). */
 const char *coord_message(const Coordinator *c);
 long coord_epoch(const Coordinator *c);

@@ -10,6 +10,15 @@
  *                 int64 max_step (< 0: newest).
  *        reply:    int32 status; when REPLICA_OK, then SnapHeader and header.length bytes.
  *                  Otherwise REPLICA_NOT_FOUND or REPLICA_CORRUPT and nothing more.
+ *   PULL request: 'L' (REPLICA_REQ_PULL), SnapHeader, then a PullSource (below): where in
+ *        which process on this machine the payload lies.
+ *        reply:    int32 status: REPLICA_OK, REPLICA_REFUSED (bad header) or REPLICA_NO_PULL
+ *                  (another machine or pid namespace, not permitted, or the bytes read did
+ *                  not match the header's CRC): the sender then PUTs the same generation.
+ *        Same-machine replication this way costs one copy (process_vm_readv, checksummed
+ *        chunk by chunk while the chunk is in cache) instead of a send and a receive through
+ *        the kernel's socket buffers. The sender blocks until the verdict, so its buffer does
+ *        not change under the read.
  * A PUT whose header is already unacceptable (bad header checksum, other job, absurd rank or
  * length, no slot free in time, no memory) is refused before its payload: the holder sends
  * REPLICA_REFUSED, half-closes, discards input for a moment and closes, so the sender stops
@@ -53,7 +62,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -70,6 +82,17 @@ _Static_assert(offsetof(SnapHeader, header_crc) == 84, "header_crc must be the l
 #define SLOT_WAIT_MS 30000    /* a PUT waits at most this long for a free slot */
 #define REFUSE_DRAIN_MS 2000  /* after an early refusal, input is discarded this long */
 #define IO_CHUNK (4u << 20)   /* bytes per send/recv call */
+#define PULL_CHUNK (256u << 10) /* bytes per process_vm_readv: checksummed while still in L2 */
+
+/* Where a PULL's payload lies: a process is named by its pid only within one kernel (boot)
+ * and one pid namespace, so the holder pulls only when both match its own. */
+typedef struct {
+    char boot_id[40];  /* /proc/sys/kernel/random/boot_id, NUL-padded */
+    uint64_t pidns;    /* inode of /proc/self/ns/pid */
+    int64_t pid;
+    uint64_t addr;
+} PullSource;
+_Static_assert(sizeof(PullSource) == 64, "PullSource travels as 64 raw bytes");
 
 /* ------------------------------------------------------------------------------------- */
 /* snapshot header                                                                        */
@@ -97,6 +120,7 @@ const char *replica_status_str(replica_status s) {
     case REPLICA_REFUSED: return "refused by the holder (checksum or header mismatch)";
     case REPLICA_NOT_FOUND: return "no such generation";
     case REPLICA_CORRUPT: return "checksum mismatch on received data";
+    case REPLICA_NO_PULL: return "the holder cannot read this process's memory";
     }
     return "unknown replica status";
 }
@@ -203,6 +227,35 @@ static void tune_socket(int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+}
+
+/* This process as a PULL source: 0, or -1 when the kernel does not say (no /proc). */
+static int pull_identity(PullSource *me) {
+    memset(me, 0, sizeof *me);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) return -1;
+    int ok = fgets(me->boot_id, sizeof me->boot_id, f) != NULL;
+    fclose(f);
+    me->boot_id[strcspn(me->boot_id, "\n")] = 0;
+    struct stat st;
+    if (!ok || !me->boot_id[0] || stat("/proc/self/ns/pid", &st) != 0) return -1;
+    me->pidns = (uint64_t)st.st_ino;
+    me->pid = getpid();
+    return 0;
+}
+
+/* Copies len bytes at src->addr in process src->pid into dst, continuing *crc over each
+ * chunk as it lands. 0, or -1 (the process is gone, or we may not read it). */
+static int pull_bytes(const PullSource *src, unsigned char *dst, uint64_t len, uint32_t *crc) {
+    for (uint64_t off = 0; off < len;) {
+        size_t n = len - off < PULL_CHUNK ? (size_t)(len - off) : PULL_CHUNK;
+        struct iovec local = {dst + off, n}, remote = {(void *)(uintptr_t)(src->addr + off), n};
+        ssize_t got = process_vm_readv((pid_t)src->pid, &local, 1, &remote, 1, 0);
+        if (got <= 0) return -1;
+        *crc = crc32c(*crc, dst + off, (size_t)got);
+        off += (uint64_t)got;
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------- */
@@ -456,6 +509,45 @@ void replica_server_set_min_epoch(ReplicaServer *s, int64_t epoch) {
     __atomic_store_n(&s->min_epoch, epoch, __ATOMIC_RELEASE);
 }
 
+/* The slot a new generation of h->rank goes into, marked busy with room for its payload, or
+ * NULL (no slot free in time, no memory, stopping). */
+static Slot *take_put_slot(ReplicaServer *s, const SnapHeader *h) {
+    pthread_mutex_lock(&s->mu);
+    Owner *o = owner_find(s, h->rank, 1);
+    int idx = o ? wait_put_slot(s, o) : -1;
+    if (idx < 0) {
+        pthread_mutex_unlock(&s->mu);
+        return NULL;
+    }
+    Slot *sl = &o->slot[idx];
+    sl->valid = 0; /* from here on its old contents are gone */
+    sl->busy = 1;
+    pthread_mutex_unlock(&s->mu);
+    if (slot_reserve(sl, h->length) != 0) {
+        slot_finish_put(s, sl, NULL);
+        return NULL;
+    }
+    return sl;
+}
+
+/* One PULL (the type byte already read). 1 to keep serving the connection, 0 to close it. */
+static int serve_pull(ReplicaServer *s, int fd) {
+    SnapHeader h;
+    PullSource src, me;
+    io_bound b = bound_stall(SERVER_STALL_MS);
+    if (recv_all(fd, &h, sizeof h, &b, NULL) != 0 || recv_all(fd, &src, sizeof src, &b, NULL) != 0) return 0;
+    if (put_header_problem(s, &h)) return send_status(fd, REPLICA_REFUSED, &b) == 0;
+    src.boot_id[sizeof src.boot_id - 1] = 0;
+    if (pull_identity(&me) != 0 || strcmp(me.boot_id, src.boot_id) != 0 || me.pidns != src.pidns)
+        return send_status(fd, REPLICA_NO_PULL, &b) == 0;
+    Slot *sl = take_put_slot(s, &h);
+    if (!sl) return send_status(fd, REPLICA_REFUSED, &b) == 0;
+    uint32_t crc = 0;
+    int good = pull_bytes(&src, sl->data, h.length, &crc) == 0 && crc == h.crc;
+    slot_finish_put(s, sl, good ? &h : NULL);
+    return send_status(fd, good ? REPLICA_OK : REPLICA_NO_PULL, &b) == 0;
+}
+
 /* One PUT (the type byte already read). 1 to keep serving the connection, 0 to close it. */
 static int serve_put(ReplicaServer *s, int fd) {
     SnapHeader h;
@@ -466,21 +558,8 @@ static int serve_put(ReplicaServer *s, int fd) {
         return 0;
     }
 
-    pthread_mutex_lock(&s->mu);
-    Owner *o = owner_find(s, h.rank, 1);
-    int idx = o ? wait_put_slot(s, o) : -1;
-    if (idx < 0) {
-        pthread_mutex_unlock(&s->mu);
-        refuse_early(fd);
-        return 0;
-    }
-    Slot *sl = &o->slot[idx];
-    sl->valid = 0; /* from here on its old contents are gone */
-    sl->busy = 1;
-    pthread_mutex_unlock(&s->mu);
-
-    if (slot_reserve(sl, h.length) != 0) {
-        slot_finish_put(s, sl, NULL);
+    Slot *sl = take_put_slot(s, &h);
+    if (!sl) {
         refuse_early(fd);
         return 0;
     }
@@ -527,6 +606,7 @@ static int serve_get(ReplicaServer *s, int fd) {
 
 static void *conn_main(void *arg) {
     Conn *c = arg;
+    pthread_setname_np(pthread_self(), "dp-holder");
     ReplicaServer *s = c->srv;
     for (;;) {
         unsigned char type;
@@ -535,6 +615,7 @@ static void *conn_main(void *arg) {
         int keep = 0;
         if (type == REPLICA_REQ_PUT) keep = serve_put(s, c->fd);
         else if (type == REPLICA_REQ_GET) keep = serve_get(s, c->fd);
+        else if (type == REPLICA_REQ_PULL) keep = serve_pull(s, c->fd);
         if (!keep) break; /* unknown request type: the stream cannot be trusted */
     }
     pthread_mutex_lock(&s->mu);
@@ -590,6 +671,7 @@ static void start_conn(ReplicaServer *s, int fd) {
 
 static void *accept_main(void *arg) {
     ReplicaServer *s = arg;
+    pthread_setname_np(pthread_self(), "dp-holder-acc");
     for (;;) {
         struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
         /* the timeout only paces the reaping of finished connection threads */
@@ -754,6 +836,9 @@ struct ReplicaConn {
     int fd; /* -1 after a failure: the next call reconnects */
     int port;
     char host[256];
+    int pull;        /* try PULL first; cleared for good when the holder cannot pull */
+    int last_pulled; /* the last successful put was a PULL */
+    PullSource me;
 };
 
 /* Connects to host:port within the bound. fd (non-blocking, tuned), or -1 + err. Name
@@ -799,7 +884,7 @@ static int connect_bounded(const char *host, int port, io_bound *b, char *err, s
     return fd;
 }
 
-ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen) {
+ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull, char *err, size_t errlen) {
     if (!host || strlen(host) >= sizeof(((ReplicaConn *)0)->host) || port <= 0 || port > 65535) {
         set_err(err, errlen, "replica: bad holder address %s:%d", host ? host : "(null)", port);
         return NULL;
@@ -811,6 +896,10 @@ ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, char *e
     }
     snprintf(c->host, sizeof c->host, "%s", host);
     c->port = port;
+    c->pull = allow_pull && pull_identity(&c->me) == 0;
+    /* Where the kernel restricts reading a process to its ancestors (Yama ptrace_scope 1),
+     * let our holders, which are siblings, read us. */
+    if (c->pull) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     io_bound b = bound_total(timeout_ms);
     c->fd = connect_bounded(host, port, &b, err, errlen);
     if (c->fd < 0) {
@@ -844,10 +933,39 @@ static int conn_ready(ReplicaConn *c, io_bound *b) {
     return c->fd >= 0 ? 0 : -1;
 }
 
+/* Asks the holder to pull the payload out of our memory. OK, REFUSED, NO_PULL or IO. */
+static replica_status put_by_pull(ReplicaConn *c, const SnapHeader *h, const void *payload, io_bound *b) {
+    unsigned char req[1 + sizeof(SnapHeader) + sizeof(PullSource)];
+    PullSource src = c->me;
+    src.addr = (uint64_t)(uintptr_t)payload;
+    req[0] = REPLICA_REQ_PULL;
+    memcpy(req + 1, h, sizeof *h);
+    memcpy(req + 1 + sizeof *h, &src, sizeof src);
+    int32_t st;
+    if (send_all(c->fd, req, sizeof req, b) != 0 || recv_all(c->fd, &st, sizeof st, b, NULL) != 0) {
+        conn_drop(c);
+        return REPLICA_IO;
+    }
+    if (st == REPLICA_OK || st == REPLICA_NO_PULL) return (replica_status)st;
+    conn_drop(c);
+    return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
+}
+
+int replica_last_put_pulled(const ReplicaConn *c) { return c && c->last_pulled; }
+
 replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms) {
     if (!c || !h || (h->length > 0 && !payload)) return REPLICA_IO;
     io_bound b = bound_total(timeout_ms);
     if (conn_ready(c, &b) != 0) return REPLICA_IO;
+    c->last_pulled = 0;
+    if (c->pull && h->length > 0) {
+        replica_status st = put_by_pull(c, h, payload, &b);
+        if (st != REPLICA_NO_PULL) {
+            c->last_pulled = st == REPLICA_OK;
+            return st;
+        }
+        c->pull = 0; /* this holder cannot read us: TCP from now on */
+    }
 
     unsigned char head[1 + sizeof(SnapHeader)];
     head[0] = REPLICA_REQ_PUT;

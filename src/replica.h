@@ -39,7 +39,8 @@ typedef enum {
     REPLICA_IO = -1,        /* connection failed, closed or timed out */
     REPLICA_REFUSED = -2,   /* the holder refused the PUT: checksum or header mismatch */
     REPLICA_NOT_FOUND = -3, /* the holder has no such generation */
-    REPLICA_CORRUPT = -4    /* data received on GET failed its checksum */
+    REPLICA_CORRUPT = -4,   /* data received on GET failed its checksum */
+    REPLICA_NO_PULL = -5    /* the holder cannot read the sender's memory: send the bytes */
 } replica_status;
 
 typedef struct ReplicaServer ReplicaServer;
@@ -63,18 +64,26 @@ int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t
 /* Request type bytes on the wire (the protocol is described in replica.c). */
 #define REPLICA_REQ_PUT 'P'
 #define REPLICA_REQ_GET 'G'
+#define REPLICA_REQ_PULL 'L'
 
 /* A client connection to one holder. After an I/O failure or a refusal it is reopened by
  * the next call, so one ReplicaConn can be kept for the whole job. timeout_ms bounds the
  * whole call (connect, send, receive); values <= 0 mean 1 ms. */
 typedef struct ReplicaConn ReplicaConn;
 
-/* Connects to a holder, bounded by timeout_ms. NULL + err. */
-ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, char *err, size_t errlen);
+/* Connects to a holder, bounded by timeout_ms. NULL + err. With allow_pull, a holder on the
+ * same machine copies a PUT's payload straight out of this process's memory
+ * (process_vm_readv: one copy instead of a send and a receive through the kernel); the
+ * holder still verifies the bytes it took, and a holder elsewhere, or one that is not
+ * allowed to read us, gets them over TCP. */
+ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull, char *err, size_t errlen);
 void replica_close(ReplicaConn *c);
 
-/* Sends one generation and waits for the holder's verdict (bounded by timeout_ms). */
+/* Replicates one generation and waits for the holder's verdict (bounded by timeout_ms).
+ * payload must stay unchanged until this returns. */
 replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms);
+/* 1 if the last successful replica_put on c was pulled by the holder, 0 if it went over TCP. */
+int replica_last_put_pulled(const ReplicaConn *c);
 /* Fetches rank's newest verified generation <= max_step (max_step < 0: newest) for job;
  * verifies header and payload checksums. *payload is malloc'ed. */
 replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,

@@ -59,17 +59,20 @@ static void copy_regions(Snapshot *s, Slot *slot) {
 }
 
 /* Sends the slot to every holder; reconnects once per holder on a broken connection. */
-static int replicate(Snapshot *s, const Slot *slot) {
+static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
     int ok = 1;
+    *pulled = 0;
     for (int i = 0; i < s->cfg.ntargets; i++) {
         replica_status st = REPLICA_IO;
         for (int attempt = 0; attempt < 2 && st == REPLICA_IO; attempt++) {
             if (!s->conns[i]) {
                 char err[256];
-                s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, err, sizeof err);
+                s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, s->cfg.allow_pull, err,
+                                               sizeof err);
                 if (!s->conns[i]) continue;
             }
             st = replica_put(s->conns[i], &slot->header, slot->data, s->cfg.timeout_ms);
+            if (st == REPLICA_OK && replica_last_put_pulled(s->conns[i])) *pulled += s->bytes;
             if (st == REPLICA_IO) {
                 replica_close(s->conns[i]);
                 s->conns[i] = NULL;
@@ -105,7 +108,8 @@ static void run_generation(Snapshot *s, int64_t step) {
     s->stats.bytes_copied += s->bytes;
     pthread_mutex_unlock(&s->mu);
 
-    int ok = replicate(s, slot);
+    uint64_t pulled;
+    int ok = replicate(s, slot, &pulled);
     double t2 = now_ms();
 
     pthread_mutex_lock(&s->mu);
@@ -114,6 +118,7 @@ static void run_generation(Snapshot *s, int64_t step) {
     s->last_failed = !ok;
     if (ok) {
         s->stats.bytes_replicated += s->bytes * (uint64_t)s->cfg.ntargets;
+        s->stats.bytes_pulled += pulled;
         slot->committed = 1;
         s->committed_slot = free_slot;
         s->committed = step;
@@ -145,6 +150,7 @@ static void free_memory(Snapshot *s) {
 
 static void *snapshot_thread(void *arg) {
     Snapshot *s = arg;
+    pthread_setname_np(pthread_self(), "dp-snapshot");
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (s->pending < 0 && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);

@@ -39,6 +39,7 @@ typedef struct {
     const ReplicaTarget *targets; /* replica holders (may be 0) */
     int ntargets;
     int timeout_ms;               /* bound on connecting to / sending to a holder */
+    int allow_pull;               /* holders on this machine may copy straight from our memory */
     /* Called on the snapshot thread after generation `h->step` commits, with the local copy. */
     void (*on_commit)(const SnapHeader *h, const void *payload, void *arg);
     void *arg;
@@ -51,6 +52,7 @@ typedef struct {
     double copy_ms_last, replicate_ms_last;
     double copy_ms_total, replicate_ms_total; /* over every generation, for means */
     uint64_t bytes_copied, bytes_replicated;
+    uint64_t bytes_pulled;   /* part of bytes_replicated that same-machine holders pulled */
 } SnapshotStats;
 
 typedef struct Snapshot Snapshot;

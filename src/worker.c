@@ -56,6 +56,7 @@ typedef struct {
 /* Waits on the process's "abort" list; a value e+1 with e >= our epoch raises abort_step. */
 static void *abort_watch_loop(void *arg) {
     Proc *p = arg;
+    pthread_setname_np(pthread_self(), "dp-abort");
     char err[256];
     ctl_t *c = ctl_connect(&p->addr, p->job, 2000, err, sizeof err);
     if (!c) { log_msg("abort watcher: %s", err); return NULL; }
@@ -70,6 +71,7 @@ static void *abort_watch_loop(void *arg) {
 
 static void *heartbeat_loop(void *arg) {
     Proc *p = arg;
+    pthread_setname_np(pthread_self(), "dp-heartbeat");
     char err[256];
     ctl_t *c = ctl_connect(&p->addr, p->job, 2000, err, sizeof err);
     if (!c) { log_msg("heartbeat: %s", err); return NULL; }
@@ -263,7 +265,8 @@ static int start_snapshots(Member *m, char *err, size_t errlen) {
     int nregions = trainer_state_regions(m->t, regions);
     SnapshotConfig sc = {.job = p->job, .epoch = m->epoch, .rank = m->rank, .world = p->cfg.workers,
                          .regions = regions, .nregions = nregions, .targets = targets, .ntargets = n,
-                         .timeout_ms = job_comm_timeout_ms(&p->cfg), .on_commit = on_commit, .arg = &m->ctx};
+                         .timeout_ms = job_comm_timeout_ms(&p->cfg),
+                         .allow_pull = !strcmp(p->cfg.replica_transport, "auto"), .on_commit = on_commit, .arg = &m->ctx};
     m->snap = snapshot_create(&sc, err, errlen);
     if (!m->snap) return -1;
     trainer_attach_snapshot(m->t, m->snap);
@@ -408,11 +411,12 @@ static void report_snapshot_stats(Member *m) {
     event_emit(m->p->ctl, m->p->t0_wall_ms, "snapshot_stats",
                "\"rank\":%d,\"epoch\":%ld,\"captures\":%llu,\"commits\":%llu,\"failures\":%llu,\"waits\":%llu,"
                "\"wait_ms_total\":%.3f,\"bytes_copied\":%llu,\"bytes_replicated\":%llu,\"copy_ms_mean\":%.3f,"
-               "\"replicate_ms_mean\":%.3f",
+               "\"replicate_ms_mean\":%.3f,\"bytes_pulled\":%llu",
                m->rank, m->epoch, (unsigned long long)st.captures, (unsigned long long)st.commits,
                (unsigned long long)st.failures, (unsigned long long)st.waits, st.wait_ms_total,
                (unsigned long long)st.bytes_copied, (unsigned long long)st.bytes_replicated,
-               st.captures ? st.copy_ms_total / st.captures : 0.0, st.captures ? st.replicate_ms_total / st.captures : 0.0);
+               st.captures ? st.copy_ms_total / st.captures : 0.0, st.captures ? st.replicate_ms_total / st.captures : 0.0,
+               (unsigned long long)st.bytes_pulled);
 }
 
 /* --- membership: joining an epoch, recovering from a failure --------------------------- */
@@ -428,7 +432,7 @@ static int fetch_from_holders(Member *m, int rank, long long step, SnapHeader *h
             if (!at || !colon) continue;
             *colon = 0;
             char err[256];
-            ReplicaConn *c = replica_connect(at + 1, atoi(colon + 1), 1000, err, sizeof err);
+            ReplicaConn *c = replica_connect(at + 1, atoi(colon + 1), 1000, 0, err, sizeof err);
             if (!c) continue;
             replica_status st = replica_get(c, p->job, rank, step, h, payload, job_comm_timeout_ms(&p->cfg));
             replica_close(c);

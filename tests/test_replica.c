@@ -15,11 +15,16 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define JOB "testjob"
 #define WORLD 8
 #define TIMEOUT_MS 10000
+
+/* Whether client connections let the holder pull payloads from this process's memory:
+ * the PUT tests run once over TCP and once pulled. */
+static int ALLOW_PULL;
 
 /* ------------------------------------------------------------------------------------- */
 /* helpers                                                                                */
@@ -64,7 +69,7 @@ static ReplicaServer *start_server(void) {
 
 static ReplicaConn *connect_to(ReplicaServer *s) {
     char err[256] = "";
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(s), TIMEOUT_MS, err, sizeof err);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(s), TIMEOUT_MS, ALLOW_PULL, err, sizeof err);
     CHECK(c != NULL, "connect: %s", err);
     return c;
 }
@@ -370,7 +375,7 @@ typedef struct {
 
 static void *put_gen3(void *arg) {
     PutJob *j = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(j->s), TIMEOUT_MS, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(j->s), TIMEOUT_MS, ALLOW_PULL, NULL, 0);
     replica_status st = c ? put_gen(c, 0, 3, j->len) : REPLICA_IO;
     replica_close(c);
     pthread_mutex_lock(&j->mu);
@@ -465,7 +470,7 @@ static size_t cc_len(int rank, int64_t gen) { return (256u << 10) + (size_t)rank
 
 static void *cc_writer(void *arg) {
     WriterArg *w = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(w->s), TIMEOUT_MS, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(w->s), TIMEOUT_MS, ALLOW_PULL, NULL, 0);
     for (int g = 0; g < CC_GENS && c; g++)
         if (put_gen(c, w->rank, g, cc_len(w->rank, g)) != REPLICA_OK) w->failures++;
     if (!c) w->failures++;
@@ -485,7 +490,7 @@ static int cc_writers_left(ReaderArg *r) {
 
 static void *cc_reader(void *arg) {
     ReaderArg *r = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(r->s), TIMEOUT_MS, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(r->s), TIMEOUT_MS, ALLOW_PULL, NULL, 0);
     if (!c) {
         r->bad++;
         return NULL;
@@ -559,6 +564,113 @@ static void test_concurrent_puts_and_gets(void) {
     replica_server_stop(s);
 }
 
+/* ---- same-machine PULL ---- */
+
+/* A PULL request by hand: the PullSource layout of replica.c's protocol comment. */
+typedef struct {
+    char boot_id[40];
+    uint64_t pidns;
+    int64_t pid;
+    uint64_t addr;
+} RawPullSource;
+
+static RawPullSource this_process(const void *addr) {
+    RawPullSource src;
+    memset(&src, 0, sizeof src);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (fgets(src.boot_id, sizeof src.boot_id, f)) src.boot_id[strcspn(src.boot_id, "\n")] = 0;
+        fclose(f);
+    }
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) == 0) src.pidns = st.st_ino;
+    src.pid = getpid();
+    src.addr = (uint64_t)(uintptr_t)addr;
+    return src;
+}
+
+static int32_t raw_pull(ReplicaServer *s, const SnapHeader *h, const RawPullSource *src) {
+    int fd = raw_connect(s);
+    if (fd < 0) return 1;
+    char type = REPLICA_REQ_PULL;
+    int32_t st = 1;
+    if (raw_send(fd, &type, 1) == 0 && raw_send(fd, h, sizeof *h) == 0 && raw_send(fd, src, sizeof *src) == 0)
+        st = raw_status(fd);
+    close(fd);
+    return st;
+}
+
+static void test_pull_used_on_this_machine(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    ALLOW_PULL = 1;
+    ReplicaConn *c = connect_to(s);
+    size_t len = (3u << 20) + 123; /* not a multiple of the pull chunk */
+    if (c) {
+        CHECK(put_gen(c, 1, 1, len) == REPLICA_OK, "pulled PUT");
+        CHECK(replica_last_put_pulled(c), "a holder on this machine pulls");
+        expect_gen(c, 1, -1, 1, len);
+        SnapHeader h;
+        void *got = NULL;
+        unsigned char *want = make_payload(1, 1, len);
+        CHECK(replica_server_lookup(s, 1, -1, &h, &got) == REPLICA_OK && got && memcmp(got, want, len) == 0,
+              "pulled bytes equal the sender's");
+        free(got);
+        free(want);
+    }
+    replica_close(c);
+    ALLOW_PULL = 0;
+    c = connect_to(s);
+    if (c) {
+        CHECK(put_gen(c, 1, 2, len) == REPLICA_OK && !replica_last_put_pulled(c), "allow_pull 0: TCP");
+        expect_gen(c, 1, -1, 2, len);
+    }
+    replica_close(c);
+    replica_server_stop(s);
+}
+
+/* The holder pulls only from a process it can name, and keeps only bytes that match the CRC:
+ * otherwise it answers NO_PULL (the sender then PUTs) and the slot stays empty. */
+static void test_pull_refused_when_unsafe(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    size_t len = 1u << 20;
+    unsigned char *p = make_payload(2, 5, len);
+    SnapHeader h = make_header(JOB, 2, 5, p, len);
+    RawPullSource src = this_process(p);
+    CHECK(raw_pull(s, &h, &src) == REPLICA_OK, "pull from this process");
+
+    h = make_header(JOB, 2, 6, p, len);
+    RawPullSource other = src;
+    snprintf(other.boot_id, sizeof other.boot_id, "another-machine");
+    CHECK(raw_pull(s, &h, &other) == REPLICA_NO_PULL, "another machine's boot id");
+    other = src;
+    other.pidns ^= 1;
+    CHECK(raw_pull(s, &h, &other) == REPLICA_NO_PULL, "another pid namespace");
+    other = src;
+    other.pid = 0x3fffffff; /* no such process */
+    CHECK(raw_pull(s, &h, &other) == REPLICA_NO_PULL, "a process that does not exist");
+    other = src;
+    other.addr = 8; /* not mapped */
+    CHECK(raw_pull(s, &h, &other) == REPLICA_NO_PULL, "an unmapped address");
+    p[len / 2] ^= 4; /* the bytes no longer match header.crc */
+    CHECK(raw_pull(s, &h, &src) == REPLICA_NO_PULL, "bytes that fail the checksum");
+    p[len / 2] ^= 4;
+    SnapHeader bad = h;
+    snprintf(bad.job, sizeof bad.job, "otherjob");
+    snap_header_seal(&bad);
+    CHECK(raw_pull(s, &bad, &src) == REPLICA_REFUSED, "another job's header");
+
+    ReplicaConn *c = connect_to(s);
+    if (c) {
+        expect_gen(c, 2, -1, 5, len); /* none of the failed pulls left anything behind */
+        expect_status(c, JOB, 2, 4, REPLICA_NOT_FOUND);
+    }
+    replica_close(c);
+    free(p);
+    replica_server_stop(s);
+}
+
 /* ---- bounds ---- */
 
 static void test_client_calls_are_bounded(void) {
@@ -570,7 +682,7 @@ static void test_client_calls_are_bounded(void) {
     CHECK(bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0, "mute listener");
     getsockname(lfd, (struct sockaddr *)&a, &alen);
     int port = ntohs(a.sin_port);
-    ReplicaConn *c = replica_connect("127.0.0.1", port, 1000, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", port, 1000, ALLOW_PULL, NULL, 0);
     CHECK(c != NULL, "connect to the mute listener");
     if (c) {
         SnapHeader h;
@@ -593,7 +705,7 @@ static void test_client_calls_are_bounded(void) {
     close(lfd);
     char err[256] = "";
     double t0 = now_ms();
-    c = replica_connect("127.0.0.1", port, 500, err, sizeof err); /* nobody listens any more */
+    c = replica_connect("127.0.0.1", port, 500, ALLOW_PULL, err, sizeof err); /* nobody listens any more */
     CHECK(c == NULL && err[0] && now_ms() - t0 < 1500, "connect to a closed port fails promptly");
     replica_close(c);
 }
@@ -669,12 +781,25 @@ static void test_put_throughput(void) {
         if (t1 - t0 < best_put) best_put = t1 - t0;
         if (t2 - t1 < best_get) best_get = t2 - t1;
     }
-    printf("# 32 MiB over loopback: PUT %.2f GB/s (%.1f ms), GET %.2f GB/s (%.1f ms), best of 6\n",
-           len / best_put / 1e6, best_put, len / best_get / 1e6, best_get);
+    printf("# 32 MiB over loopback: PUT (%s) %.2f GB/s (%.1f ms), GET %.2f GB/s (%.1f ms), best of 6\n",
+           ALLOW_PULL ? "pulled" : "TCP", len / best_put / 1e6, best_put, len / best_get / 1e6, best_get);
     free(p);
     replica_close(c);
     replica_server_stop(s);
 }
+
+/* The tests whose PUTs matter, again with the holder pulling. */
+#define PULLED(fn)                         \
+    static void fn##_pulled(void) {        \
+        ALLOW_PULL = 1;                    \
+        fn();                              \
+        ALLOW_PULL = 0;                    \
+    }
+PULLED(test_generations_and_max_step)
+PULLED(test_bad_payload_refused)
+PULLED(test_sender_dies_mid_transfer)
+PULLED(test_concurrent_puts_and_gets)
+PULLED(test_put_throughput)
 
 int main(void) {
     RUN_TEST(test_header_seal_and_check);
@@ -689,5 +814,12 @@ int main(void) {
     RUN_TEST(test_reconnects_after_holder_restart);
     RUN_TEST(test_stop_with_transfers_in_flight);
     RUN_TEST(test_put_throughput);
+    RUN_TEST(test_pull_used_on_this_machine);
+    RUN_TEST(test_pull_refused_when_unsafe);
+    RUN_TEST(test_generations_and_max_step_pulled);
+    RUN_TEST(test_bad_payload_refused_pulled);
+    RUN_TEST(test_sender_dies_mid_transfer_pulled);
+    RUN_TEST(test_concurrent_puts_and_gets_pulled);
+    RUN_TEST(test_put_throughput_pulled);
     TEST_MAIN_END();
 }

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # bench/overhead.sh — what per-iteration snapshots cost the training loop.
 #
-# Same job (`small`, 4 workers + 1 spare, R=1 ring replicas) under five fault-tolerance modes:
+# Same job (`small`, 4 workers + 1 spare, R=1 ring replicas) under these modes:
 #   none       no checkpoint at all (the baseline)
+#   none-again the baseline once more: an A/A control that shows the noise of the method
 #   deadpool   per-iteration in-memory snapshots (the default: same-machine holders pull)
 #   dp-tcp     the same, replicas sent over TCP as they would be to another machine
 #   disk1      synchronous disk checkpoint every step
 #   disk10     synchronous disk checkpoint every 10 steps
+# MODES="none deadpool ..." picks some (none must be among them; default: all).
 # Each pair runs every mode once, in ABBA order (odd pairs forward, even pairs backward), so a
-# machine that drifts faster or slower over the run does not favour one mode. For each run:
-# the median step time over steps 2..STEPS, and the CPU time of all workers and spares per
-# step. A mode's overhead is the median over pairs of (mode / none) within the pair.
+# machine that drifts faster or slower over the run does not favour one mode. For each run,
+# the median step time over steps 2..STEPS. A mode's overhead is the median over pairs of
+# (mode / none) within the pair; the mean and the range are printed too.
 # Disk runs delete their checkpoints and `sync` after they finish (outside the timing), so
 # their writeback does not land in the next run.
-# usage: bench/overhead.sh [PAIRS] [STEPS] [DATA]      prints a Markdown report
+# usage: [MODES=...] bench/overhead.sh [PAIRS] [STEPS] [DATA]      prints a Markdown report
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAIRS=${1:-6}
@@ -22,10 +24,10 @@ DATA=${3:-../shared/data/tinyshakespeare.txt}
 DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
 make -s deadpool
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-MODES=(none deadpool dp-tcp disk1 disk10)
+read -r -a MODES <<<"${MODES:-none none-again deadpool dp-tcp disk1 disk10}"
 mode_args() {
   case $1 in
-    none) echo "--ft none" ;;
+    none | none-again) echo "--ft none" ;;
     deadpool) echo "--ft deadpool" ;;
     dp-tcp) echo "--ft deadpool --replica-transport tcp" ;;
     disk1) echo "--ft disk --ckpt-every 1" ;;
@@ -33,7 +35,6 @@ mode_args() {
   esac
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-num() { grep -o "\"$1\":[0-9.]*" | head -1 | cut -d: -f2; }
 
 for p in $(seq "$PAIRS"); do
   order=("${MODES[@]}")
@@ -44,31 +45,33 @@ for p in $(seq "$PAIRS"); do
     ./deadpool run --workers 4 --spares 1 --model small --steps "$STEPS" --seed 1 --out "$out" \
       $(mode_args "$m") "${DATA_ARGS[@]}" >/dev/null 2>"$out.log" || { cat "$out.log"; exit 1; }
     tail -n +2 "$out/metrics.jsonl" | grep -o '"step_ms":[0-9.]*' | cut -d: -f2 | median >"$out.ms"
-    grep '"event":"finish"' "$out/events.jsonl" | num workers_cpu_s | awk -v s="$STEPS" '{print $1 / s}' >"$out.cpu"
     rm -rf "$out/ckpt"; sync
-    echo "pair $p $m $(cat "$out.ms") ms/step, $(cat "$out.cpu") CPU s/step" >&2
+    echo "pair $p $m $(cat "$out.ms") ms/step" >&2
   done
 done
 
-ratio() { # mode, suffix: the median over pairs of mode/none
+ratios() { # mode: mode/none step time, one line per pair
   for p in $(seq "$PAIRS"); do
-    awk -v a="$(cat "$work/$1-$p.$2")" -v b="$(cat "$work/none-$p.$2")" 'BEGIN{print a/b}'
-  done | median
+    awk -v a="$(cat "$work/$1-$p.ms")" -v b="$(cat "$work/none-$p.ms")" 'BEGIN{print a/b}'
+  done
 }
 pct() { awk -v r="$1" 'BEGIN{printf "%+.2f%%", (r-1)*100}'; }
 
-echo "| mode | step time (ms), median of runs | step time vs --ft none | CPU s per step | CPU vs --ft none |"
-echo "|---|---:|---:|---:|---:|"
+echo "| mode | step time (ms), median of runs | vs --ft none: median of paired ratios | mean | lowest | highest |"
+echo "|---|---:|---:|---:|---:|---:|"
 for m in "${MODES[@]}"; do
-  echo "| $(mode_args "$m") | $(cat "$work"/$m-*.ms | median) | $(pct "$(ratio "$m" ms)") | $(cat "$work"/$m-*.cpu | median) | $(pct "$(ratio "$m" cpu)") |"
+  r=$(ratios "$m")
+  echo "| $m: $(mode_args "$m") | $(cat "$work"/$m-*.ms | median) | $(pct "$(median <<<"$r")") |" \
+    "$(pct "$(awk '{s+=$1} END {print s/NR}' <<<"$r")") | $(pct "$(sort -g <<<"$r" | head -1)") | $(pct "$(sort -g <<<"$r" | tail -1)") |"
 done
 echo
-for m in deadpool dp-tcp; do
-  echo "Paired step-time ratios $m/none: $(for p in $(seq "$PAIRS"); do awk -v a="$(cat "$work/$m-$p.ms")" -v b="$(cat "$work/none-$p.ms")" 'BEGIN{printf "%.4f ", a/b}'; done)"
+for m in "${MODES[@]}"; do
+  [ "$m" = none ] || echo "Paired step-time ratios $m/none, pair by pair: $(ratios "$m" | awk '{printf "%.4f ", $1}')"
   echo
 done
 # Snapshot traffic and latency, from the deadpool runs' snapshot_stats events.
 for m in deadpool dp-tcp; do
+  [[ " ${MODES[*]} " == *" $m "* ]] || continue
   grep -h '"event":"snapshot_stats"' "$work"/$m-*/events.jsonl | awk -v m="$m" '
     function f(k,   v) { if (!match($0, "\"" k "\":[0-9.]+")) return 0; v = substr($0, RSTART, RLENGTH); sub(/.*:/, "", v); return v }
     { n++; caps += f("captures"); bcs += f("bytes_copied"); brs += f("bytes_replicated"); bps += f("bytes_pulled")

@@ -14,7 +14,13 @@
 # the median step time over steps 2..STEPS. A mode's overhead is the median over pairs of
 # (mode / none) within the pair; the mean and the range are printed too.
 # Disk runs delete their checkpoints and `sync` after they finish (outside the timing), so
-# their writeback does not land in the next run.
+# their writeback does not land in the next run. Every run gets --comm-timeout-ms 30000: a
+# vCPU the hypervisor stalls for over 2 s (the default collective timeout) would otherwise fail
+# a collective now and then, which ends a --ft none run; the timeout costs nothing while all
+# is well, so it does not change what is measured.
+# Besides step time, the deadpool runs report the CPU time the snapshot threads (copy, CRC,
+# send) and the holders' threads (receive or pull, verify) spent, as a share of the CPU time
+# of all workers: the cost itself, without the run-to-run noise of a shared machine.
 # usage: [MODES=...] bench/overhead.sh [PAIRS] [STEPS] [DATA]      prints a Markdown report
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,8 +49,13 @@ for p in $(seq "$PAIRS"); do
     out="$work/$m-$p"
     # shellcheck disable=SC2046
     ./deadpool run --workers 4 --spares 1 --model small --steps "$STEPS" --seed 1 --out "$out" \
-      $(mode_args "$m") "${DATA_ARGS[@]}" >/dev/null 2>"$out.log" || { cat "$out.log"; exit 1; }
+      --comm-timeout-ms 30000 $(mode_args "$m") "${DATA_ARGS[@]}" >/dev/null 2>"$out.log" || { cat "$out.log"; exit 1; }
     tail -n +2 "$out/metrics.jsonl" | grep -o '"step_ms":[0-9.]*' | cut -d: -f2 | median >"$out.ms"
+    # snapshot + holder threads' CPU over all workers' CPU, in percent
+    awk '/"event":"snapshot_stats"/ { if (match($0, /"cpu_ms":[0-9.]+/)) s += substr($0, RSTART + 9, RLENGTH - 9)
+                                     if (match($0, /"holder_cpu_ms":[0-9.]+/)) s += substr($0, RSTART + 16, RLENGTH - 16) }
+         /"event":"finish"/ { if (match($0, /"workers_cpu_s":[0-9.]+/)) w = substr($0, RSTART + 16, RLENGTH - 16) }
+         END { if (w > 0) printf "%.3f\n", s / (w * 1000) * 100 }' "$out/events.jsonl" >"$out.share"
     rm -rf "$out/ckpt"; sync
     echo "pair $p $m $(cat "$out.ms") ms/step" >&2
   done
@@ -67,6 +78,11 @@ done
 echo
 for m in "${MODES[@]}"; do
   [ "$m" = none ] || echo "Paired step-time ratios $m/none, pair by pair: $(ratios "$m" | awk '{printf "%.4f ", $1}')"
+  echo
+done
+for m in deadpool dp-tcp; do
+  [[ " ${MODES[*]} " == *" $m "* ]] || continue
+  echo "$m: snapshot and holder threads used $(cat "$work"/$m-*.share | median)% of the workers' CPU time (median of runs; runs: $(cat "$work"/$m-*.share | tr '\n' ' '))"
   echo
 done
 # Snapshot traffic and latency, from the deadpool runs' snapshot_stats events.

@@ -300,6 +300,7 @@ struct ReplicaServer {
     int n_owners, cap_owners;
     uint64_t next_seq;
     int64_t min_epoch; /* PUTs from older epochs are refused (fenced writers) */
+    double put_cpu_ms; /* CPU time spent in PUTs and PULLs */
 };
 
 /* Under s->mu. The owner entry for rank, created when `create` (NULL if absent / no memory). */
@@ -613,9 +614,16 @@ static void *conn_main(void *arg) {
         io_bound idle = bound_none(); /* an idle connection may wait for its next request */
         if (recv_all(c->fd, &type, 1, &idle, NULL) != 0) break;
         int keep = 0;
+        double cpu0 = thread_cpu_ms();
         if (type == REPLICA_REQ_PUT) keep = serve_put(s, c->fd);
         else if (type == REPLICA_REQ_GET) keep = serve_get(s, c->fd);
         else if (type == REPLICA_REQ_PULL) keep = serve_pull(s, c->fd);
+        if (type == REPLICA_REQ_PUT || type == REPLICA_REQ_PULL) {
+            double used = thread_cpu_ms() - cpu0;
+            pthread_mutex_lock(&s->mu);
+            s->put_cpu_ms += used;
+            pthread_mutex_unlock(&s->mu);
+        }
         if (!keep) break; /* unknown request type: the stream cannot be trusted */
     }
     pthread_mutex_lock(&s->mu);
@@ -792,6 +800,13 @@ fail:
 }
 
 int replica_server_port(const ReplicaServer *s) { return s ? s->port : -1; }
+
+double replica_server_cpu_ms(ReplicaServer *s) {
+    pthread_mutex_lock(&s->mu);
+    double ms = s->put_cpu_ms;
+    pthread_mutex_unlock(&s->mu);
+    return ms;
+}
 
 void replica_server_stop(ReplicaServer *s) {
     if (!s) return;

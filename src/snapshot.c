@@ -96,7 +96,7 @@ static void run_generation(Snapshot *s, int64_t step) {
     pthread_mutex_lock(&s->mu);
     slot->committed = 0;
     pthread_mutex_unlock(&s->mu);
-    double t0 = now_ms();
+    double t0 = now_ms(), cpu0 = thread_cpu_ms();
     copy_regions(s, slot);
     slot->header.step = step;
     snap_header_seal(&slot->header);
@@ -115,6 +115,7 @@ static void run_generation(Snapshot *s, int64_t step) {
     pthread_mutex_lock(&s->mu);
     s->stats.replicate_ms_last = t2 - t1;
     s->stats.replicate_ms_total += t2 - t1;
+    s->stats.cpu_ms_total += thread_cpu_ms() - cpu0;
     s->last_failed = !ok;
     if (ok) {
         s->stats.bytes_replicated += s->bytes * (uint64_t)s->cfg.ntargets;
@@ -183,9 +184,11 @@ Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen) {
     s->cfg.targets = s->targets;
     for (int i = 0; i < cfg->nregions; i++) s->bytes += cfg->regions[i].len;
     for (int i = 0; i < 2; i++) {
-        /* Touch every page now: the first copy must not pay for page faults. */
-        s->slots[i].data = calloc(1, s->bytes);
+        /* malloc + memset, not calloc (which leaves fresh pages unmapped): every page is
+         * touched now, so the first copies do not pay for page faults. */
+        s->slots[i].data = malloc(s->bytes ? s->bytes : 1);
         if (!s->slots[i].data) goto oom;
+        memset(s->slots[i].data, 0, s->bytes);
     }
     s->committed_slot = -1;
     s->committed = -1;

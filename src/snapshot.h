@@ -51,6 +51,7 @@ typedef struct {
     double wait_ms_total;
     double copy_ms_last, replicate_ms_last;
     double copy_ms_total, replicate_ms_total; /* over every generation, for means */
+    double cpu_ms_total;     /* CPU time the snapshot thread spent copying and replicating */
     uint64_t bytes_copied, bytes_replicated;
     uint64_t bytes_pulled;   /* part of bytes_replicated that same-machine holders pulled */
 } SnapshotStats;

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 double now_ms(void);       /* monotonic clock, milliseconds */
+double thread_cpu_ms(void); /* CPU time of the calling thread, milliseconds */
 int64_t wall_ms(void);     /* realtime clock, milliseconds since the epoch (shared across hosts) */
 void sleep_ms(int ms);
 

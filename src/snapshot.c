@@ -184,11 +184,11 @@ Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen) {
     s->cfg.targets = s->targets;
     for (int i = 0; i < cfg->nregions; i++) s->bytes += cfg->regions[i].len;
     for (int i = 0; i < 2; i++) {
-        /* malloc + memset, not calloc (which leaves fresh pages unmapped): every page is
-         * touched now, so the first copies do not pay for page faults. */
-        s->slots[i].data = malloc(s->bytes ? s->bytes : 1);
+        /* calloc leaves fresh pages unmapped: the first copies into a slot fault them in,
+         * on the snapshot thread. Touching them here instead would put that on the
+         * critical path of a recovery, which builds a new Snapshot for the new epoch. */
+        s->slots[i].data = calloc(1, s->bytes ? s->bytes : 1);
         if (!s->slots[i].data) goto oom;
-        memset(s->slots[i].data, 0, s->bytes);
     }
     s->committed_slot = -1;
     s->committed = -1;

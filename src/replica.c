@@ -301,6 +301,8 @@ struct ReplicaServer {
     uint64_t next_seq;
     int64_t min_epoch; /* PUTs from older epochs are refused (fenced writers) */
     double put_cpu_ms; /* CPU time spent in PUTs and PULLs */
+    PullSource self;   /* this process as a PULL source would name it */
+    int self_known;    /* self is valid: PULLs are possible at all */
 };
 
 /* Under s->mu. The owner entry for rank, created when `create` (NULL if absent / no memory). */
@@ -534,12 +536,12 @@ static Slot *take_put_slot(ReplicaServer *s, const SnapHeader *h) {
 /* One PULL (the type byte already read). 1 to keep serving the connection, 0 to close it. */
 static int serve_pull(ReplicaServer *s, int fd) {
     SnapHeader h;
-    PullSource src, me;
+    PullSource src;
     io_bound b = bound_stall(SERVER_STALL_MS);
     if (recv_all(fd, &h, sizeof h, &b, NULL) != 0 || recv_all(fd, &src, sizeof src, &b, NULL) != 0) return 0;
     if (put_header_problem(s, &h)) return send_status(fd, REPLICA_REFUSED, &b) == 0;
     src.boot_id[sizeof src.boot_id - 1] = 0;
-    if (pull_identity(&me) != 0 || strcmp(me.boot_id, src.boot_id) != 0 || me.pidns != src.pidns)
+    if (!s->self_known || strcmp(s->self.boot_id, src.boot_id) != 0 || s->self.pidns != src.pidns)
         return send_status(fd, REPLICA_NO_PULL, &b) == 0;
     Slot *sl = take_put_slot(s, &h);
     if (!sl) return send_status(fd, REPLICA_REFUSED, &b) == 0;
@@ -768,6 +770,7 @@ ReplicaServer *replica_server_start(const char *bind_host, int port, const char 
         set_err(err, errlen, "replica server: out of memory");
         return NULL;
     }
+    s->self_known = pull_identity(&s->self) == 0;
     /* Truncated exactly as snprintf into SnapHeader.job truncates it, so names compare equal. */
     snprintf(s->job, sizeof s->job, "%s", job);
     s->wake[0] = s->wake[1] = -1;

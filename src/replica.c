@@ -634,6 +634,17 @@ static void *conn_main(void *arg) {
     return NULL;
 }
 
+/* Joins each connection's thread, then closes its socket and frees it. */
+static void join_conns(Conn *list) {
+    while (list) {
+        Conn *next = list->next;
+        pthread_join(list->thread, NULL);
+        close(list->fd);
+        free(list);
+        list = next;
+    }
+}
+
 /* Joins and frees the connection threads that have finished. */
 static void reap_done_conns(ReplicaServer *s) {
     Conn *done = NULL;
@@ -649,13 +660,7 @@ static void reap_done_conns(ReplicaServer *s) {
         }
     }
     pthread_mutex_unlock(&s->mu);
-    while (done) {
-        Conn *next = done->next;
-        pthread_join(done->thread, NULL);
-        close(done->fd);
-        free(done);
-        done = next;
-    }
+    join_conns(done);
 }
 
 static void start_conn(ReplicaServer *s, int fd) {
@@ -829,13 +834,7 @@ void replica_server_stop(ReplicaServer *s) {
     s->conns = NULL;
     for (Conn *c = conns; c; c = c->next) shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->mu);
-    while (conns) {
-        Conn *next = conns->next;
-        pthread_join(conns->thread, NULL);
-        close(conns->fd);
-        free(conns);
-        conns = next;
-    }
+    join_conns(conns);
 
     close(s->listen_fd);
     close(s->wake[0]);

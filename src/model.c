@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "layers.h"
+#include "util.h"
 
 /* tensor indices, llm.c order */
 enum { WTE, WPE, LN1W, LN1B, QKVW, QKVB, ATTPROJW, ATTPROJB, LN2W, LN2B, FCW, FCB, FCPROJW, FCPROJB, LNFW, LNFB };
@@ -129,11 +130,10 @@ size_t gpt2_num_params(const GPT2Config *cfg) {
 /* ------------------------------------------------------------------------------------------ */
 /* create / free                                                                               */
 
-/* 64-byte aligned, zeroed, or NULL */
+/* zeroed, huge-page backed, or NULL */
 static float *alloc_floats(size_t n) {
-    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    if (bytes == 0) bytes = 64;
-    float *x = aligned_alloc(64, bytes);
+    size_t bytes = n * sizeof(float);
+    float *x = alloc_huge(bytes);
     if (x != NULL) memset(x, 0, bytes);
     return x;
 }

@@ -388,7 +388,7 @@ static int slot_reserve(Slot *sl, size_t len) {
     if (sl->cap >= len) return 0;
     free(sl->data);
     sl->cap = 0;
-    sl->data = malloc(len);
+    sl->data = alloc_huge(len);
     if (!sl->data) return -1;
     sl->cap = len;
     return 0;

@@ -6,6 +6,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -33,6 +35,16 @@ void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+void *alloc_huge(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    size_t len = bytes ? (bytes + huge - 1) / huge * huge : huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, len) != 0) return NULL;
+    /* Only advice: where THP is off the buffer simply keeps 4 KiB pages. */
+    madvise(p, len, MADV_HUGEPAGE);
+    return p;
 }
 
 static char log_role[64] = "deadpool";

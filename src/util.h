@@ -20,6 +20,12 @@ void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((form
 /* Escapes s as the inside of a JSON string into out (always NUL-terminated). */
 void json_escape(const char *s, char *out, size_t len);
 
+/* A big buffer that copies stream through (model, optimizer state, snapshot slots): 2 MiB
+ * aligned and marked for transparent huge pages, so every walk over it, process_vm_readv's
+ * page pinning above all, touches 512x fewer page-table entries. Not zeroed; free() releases
+ * it. NULL without memory. */
+void *alloc_huge(size_t bytes);
+
 struct iovec;
 /* Writes the parts to path atomically: path.tmp.PID, fsync, rename. A reader sees the old
  * file or the whole new one, never a torn one. 0 / -1 + err. */

@@ -15,7 +15,12 @@
  *        reply:    int32 status: REPLICA_OK, REPLICA_REFUSED (bad header) or REPLICA_NO_PULL
  *                  (another machine or pid namespace, not permitted, or the bytes read did
  *                  not match the header's CRC): the sender then PUTs the same generation.
- *        Same-machine replication this way costs one copy (process_vm_readv, checksummed
+ *   RESERVE request: 'R' (REPLICA_REQ_RESERVE), SnapHeader (step unused): the owner's
+ *        payload size, sent once when its snapshot engine starts.
+ *        reply:    int32 status, REPLICA_OK or REPLICA_REFUSED (bad header).
+ *        The holder allocates both of that owner's slots and faults their pages in before
+ *        answering; slots holding a generation, or in use, are left alone.
+ *        Same-machine replication this way (PULL) costs one copy (process_vm_readv, checksummed
  *        chunk by chunk while the chunk is in cache) instead of a send and a receive through
  *        the kernel's socket buffers. The sender blocks until the verdict, so its buffer does
  *        not change under the read.
@@ -300,7 +305,7 @@ struct ReplicaServer {
     int n_owners, cap_owners;
     uint64_t next_seq;
     int64_t min_epoch; /* PUTs from older epochs are refused (fenced writers) */
-    double put_cpu_ms; /* CPU time spent in PUTs and PULLs */
+    double put_cpu_ms; /* CPU time spent in PUTs, PULLs and RESERVEs */
     PullSource self;   /* this process as a PULL source would name it */
     int self_known;    /* self is valid: PULLs are possible at all */
 };
@@ -551,6 +556,29 @@ static int serve_pull(ReplicaServer *s, int fd) {
     return send_status(fd, good ? REPLICA_OK : REPLICA_NO_PULL, &b) == 0;
 }
 
+/* One RESERVE (the type byte already read). 1 to keep serving the connection, 0 to close it.
+ * A slot is only taken while it is free in every sense (no generation, no PUT, no reader),
+ * and marked busy meanwhile, so a PUT arriving during the page faults waits for it. */
+static int serve_reserve(ReplicaServer *s, int fd) {
+    SnapHeader h;
+    io_bound b = bound_stall(SERVER_STALL_MS);
+    if (recv_all(fd, &h, sizeof h, &b, NULL) != 0) return 0;
+    if (put_header_problem(s, &h)) return send_status(fd, REPLICA_REFUSED, &b) == 0;
+    for (int i = 0; i < 2; i++) {
+        pthread_mutex_lock(&s->mu);
+        Owner *o = owner_find(s, h.rank, 1);
+        Slot *sl = o ? &o->slot[i] : NULL;
+        int take = sl && !sl->valid && !sl->busy && sl->readers == 0 && sl->cap < h.length;
+        if (take) sl->busy = 1;
+        pthread_mutex_unlock(&s->mu);
+        if (!take) continue;
+        if (slot_reserve(sl, h.length) == 0) prefault(sl->data, h.length);
+        slot_finish_put(s, sl, NULL);
+    }
+    b = bound_stall(SERVER_STALL_MS);
+    return send_status(fd, REPLICA_OK, &b) == 0;
+}
+
 /* One PUT (the type byte already read). 1 to keep serving the connection, 0 to close it. */
 static int serve_put(ReplicaServer *s, int fd) {
     SnapHeader h;
@@ -620,7 +648,8 @@ static void *conn_main(void *arg) {
         if (type == REPLICA_REQ_PUT) keep = serve_put(s, c->fd);
         else if (type == REPLICA_REQ_GET) keep = serve_get(s, c->fd);
         else if (type == REPLICA_REQ_PULL) keep = serve_pull(s, c->fd);
-        if (type == REPLICA_REQ_PUT || type == REPLICA_REQ_PULL) {
+        else if (type == REPLICA_REQ_RESERVE) keep = serve_reserve(s, c->fd);
+        if (type == REPLICA_REQ_PUT || type == REPLICA_REQ_PULL || type == REPLICA_REQ_RESERVE) {
             double used = thread_cpu_ms() - cpu0;
             pthread_mutex_lock(&s->mu);
             s->put_cpu_ms += used;
@@ -964,6 +993,23 @@ static replica_status put_by_pull(ReplicaConn *c, const SnapHeader *h, const voi
         return REPLICA_IO;
     }
     if (st == REPLICA_OK || st == REPLICA_NO_PULL) return (replica_status)st;
+    conn_drop(c);
+    return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
+}
+
+replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_ms) {
+    if (!c || !h) return REPLICA_IO;
+    io_bound b = bound_total(timeout_ms);
+    if (conn_ready(c, &b) != 0) return REPLICA_IO;
+    unsigned char req[1 + sizeof(SnapHeader)];
+    req[0] = REPLICA_REQ_RESERVE;
+    memcpy(req + 1, h, sizeof *h);
+    int32_t st;
+    if (send_all(c->fd, req, sizeof req, &b) != 0 || recv_all(c->fd, &st, sizeof st, &b, NULL) != 0) {
+        conn_drop(c);
+        return REPLICA_IO;
+    }
+    if (st == REPLICA_OK) return REPLICA_OK;
     conn_drop(c);
     return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
 }

@@ -50,7 +50,7 @@ ReplicaServer *replica_server_start(const char *bind_host, int port, const char 
 int replica_server_port(const ReplicaServer *s);
 /* Fencing: from now on, PUTs of snapshots taken in an epoch < epoch are refused. */
 void replica_server_set_min_epoch(ReplicaServer *s, int64_t epoch);
-/* CPU time the holder's threads have spent taking in replicas (PUT and PULL), ms. */
+/* CPU time the holder's threads have spent taking in replicas (PUT, PULL, RESERVE), ms. */
 double replica_server_cpu_ms(ReplicaServer *s);
 /* Closes the socket, ends every connection thread, frees every slot. */
 void replica_server_stop(ReplicaServer *s);
@@ -67,6 +67,7 @@ int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t
 #define REPLICA_REQ_PUT 'P'
 #define REPLICA_REQ_GET 'G'
 #define REPLICA_REQ_PULL 'L'
+#define REPLICA_REQ_RESERVE 'R'
 
 /* A client connection to one holder. After an I/O failure or a refusal it is reopened by
  * the next call, so one ReplicaConn can be kept for the whole job. timeout_ms bounds the
@@ -84,6 +85,11 @@ void replica_close(ReplicaConn *c);
 /* Replicates one generation and waits for the holder's verdict (bounded by timeout_ms).
  * payload must stay unchanged until this returns. */
 replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms);
+/* Tells the holder that h->rank's generations will be h->length bytes (h->step is unused),
+ * so it allocates both slots and faults their pages in now, ahead of the first PUT, rather
+ * than during the first two while training runs. Slots that hold a generation are left
+ * alone. Advisory: a failure only means the first PUTs pay for the page faults. */
+replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_ms);
 /* 1 if the last successful replica_put on c was pulled by the holder, 0 if it went over TCP. */
 int replica_last_put_pulled(const ReplicaConn *c);
 /* Fetches rank's newest verified generation <= max_step (max_step < 0: newest) for job;

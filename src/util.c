@@ -47,6 +47,18 @@ void *alloc_huge(size_t bytes) {
     return p;
 }
 
+void prefault(void *p, size_t len) {
+    if (!p || !len) return;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    /* Older kernels: one write per page (the memory is not ours to keep, so write zeros to a
+     * buffer that callers treat as uninitialised anyway). */
+    volatile unsigned char *c = p;
+    for (size_t off = 0; off < len; off += 4096) c[off] = 0;
+    c[len - 1] = 0;
+}
+
 static char log_role[64] = "deadpool";
 
 void log_set_role(const char *role) { snprintf(log_role, sizeof log_role, "%s", role); }

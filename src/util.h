@@ -26,6 +26,10 @@ void json_escape(const char *s, char *out, size_t len);
  * it. NULL without memory. */
 void *alloc_huge(size_t bytes);
 
+/* Faults in every page of [p, p+len) now, so that the first writes to it do not: a buffer
+ * whose first use lands in a timed loop is prefaulted by a background thread ahead of it. */
+void prefault(void *p, size_t len);
+
 struct iovec;
 /* Writes the parts to path atomically: path.tmp.PID, fsync, rename. A reader sees the old
  * file or the whole new one, never a torn one. 0 / -1 + err. */

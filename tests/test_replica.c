@@ -3,7 +3,8 @@
  * concurrent PUTs and GETs without torn reads, lookup == GET, stored-memory corruption,
  * bounded client calls, reconnecting, and a prompt stop with transfers in flight; the
  * same-machine PULL (used when allowed, refused when the source cannot be trusted or read,
- * the PUT tests again with pulling). Prints the PUT/GET throughput for a 32 MiB payload
+ * the PUT tests again with pulling); RESERVE faulting in an owner's slots ahead of its first
+ * PUT without giving up a held generation. Prints the PUT/GET throughput for a 32 MiB payload
  * (not asserted). */
 #include "checksum.h"
 #include "harness.h"
@@ -689,6 +690,55 @@ static void test_pull_refused_when_unsafe(void) {
 
 /* ---- bounds ---- */
 
+/* Resident memory of this process, bytes. */
+static size_t resident_bytes(void) {
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* RESERVE faults in both slots of an owner up front (the holder's resident memory grows by
+ * 2 x length at once, not during the first PUTs), never gives up a held generation, and
+ * refuses a header of another job. */
+static void test_reserve_prepares_slots_and_keeps_generations(void) {
+    ReplicaServer *s = start_server();
+    ReplicaConn *c = s ? connect_to(s) : NULL;
+    if (!c) { replica_server_stop(s); return; }
+    /* above glibc's largest dynamic mmap threshold (32 MiB): the slots are fresh pages, never
+     * heap memory an earlier test already touched */
+    const size_t small = 100000, big = 40u << 20;
+    CHECK(put_gen(c, 1, 5, small) == REPLICA_OK, "PUT rank 1 step 5");
+
+    SnapHeader h = make_header(JOB, 2, -1, "", 0);
+    h.length = big;
+    snap_header_seal(&h);
+    size_t before = resident_bytes();
+    replica_status st = replica_reserve(c, &h, TIMEOUT_MS);
+    size_t grown = resident_bytes() - before;
+    CHECK(st == REPLICA_OK, "RESERVE rank 2: %s", replica_status_str(st));
+    CHECK(grown >= 2 * big - (1u << 20), "RESERVE of 2 x %zu bytes grew the resident memory by only %zu", big, grown);
+    CHECK(put_gen(c, 2, 0, big) == REPLICA_OK, "PUT after RESERVE");
+    expect_gen(c, 2, -1, 0, big);
+
+    /* rank 1 holds step 5 in one slot: a RESERVE for it must leave that generation alone */
+    h = make_header(JOB, 1, -1, "", 0);
+    h.length = big;
+    snap_header_seal(&h);
+    st = replica_reserve(c, &h, TIMEOUT_MS);
+    CHECK(st == REPLICA_OK, "RESERVE rank 1: %s", replica_status_str(st));
+    expect_gen(c, 1, -1, 5, small);
+
+    h = make_header("otherjob", 3, -1, "", 0);
+    st = replica_reserve(c, &h, TIMEOUT_MS);
+    CHECK(st == REPLICA_REFUSED, "RESERVE of another job: %s, want refused", replica_status_str(st));
+    replica_close(c);
+    replica_server_stop(s);
+}
+
 static void test_client_calls_are_bounded(void) {
     /* a "holder" that accepts and then never answers */
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
@@ -826,6 +876,7 @@ int main(void) {
     RUN_TEST(test_get_detects_memory_corruption);
     RUN_TEST(test_put_waits_for_a_reader_of_its_slot);
     RUN_TEST(test_concurrent_puts_and_gets);
+    RUN_TEST(test_reserve_prepares_slots_and_keeps_generations);
     RUN_TEST(test_client_calls_are_bounded);
     RUN_TEST(test_reconnects_after_holder_restart);
     RUN_TEST(test_stop_with_transfers_in_flight);

@@ -19,8 +19,9 @@
 # a collective now and then, which ends a --ft none run; the timeout costs nothing while all
 # is well, so it does not change what is measured.
 # Besides step time, the deadpool runs report the CPU time the snapshot threads (copy, CRC,
-# send) and the holders' threads (receive or pull, verify) spent, as a share of the CPU time
-# of all workers: the cost itself, without the run-to-run noise of a shared machine.
+# send) and the holders' threads (receive or pull, verify) spent on the generations, as a
+# share of the CPU time of all workers: the cost itself, without the run-to-run noise of a
+# shared machine; and, apart, the one-time CPU of setting up each rank's buffers.
 # usage: [MODES=...] bench/overhead.sh [PAIRS] [STEPS] [DATA]      prints a Markdown report
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,11 @@ ratios() { # mode: mode/none step time, one line per pair
     awk -v a="$(cat "$work/$1-$p.ms")" -v b="$(cat "$work/none-$p.ms")" 'BEGIN{print a/b}'
   done
 }
+ratios_both() { # mode over the geometric mean of the pair's two --ft none runs
+  for p in $(seq "$PAIRS"); do
+    awk -v a="$(cat "$work/$1-$p.ms")" -v b="$(cat "$work/none-$p.ms")" -v c="$(cat "$work/none-again-$p.ms")" 'BEGIN{print a/sqrt(b*c)}'
+  done
+}
 pct() { awk -v r="$1" 'BEGIN{printf "%+.2f%%", (r-1)*100}'; }
 
 echo "| mode | step time (ms), median of runs | vs --ft none: median of paired ratios | mean | lowest | highest |"
@@ -80,6 +86,14 @@ for m in "${MODES[@]}"; do
   [ "$m" = none ] || echo "Paired step-time ratios $m/none, pair by pair: $(ratios "$m" | awk '{printf "%.4f ", $1}')"
   echo
 done
+if [[ " ${MODES[*]} " == *" none-again "* ]]; then
+  for m in deadpool dp-tcp disk1 disk10; do
+    [[ " ${MODES[*]} " == *" $m "* ]] || continue
+    r=$(ratios_both "$m")
+    echo "$m against both --ft none runs of its pair (geometric mean): median $(pct "$(median <<<"$r")"), mean $(pct "$(awk '{s+=$1} END {print s/NR}' <<<"$r")")"
+    echo
+  done
+fi
 for m in deadpool dp-tcp; do
   [[ " ${MODES[*]} " == *" $m "* ]] || continue
   echo "$m: snapshot and holder threads used $(cat "$work"/$m-*.share | median)% of the workers' CPU time (median of runs; runs: $(cat "$work"/$m-*.share | tr '\n' ' '))"
@@ -91,8 +105,10 @@ for m in deadpool dp-tcp; do
   grep -h '"event":"snapshot_stats"' "$work"/$m-*/events.jsonl | awk -v m="$m" '
     function f(k,   v) { if (!match($0, "\"" k "\":[0-9.]+")) return 0; v = substr($0, RSTART, RLENGTH); sub(/.*:/, "", v); return v }
     { n++; caps += f("captures"); bcs += f("bytes_copied"); brs += f("bytes_replicated"); bps += f("bytes_pulled")
-      cms += f("copy_ms_mean"); rms += f("replicate_ms_mean"); ws += f("waits"); wts += f("wait_ms_total") }
+      cms += f("copy_ms_mean"); rms += f("replicate_ms_mean"); ws += f("waits"); wts += f("wait_ms_total")
+      gcpu += f("cpu_ms") + f("holder_cpu_ms"); wcpu += f("warmup_cpu_ms") }
     END { printf "%s: per rank and step %.1f MiB copied, %.1f MiB replicated (%.0f%% pulled in memory); copy %.1f ms, replication %.1f ms (wall, means over %d rank-runs); the loop waited for a snapshot %d times in %d steps, %.1f ms in total.\n\n",
-          m, bcs / caps / 1048576, brs / caps / 1048576, brs ? 100 * bps / brs : 0, cms / n, rms / n, n, ws, caps, wts }'
+          m, bcs / caps / 1048576, brs / caps / 1048576, brs ? 100 * bps / brs : 0, cms / n, rms / n, n, ws, caps, wts
+          printf "%s: CPU per rank and generation (snapshot thread + its holder) %.1f ms; one-time buffer setup on the snapshot thread %.0f ms per rank (its holder spends about as much on its RESERVE).\n\n", m, gcpu / caps, wcpu / n }'
 done
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u +%F); pairs $PAIRS, steps $STEPS"

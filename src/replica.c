@@ -305,7 +305,7 @@ struct ReplicaServer {
     int n_owners, cap_owners;
     uint64_t next_seq;
     int64_t min_epoch; /* PUTs from older epochs are refused (fenced writers) */
-    double put_cpu_ms; /* CPU time spent in PUTs, PULLs and RESERVEs */
+    double put_cpu_ms; /* CPU time spent in PUTs and PULLs */
     PullSource self;   /* this process as a PULL source would name it */
     int self_known;    /* self is valid: PULLs are possible at all */
 };
@@ -649,7 +649,7 @@ static void *conn_main(void *arg) {
         else if (type == REPLICA_REQ_GET) keep = serve_get(s, c->fd);
         else if (type == REPLICA_REQ_PULL) keep = serve_pull(s, c->fd);
         else if (type == REPLICA_REQ_RESERVE) keep = serve_reserve(s, c->fd);
-        if (type == REPLICA_REQ_PUT || type == REPLICA_REQ_PULL || type == REPLICA_REQ_RESERVE) {
+        if (type == REPLICA_REQ_PUT || type == REPLICA_REQ_PULL) {
             double used = thread_cpu_ms() - cpu0;
             pthread_mutex_lock(&s->mu);
             s->put_cpu_ms += used;

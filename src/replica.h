@@ -50,7 +50,7 @@ ReplicaServer *replica_server_start(const char *bind_host, int port, const char 
 int replica_server_port(const ReplicaServer *s);
 /* Fencing: from now on, PUTs of snapshots taken in an epoch < epoch are refused. */
 void replica_server_set_min_epoch(ReplicaServer *s, int64_t epoch);
-/* CPU time the holder's threads have spent taking in replicas (PUT, PULL, RESERVE), ms. */
+/* CPU time the holder's threads have spent taking in replicas (PUT and PULL; not RESERVE), ms. */
 double replica_server_cpu_ms(ReplicaServer *s);
 /* Closes the socket, ends every connection thread, frees every slot. */
 void replica_server_stop(ReplicaServer *s);

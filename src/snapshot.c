@@ -86,7 +86,7 @@ static void warm_up(Snapshot *s) {
     prefault(s->slots[1].data, s->bytes);
     pthread_mutex_lock(&s->mu);
     s->stats.warmup_ms = now_ms() - t0;
-    s->stats.cpu_ms_total += thread_cpu_ms() - cpu0;
+    s->stats.warmup_cpu_ms = thread_cpu_ms() - cpu0;
     pthread_mutex_unlock(&s->mu);
 }
 

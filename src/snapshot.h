@@ -52,7 +52,7 @@ typedef struct {
     double copy_ms_last, replicate_ms_last;
     double copy_ms_total, replicate_ms_total; /* over every generation, for means */
     double cpu_ms_total;     /* CPU time the snapshot thread spent copying and replicating */
-    double warmup_ms;        /* wall time of setting up the buffers here and on the holders */
+    double warmup_ms, warmup_cpu_ms; /* setting up the buffers here and on the holders: wall, CPU */
     uint64_t bytes_copied, bytes_replicated;
     uint64_t bytes_pulled;   /* part of bytes_replicated that same-machine holders pulled */
 } SnapshotStats;

@@ -133,8 +133,8 @@ Trainer *trainer_create(const JobConfig *cfg, int rank, int size, char *err, siz
         goto fail;
     }
     t->model = gpt2_create(&mc, t->B, T, t->shard * (size_t)size);
-    /* malloc + memset, not calloc: every page is touched now, so restoring a shard into a
-     * warm spare does not pay for page faults during recovery. */
+    /* Zeroed by memset, not left to the kernel: every page is touched now, so restoring a
+     * shard into a warm spare does not pay for page faults during recovery. */
     t->m = alloc_huge(t->shard * sizeof(float));
     t->v = alloc_huge(t->shard * sizeof(float));
     if (t->m) memset(t->m, 0, t->shard * sizeof(float));

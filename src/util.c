@@ -52,8 +52,7 @@ void prefault(void *p, size_t len) {
 #ifdef MADV_POPULATE_WRITE
     if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
 #endif
-    /* Older kernels: one write per page (the memory is not ours to keep, so write zeros to a
-     * buffer that callers treat as uninitialised anyway). */
+    /* Kernels before 5.14: one write per page (callers treat the buffer as uninitialised). */
     volatile unsigned char *c = p;
     for (size_t off = 0; off < len; off += 4096) c[off] = 0;
     c[len - 1] = 0;

@@ -411,12 +411,14 @@ static void report_snapshot_stats(Member *m) {
     event_emit(m->p->ctl, m->p->t0_wall_ms, "snapshot_stats",
                "\"rank\":%d,\"epoch\":%ld,\"captures\":%llu,\"commits\":%llu,\"failures\":%llu,\"waits\":%llu,"
                "\"wait_ms_total\":%.3f,\"bytes_copied\":%llu,\"bytes_replicated\":%llu,\"copy_ms_mean\":%.3f,"
-               "\"replicate_ms_mean\":%.3f,\"bytes_pulled\":%llu,\"cpu_ms\":%.1f,\"holder_cpu_ms\":%.1f,\"warmup_ms\":%.1f",
+               "\"replicate_ms_mean\":%.3f,\"bytes_pulled\":%llu,\"cpu_ms\":%.1f,\"holder_cpu_ms\":%.1f,"
+               "\"warmup_ms\":%.1f,\"warmup_cpu_ms\":%.1f",
                m->rank, m->epoch, (unsigned long long)st.captures, (unsigned long long)st.commits,
                (unsigned long long)st.failures, (unsigned long long)st.waits, st.wait_ms_total,
                (unsigned long long)st.bytes_copied, (unsigned long long)st.bytes_replicated,
                st.captures ? st.copy_ms_total / st.captures : 0.0, st.captures ? st.replicate_ms_total / st.captures : 0.0,
-               (unsigned long long)st.bytes_pulled, st.cpu_ms_total, replica_server_cpu_ms(m->p->replicas), st.warmup_ms);
+               (unsigned long long)st.bytes_pulled, st.cpu_ms_total, replica_server_cpu_ms(m->p->replicas), st.warmup_ms,
+               st.warmup_cpu_ms);
 }
 
 /* --- membership: joining an epoch, recovering from a failure --------------------------- */

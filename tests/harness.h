@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static int th_failed_checks;
 static int th_passed, th_failed;
@@ -29,5 +30,17 @@ static int th_passed, th_failed;
     } while (0)
 
 #define TEST_MAIN_END() return th_failed ? 1 : 0
+
+/* Resident memory of this process in bytes (0 if /proc cannot tell): tests that check a
+ * buffer was faulted in ahead of use compare it before and after. */
+static inline size_t th_resident_bytes(void) {
+    unsigned long size = 0, resident = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
 
 #endif

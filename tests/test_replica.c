@@ -690,17 +690,6 @@ static void test_pull_refused_when_unsafe(void) {
 
 /* ---- bounds ---- */
 
-/* Resident memory of this process, bytes. */
-static size_t resident_bytes(void) {
-    unsigned long size = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
-        fclose(f);
-    }
-    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
-}
-
 /* RESERVE faults in both slots of an owner up front (the holder's resident memory grows by
  * 2 x length at once, not during the first PUTs), never gives up a held generation, and
  * refuses a header of another job. */
@@ -716,9 +705,9 @@ static void test_reserve_prepares_slots_and_keeps_generations(void) {
     SnapHeader h = make_header(JOB, 2, -1, "", 0);
     h.length = big;
     snap_header_seal(&h);
-    size_t before = resident_bytes();
+    size_t before = th_resident_bytes();
     replica_status st = replica_reserve(c, &h, TIMEOUT_MS);
-    size_t grown = resident_bytes() - before;
+    size_t grown = th_resident_bytes() - before;
     CHECK(st == REPLICA_OK, "RESERVE rank 2: %s", replica_status_str(st));
     CHECK(grown >= 2 * big - (1u << 20), "RESERVE of 2 x %zu bytes grew the resident memory by only %zu", big, grown);
     CHECK(put_gen(c, 2, 0, big) == REPLICA_OK, "PUT after RESERVE");

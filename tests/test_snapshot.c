@@ -191,17 +191,6 @@ static void test_rank_killed_mid_replication(void) {
     free(gen0);
 }
 
-/* Resident memory of this process, bytes. */
-static size_t resident_bytes(void) {
-    unsigned long size = 0, resident = 0;
-    FILE *f = fopen("/proc/self/statm", "r");
-    if (f) {
-        if (fscanf(f, "%lu %lu", &size, &resident) != 2) resident = 0;
-        fclose(f);
-    }
-    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
-}
-
 /* Before its first capture the engine has faulted in its own two buffers and had the holder
  * fault in its two slots (here in the same process: 4 x the payload), and says how long
  * that took; the first generation then replicates as usual. */
@@ -217,7 +206,7 @@ static void test_buffers_set_up_before_first_capture(void) {
     ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
     SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 1, .world = 2, .regions = &region, .nregions = 1,
                          .targets = &target, .ntargets = 1, .timeout_ms = 5000};
-    size_t before = resident_bytes();
+    size_t before = th_resident_bytes();
     Snapshot *s = snapshot_create(&sc, err, sizeof err);
     CHECK(s != NULL, "%s", err);
     if (!s) { free(live); replica_server_stop(srv); return; }
@@ -227,7 +216,7 @@ static void test_buffers_set_up_before_first_capture(void) {
         sleep_ms(5);
         snapshot_stats(s, &st);
     } while (st.warmup_ms == 0 && now_ms() < deadline);
-    size_t grown = resident_bytes() - before;
+    size_t grown = th_resident_bytes() - before;
     CHECK(st.warmup_ms > 0, "buffer set-up not finished within 10 s");
     CHECK(grown >= 4 * n - (4u << 20), "set-up grew the resident memory by %zu bytes, want about 4 x %zu", grown, n);
     snapshot_capture(s, 0);

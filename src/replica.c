@@ -979,6 +979,20 @@ static int conn_ready(ReplicaConn *c, io_bound *b) {
     return c->fd >= 0 ? 0 : -1;
 }
 
+/* Sends a whole request and reads the holder's int32 status. OK and `keeps` (a second
+ * status after which the connection stays usable) are returned as they are; after anything
+ * else the connection is dropped: REFUSED, or IO for a broken or nonsensical reply. */
+static replica_status request_status(ReplicaConn *c, const void *req, size_t len, replica_status keeps, io_bound *b) {
+    int32_t st;
+    if (send_all(c->fd, req, len, b) != 0 || recv_all(c->fd, &st, sizeof st, b, NULL) != 0) {
+        conn_drop(c);
+        return REPLICA_IO;
+    }
+    if (st == REPLICA_OK || st == (int32_t)keeps) return (replica_status)st;
+    conn_drop(c);
+    return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
+}
+
 /* Asks the holder to pull the payload out of our memory. OK, REFUSED, NO_PULL or IO. */
 static replica_status put_by_pull(ReplicaConn *c, const SnapHeader *h, const void *payload, io_bound *b) {
     unsigned char req[1 + sizeof(SnapHeader) + sizeof(PullSource)];
@@ -987,14 +1001,7 @@ static replica_status put_by_pull(ReplicaConn *c, const SnapHeader *h, const voi
     req[0] = REPLICA_REQ_PULL;
     memcpy(req + 1, h, sizeof *h);
     memcpy(req + 1 + sizeof *h, &src, sizeof src);
-    int32_t st;
-    if (send_all(c->fd, req, sizeof req, b) != 0 || recv_all(c->fd, &st, sizeof st, b, NULL) != 0) {
-        conn_drop(c);
-        return REPLICA_IO;
-    }
-    if (st == REPLICA_OK || st == REPLICA_NO_PULL) return (replica_status)st;
-    conn_drop(c);
-    return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
+    return request_status(c, req, sizeof req, REPLICA_NO_PULL, b);
 }
 
 replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_ms) {
@@ -1004,14 +1011,7 @@ replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_
     unsigned char req[1 + sizeof(SnapHeader)];
     req[0] = REPLICA_REQ_RESERVE;
     memcpy(req + 1, h, sizeof *h);
-    int32_t st;
-    if (send_all(c->fd, req, sizeof req, &b) != 0 || recv_all(c->fd, &st, sizeof st, &b, NULL) != 0) {
-        conn_drop(c);
-        return REPLICA_IO;
-    }
-    if (st == REPLICA_OK) return REPLICA_OK;
-    conn_drop(c);
-    return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
+    return request_status(c, req, sizeof req, REPLICA_OK, &b);
 }
 
 int replica_last_put_pulled(const ReplicaConn *c) { return c && c->last_pulled; }

@@ -62,6 +62,16 @@ static void copy_regions(Snapshot *s, Slot *slot) {
     slot->header.crc = crc;
 }
 
+/* The connection to holder i, opened now if there is none. NULL if it cannot be reached. */
+static ReplicaConn *target_conn(Snapshot *s, int i) {
+    if (!s->conns[i]) {
+        char err[256];
+        s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, s->cfg.allow_pull, err,
+                                       sizeof err);
+    }
+    return s->conns[i];
+}
+
 /* Runs once when the thread starts, before any capture: has every holder set up its two
  * slots for us, then faults in our own two. Without it the first two generations pay for
  * 4 x bytes of page faults (about 70 ms per 31 MiB here) while training runs; a recovery
@@ -73,14 +83,8 @@ static void warm_up(Snapshot *s) {
     h.step = -1;
     snap_header_seal(&h);
     for (int i = 0; i < s->cfg.ntargets; i++) {
-        char err[256];
-        if (!s->conns[i])
-            s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, s->cfg.allow_pull,
-                                           err, sizeof err);
-        if (s->conns[i] && replica_reserve(s->conns[i], &h, s->cfg.timeout_ms) == REPLICA_IO) {
-            replica_close(s->conns[i]); /* the first generation reconnects */
-            s->conns[i] = NULL;
-        }
+        ReplicaConn *c = target_conn(s, i);
+        if (c) replica_reserve(c, &h, s->cfg.timeout_ms); /* advisory: a failure is retried by the first PUT */
     }
     prefault(s->slots[0].data, s->bytes);
     prefault(s->slots[1].data, s->bytes);
@@ -97,12 +101,7 @@ static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
     for (int i = 0; i < s->cfg.ntargets; i++) {
         replica_status st = REPLICA_IO;
         for (int attempt = 0; attempt < 2 && st == REPLICA_IO; attempt++) {
-            if (!s->conns[i]) {
-                char err[256];
-                s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, s->cfg.allow_pull, err,
-                                               sizeof err);
-                if (!s->conns[i]) continue;
-            }
+            if (!target_conn(s, i)) continue;
             st = replica_put(s->conns[i], &slot->header, slot->data, s->cfg.timeout_ms);
             if (st == REPLICA_OK && replica_last_put_pulled(s->conns[i])) *pulled += s->bytes;
             if (st == REPLICA_IO) {

@@ -22,16 +22,15 @@
 # send) and the holders' threads (receive or pull, verify) spent on the generations, as a
 # share of the CPU time of all workers: the cost itself, without the run-to-run noise of a
 # shared machine; and, apart, the one-time CPU of setting up each rank's buffers.
-# usage: [MODES=...] bench/overhead.sh [PAIRS] [STEPS] [DATA]      prints a Markdown report
+# usage: [MODES=...] [KEEP=DIR] bench/overhead.sh [PAIRS] [STEPS] [DATA]   runs, prints a Markdown report
+#        bench/overhead.sh --report DIR...    the report again, from runs kept with KEEP=DIR; several
+#                                             DIRs pool their pairs (same build and steps, please)
+# KEEP=DIR keeps every run's metrics and events under DIR (it must not exist yet).
+# The report gives, besides the median of the paired ratios, a 90 % bootstrap interval for it
+# (2000 resamples of the pairs, fixed seed): the spread that noise alone allows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PAIRS=${1:-6}
-STEPS=${2:-12}
-DATA=${3:-../shared/data/tinyshakespeare.txt}
-DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
-make -s deadpool
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-read -r -a MODES <<<"${MODES:-none none-again deadpool dp-tcp disk1 disk10}"
+ALL_MODES="none none-again deadpool dp-tcp disk1 disk10"
 mode_args() {
   case $1 in
     none | none-again) echo "--ft none" ;;
@@ -42,6 +41,119 @@ mode_args() {
   esac
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+pct() { awk -v r="$1" 'BEGIN{printf "%+.2f%%", (r-1)*100}'; }
+
+# A run's step time: the median over steps 2.. (step 1 sets up buffers and warms caches).
+run_ms() { tail -n +2 "$1/metrics.jsonl" | grep -o '"step_ms":[0-9.]*' | cut -d: -f2 | median; }
+# Snapshot + holder threads' CPU over all workers' CPU, in percent.
+run_share() {
+  awk '/"event":"snapshot_stats"/ { if (match($0, /"cpu_ms":[0-9.]+/)) s += substr($0, RSTART + 9, RLENGTH - 9)
+                                   if (match($0, /"holder_cpu_ms":[0-9.]+/)) s += substr($0, RSTART + 16, RLENGTH - 16) }
+       /"event":"finish"/ { if (match($0, /"workers_cpu_s":[0-9.]+/)) w = substr($0, RSTART + 16, RLENGTH - 16) }
+       END { if (w > 0) printf "%.3f\n", s / (w * 1000) * 100 }' "$1/events.jsonl"
+}
+# 90 % percentile-bootstrap interval of the median of the numbers on stdin.
+boot_ci() {
+  awk 'BEGIN { srand(42) } { r[NR] = $1 }
+       END { for (b = 1; b <= 2000; b++) {
+               for (i = 1; i <= NR; i++) s[i] = r[int(rand() * NR) + 1]
+               for (i = 2; i <= NR; i++) { x = s[i]; for (j = i - 1; j > 0 && s[j] > x; j--) s[j + 1] = s[j]; s[j + 1] = x }
+               print (NR % 2) ? s[(NR + 1) / 2] : (s[NR / 2] + s[NR / 2 + 1]) / 2 } }' |
+    sort -g | awk 'NR == 101 { lo = $1 } NR == 1900 { hi = $1 } END { print lo, hi }'
+}
+
+# A run counts once it has finished (a copy of a run still going would skew its pair).
+finished() { [ -f "$1/events.jsonl" ] && grep -q '"event":"finish"' "$1/events.jsonl"; }
+# Every kept pair, as DIR/%s-P (a printf pattern for the mode), from the DIRs given.
+pair_runs() {
+  local d f
+  for d in "$@"; do
+    for f in "$d"/none-[0-9]*; do finished "$f" && echo "$d/%s-${f##*-}"; done
+  done
+  return 0
+}
+ratios() { # MODE PAIRS...: MODE's step time over the pair's --ft none run, one line per pair
+  local m=$1 p; shift
+  for p in "$@"; do
+    local a b; a=$(printf "$p" "$m"); b=$(printf "$p" none)
+    finished "$a" && awk -v a="$(run_ms "$a")" -v b="$(run_ms "$b")" 'BEGIN{print a/b}'
+  done
+  return 0
+}
+ratios_both() { # MODE PAIRS...: over the geometric mean of the pair's two --ft none runs
+  local m=$1 p; shift
+  for p in "$@"; do
+    local a b c; a=$(printf "$p" "$m"); b=$(printf "$p" none); c=$(printf "$p" none-again)
+    finished "$a" && finished "$c" &&
+      awk -v a="$(run_ms "$a")" -v b="$(run_ms "$b")" -v c="$(run_ms "$c")" 'BEGIN{print a/sqrt(b*c)}'
+  done
+  return 0
+}
+
+report() {
+  local pairs m r ci
+  mapfile -t pairs < <(pair_runs "$@")
+  [ ${#pairs[@]} -gt 0 ] || { echo "overhead.sh: no kept runs (DIR/none-P/metrics.jsonl) under: $*" >&2; exit 1; }
+  local modes=()
+  for m in $ALL_MODES; do [ -f "$(printf "${pairs[0]}" "$m")/metrics.jsonl" ] && modes+=("$m"); done
+  echo "| mode | step time (ms), median of runs | vs --ft none: median of paired ratios | 90 % interval | mean | lowest | highest | pairs |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+  for m in "${modes[@]}"; do
+    local ms; ms=$(for p in "${pairs[@]}"; do a=$(printf "$p" "$m"); finished "$a" && run_ms "$a"; done | median)
+    if [ "$m" = none ]; then echo "| $m: $(mode_args "$m") | $ms | | | | | | ${#pairs[@]} |"; continue; fi
+    r=$(ratios "$m" "${pairs[@]}"); read -r -a ci <<<"$(boot_ci <<<"$r")"
+    echo "| $m: $(mode_args "$m") | $ms | $(pct "$(median <<<"$r")") | $(pct "${ci[0]}") … $(pct "${ci[1]}") |" \
+      "$(pct "$(awk '{s+=$1} END {print s/NR}' <<<"$r")") | $(pct "$(sort -g <<<"$r" | head -1)") | $(pct "$(sort -g <<<"$r" | tail -1)") | $(wc -l <<<"$r") |"
+  done
+  echo
+  for m in "${modes[@]}"; do
+    [ "$m" = none ] || echo "Paired step-time ratios $m/none, pair by pair: $(ratios "$m" "${pairs[@]}" | awk '{printf "%.4f ", $1}')"
+    echo
+  done
+  if [[ " ${modes[*]} " == *" none-again "* ]]; then
+    for m in deadpool dp-tcp disk1 disk10; do
+      [[ " ${modes[*]} " == *" $m "* ]] || continue
+      r=$(ratios_both "$m" "${pairs[@]}"); read -r -a ci <<<"$(boot_ci <<<"$r")"
+      echo "$m against both --ft none runs of its pair (geometric mean): median $(pct "$(median <<<"$r")") (90 % interval $(pct "${ci[0]}") … $(pct "${ci[1]}")), mean $(pct "$(awk '{s+=$1} END {print s/NR}' <<<"$r")")"
+      echo
+    done
+  fi
+  for m in deadpool dp-tcp; do
+    [[ " ${modes[*]} " == *" $m "* ]] || continue
+    local shares; shares=$(for p in "${pairs[@]}"; do a=$(printf "$p" "$m"); finished "$a" && run_share "$a"; done)
+    echo "$m: snapshot and holder threads used $(median <<<"$shares")% of the workers' CPU time (median of runs; runs: $(tr '\n' ' ' <<<"$shares"))"
+    echo
+    # Snapshot traffic and latency, from the runs' snapshot_stats events.
+    for p in "${pairs[@]}"; do a=$(printf "$p" "$m"); finished "$a" && grep -h '"event":"snapshot_stats"' "$a/events.jsonl"; done | awk -v m="$m" '
+      function f(k,   v) { if (!match($0, "\"" k "\":[0-9.]+")) return 0; v = substr($0, RSTART, RLENGTH); sub(/.*:/, "", v); return v }
+      { n++; caps += f("captures"); bcs += f("bytes_copied"); brs += f("bytes_replicated"); bps += f("bytes_pulled")
+        cms += f("copy_ms_mean"); rms += f("replicate_ms_mean"); ws += f("waits"); wts += f("wait_ms_total")
+        gcpu += f("cpu_ms") + f("holder_cpu_ms"); wcpu += f("warmup_cpu_ms") }
+      END { printf "%s: per rank and step %.1f MiB copied, %.1f MiB replicated (%.0f%% pulled in memory); copy %.1f ms, replication %.1f ms (wall, means over %d rank-runs); the loop waited for a snapshot %d times in %d steps, %.1f ms in total.\n\n",
+            m, bcs / caps / 1048576, brs / caps / 1048576, brs ? 100 * bps / brs : 0, cms / n, rms / n, n, ws, caps, wts
+            printf "%s: CPU per rank and generation (snapshot thread + its holder) %.1f ms; one-time buffer setup on the snapshot thread %.0f ms per rank (its holder spends about as much on its RESERVE).\n\n", m, gcpu / caps, wcpu / n }'
+  done
+}
+
+if [ "${1:-}" = --report ]; then
+  shift
+  report "$@"
+  exit 0
+fi
+
+PAIRS=${1:-6}
+STEPS=${2:-12}
+DATA=${3:-../shared/data/tinyshakespeare.txt}
+DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
+read -r -a MODES <<<"${MODES:-$ALL_MODES}"
+[[ " ${MODES[*]} " == *" none "* ]] || { echo "overhead.sh: MODES must include none (the baseline), found: ${MODES[*]}" >&2; exit 2; }
+make -s deadpool
+if [ -n "${KEEP:-}" ]; then
+  [ -e "$KEEP" ] && { echo "overhead.sh: KEEP=$KEEP exists already; name a new directory" >&2; exit 2; }
+  mkdir -p "$KEEP"; work=$KEEP
+else
+  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+fi
 
 for p in $(seq "$PAIRS"); do
   order=("${MODES[@]}")
@@ -51,64 +163,10 @@ for p in $(seq "$PAIRS"); do
     # shellcheck disable=SC2046
     ./deadpool run --workers 4 --spares 1 --model small --steps "$STEPS" --seed 1 --out "$out" \
       --comm-timeout-ms 30000 $(mode_args "$m") "${DATA_ARGS[@]}" >/dev/null 2>"$out.log" || { cat "$out.log"; exit 1; }
-    tail -n +2 "$out/metrics.jsonl" | grep -o '"step_ms":[0-9.]*' | cut -d: -f2 | median >"$out.ms"
-    # snapshot + holder threads' CPU over all workers' CPU, in percent
-    awk '/"event":"snapshot_stats"/ { if (match($0, /"cpu_ms":[0-9.]+/)) s += substr($0, RSTART + 9, RLENGTH - 9)
-                                     if (match($0, /"holder_cpu_ms":[0-9.]+/)) s += substr($0, RSTART + 16, RLENGTH - 16) }
-         /"event":"finish"/ { if (match($0, /"workers_cpu_s":[0-9.]+/)) w = substr($0, RSTART + 16, RLENGTH - 16) }
-         END { if (w > 0) printf "%.3f\n", s / (w * 1000) * 100 }' "$out/events.jsonl" >"$out.share"
     rm -rf "$out/ckpt"; sync
-    echo "pair $p $m $(cat "$out.ms") ms/step" >&2
+    echo "pair $p $m $(run_ms "$out") ms/step" >&2
   done
 done
 
-ratios() { # mode: mode/none step time, one line per pair
-  for p in $(seq "$PAIRS"); do
-    awk -v a="$(cat "$work/$1-$p.ms")" -v b="$(cat "$work/none-$p.ms")" 'BEGIN{print a/b}'
-  done
-}
-ratios_both() { # mode over the geometric mean of the pair's two --ft none runs
-  for p in $(seq "$PAIRS"); do
-    awk -v a="$(cat "$work/$1-$p.ms")" -v b="$(cat "$work/none-$p.ms")" -v c="$(cat "$work/none-again-$p.ms")" 'BEGIN{print a/sqrt(b*c)}'
-  done
-}
-pct() { awk -v r="$1" 'BEGIN{printf "%+.2f%%", (r-1)*100}'; }
-
-echo "| mode | step time (ms), median of runs | vs --ft none: median of paired ratios | mean | lowest | highest |"
-echo "|---|---:|---:|---:|---:|---:|"
-for m in "${MODES[@]}"; do
-  r=$(ratios "$m")
-  echo "| $m: $(mode_args "$m") | $(cat "$work"/$m-*.ms | median) | $(pct "$(median <<<"$r")") |" \
-    "$(pct "$(awk '{s+=$1} END {print s/NR}' <<<"$r")") | $(pct "$(sort -g <<<"$r" | head -1)") | $(pct "$(sort -g <<<"$r" | tail -1)") |"
-done
-echo
-for m in "${MODES[@]}"; do
-  [ "$m" = none ] || echo "Paired step-time ratios $m/none, pair by pair: $(ratios "$m" | awk '{printf "%.4f ", $1}')"
-  echo
-done
-if [[ " ${MODES[*]} " == *" none-again "* ]]; then
-  for m in deadpool dp-tcp disk1 disk10; do
-    [[ " ${MODES[*]} " == *" $m "* ]] || continue
-    r=$(ratios_both "$m")
-    echo "$m against both --ft none runs of its pair (geometric mean): median $(pct "$(median <<<"$r")"), mean $(pct "$(awk '{s+=$1} END {print s/NR}' <<<"$r")")"
-    echo
-  done
-fi
-for m in deadpool dp-tcp; do
-  [[ " ${MODES[*]} " == *" $m "* ]] || continue
-  echo "$m: snapshot and holder threads used $(cat "$work"/$m-*.share | median)% of the workers' CPU time (median of runs; runs: $(cat "$work"/$m-*.share | tr '\n' ' '))"
-  echo
-done
-# Snapshot traffic and latency, from the deadpool runs' snapshot_stats events.
-for m in deadpool dp-tcp; do
-  [[ " ${MODES[*]} " == *" $m "* ]] || continue
-  grep -h '"event":"snapshot_stats"' "$work"/$m-*/events.jsonl | awk -v m="$m" '
-    function f(k,   v) { if (!match($0, "\"" k "\":[0-9.]+")) return 0; v = substr($0, RSTART, RLENGTH); sub(/.*:/, "", v); return v }
-    { n++; caps += f("captures"); bcs += f("bytes_copied"); brs += f("bytes_replicated"); bps += f("bytes_pulled")
-      cms += f("copy_ms_mean"); rms += f("replicate_ms_mean"); ws += f("waits"); wts += f("wait_ms_total")
-      gcpu += f("cpu_ms") + f("holder_cpu_ms"); wcpu += f("warmup_cpu_ms") }
-    END { printf "%s: per rank and step %.1f MiB copied, %.1f MiB replicated (%.0f%% pulled in memory); copy %.1f ms, replication %.1f ms (wall, means over %d rank-runs); the loop waited for a snapshot %d times in %d steps, %.1f ms in total.\n\n",
-          m, bcs / caps / 1048576, brs / caps / 1048576, brs ? 100 * bps / brs : 0, cms / n, rms / n, n, ws, caps, wts
-          printf "%s: CPU per rank and generation (snapshot thread + its holder) %.1f ms; one-time buffer setup on the snapshot thread %.0f ms per rank (its holder spends about as much on its RESERVE).\n\n", m, gcpu / caps, wcpu / n }'
-done
+report "$work"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u +%F); pairs $PAIRS, steps $STEPS"

@@ -1,8 +1,9 @@
 /* snapshot.h — per-iteration in-memory snapshots with ping-pong buffers and replication.
  *
- * After the optimizer update of step k the trainer calls snapshot_capture(k). A background
- * thread copies the live state into the free one of two host buffers (checksumming as it
- * copies), then sends it to every replica holder and waits for their verdicts. Generation k
+ * After the optimizer update of step k and its allgather, the trainer calls snapshot_capture(k).
+ * A background thread copies the live state into the free one of two host buffers
+ * (checksumming as it copies), then sends it to every replica holder and waits for their
+ * verdicts. Starting after the allgather keeps this work out of a collective. Generation k
  * is committed when the local copy and all replicas are complete and verified; until then the
  * other buffer keeps the previous committed generation untouched.
  *

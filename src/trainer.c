@@ -263,9 +263,9 @@ train_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) 
                  avg * grad_clip_scale(&t->opt, norm), step + 1);
     t->meta.step = step;
     t->meta.next_step = step + 1;
-    if (t->snap) snapshot_capture(t->snap, step);
     st = comm_allgather(comm, params + off, params, t->shard, timeout);
     if (st != COMM_OK) return TRAIN_COMM;
+    if (t->snap) snapshot_capture(t->snap, step);
 
     stats->step = step;
     stats->loss = loss / (float)micro_batches;

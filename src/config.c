@@ -42,6 +42,7 @@ static const OptSpec OPTIONS[] = {
     {"ft", OPT_STR, F(ft), 0, 0, "fault tolerance: deadpool (in-memory snapshots), disk, none"},
     {"ckpt-every", OPT_INT, F(ckpt_every), 0, 1e9, "--ft disk: synchronous checkpoint every K steps"},
     {"persist-every", OPT_INT, F(persist_every), 0, 1e9, "--ft deadpool: persist a committed snapshot every K steps (0 = never)"},
+    {"snapshot-every", OPT_INT, F(snapshot_every), 1, 1e9, "--ft deadpool: snapshot every K steps (default 1; a failure rolls back up to K)"},
     {"replicas", OPT_INT, F(replicas), 0, 16, "replica holders per rank"},
     {"replica-placement", OPT_STR, F(replica_placement), 0, 0, "ring (rank i -> i+1 mod N) or spares"},
     {"replica-transport", OPT_STR, F(replica_transport), 0, 0, "auto (a holder on this machine copies from memory, else TCP) or tcp"},
@@ -77,6 +78,7 @@ void job_config_defaults(JobConfig *c) {
     c->respawn_spares = 1;
     snprintf(c->ft, sizeof c->ft, "deadpool");
     c->replicas = 1;
+    c->snapshot_every = 1;
     snprintf(c->replica_placement, sizeof c->replica_placement, "ring");
     snprintf(c->replica_transport, sizeof c->replica_transport, "auto");
     c->resume_step = -1;
@@ -178,6 +180,11 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
     }
     if (!strcmp(c->ft, "disk") && c->ckpt_every < 1) {
         snprintf(err, errlen, "--ft disk needs --ckpt-every K (K >= 1)");
+        return -1;
+    }
+    if (c->persist_every > 0 && c->persist_every % c->snapshot_every != 0) {
+        snprintf(err, errlen, "--persist-every: expected a multiple of --snapshot-every (%d), found %d", c->snapshot_every,
+                 c->persist_every);
         return -1;
     }
     if (strcmp(c->replica_placement, "ring") && strcmp(c->replica_placement, "spares")) {

@@ -30,6 +30,7 @@ typedef struct {
     char ft[16];          /* fault tolerance: "deadpool", "disk" or "none" */
     int ckpt_every;       /* --ft disk: synchronous checkpoint every K steps */
     int persist_every;    /* --ft deadpool: write a committed snapshot to disk every K steps (0 = never) */
+    int snapshot_every;   /* --ft deadpool: in-memory snapshot after every K-th step (default 1) */
     int replicas;         /* replica holders per rank */
     char replica_placement[16]; /* "ring" (rank i -> i+1..i+R) or "spares" */
     char replica_transport[16]; /* "auto" (same-machine holders pull from memory) or "tcp" */

@@ -265,7 +265,7 @@ train_status trainer_step(Trainer *t, comm_t *comm, int step, StepStats *stats) 
     t->meta.next_step = step + 1;
     st = comm_allgather(comm, params + off, params, t->shard, timeout);
     if (st != COMM_OK) return TRAIN_COMM;
-    if (t->snap) snapshot_capture(t->snap, step);
+    if (t->snap && (step + 1) % t->cfg.snapshot_every == 0) snapshot_capture(t->snap, step);
 
     stats->step = step;
     stats->loss = loss / (float)micro_batches;

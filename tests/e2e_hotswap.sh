@@ -36,6 +36,13 @@ if grep -q '"failure_kind":"hang"' "$WORK/hang_sigstop/events.jsonl" && grep -q 
   ok "hung_worker_fenced_when_it_wakes"
 else notok "hung_worker_fenced_when_it_wakes" "$(grep -E 'fenced|failure' "$WORK/hang_sigstop/events.jsonl")"; fi
 
+# A snapshot every 3 steps: the rollback lands on a captured step, further back, same model.
+expect_recovered snapshot_every_3 1 --spares 1 --snapshot-every 3 --inject kill:2@11
+rb=$(grep -o '"event":"recovered".*' "$WORK/snapshot_every_3/events.jsonl" | grep -o '"rollback_step":[0-9]*' | cut -d: -f2)
+commits=$(grep '"event":"snapshot_stats"' "$WORK/snapshot_every_3/events.jsonl" | grep -o '"commits":[0-9]*' | cut -d: -f2 | sort -u | tr '\n' ' ')
+if [ "$rb" = 9 ]; then ok "snapshot_every_3_rolls_back_to_step_9 (commits per rank and epoch: $commits)"
+else notok "snapshot_every_3_rolls_back_to_step_9" "rollback_step '$rb', commits $commits"; fi
+
 expect_recovered two_nonadjacent_same_step 2 --spares 2 --inject kill:0@10 --inject kill:2@10
 expect_recovered failure_during_recovery 1 --spares 2 --inject kill:2@10 --inject rkill:2@1
 expect_recovered owner_and_holder_with_2_replicas 2 --spares 2 --replicas 2 --inject kill:1@10 --inject kill:2@10

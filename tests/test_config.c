@@ -29,6 +29,15 @@ static void test_bad_values_named(void) {
     CHECK(job_config_set(&c, "warmup", "50", err, sizeof err) == 0, "%s", err);
     CHECK(job_config_set(&c, "steps", "10", err, sizeof err) == 0, "%s", err);
     CHECK(job_config_validate(&c, err, sizeof err) != 0 && strstr(err, "--warmup"), "%s", err);
+    job_config_defaults(&c);
+    CHECK(job_config_set(&c, "snapshot-every", "0", err, sizeof err) != 0 && strstr(err, "--snapshot-every"), "%s", err);
+    CHECK(job_config_set(&c, "snapshot-every", "4", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_set(&c, "persist-every", "6", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_validate(&c, err, sizeof err) != 0 && strstr(err, "--persist-every") && strstr(err, "(4)") &&
+              strstr(err, "found 6"),
+          "%s", err);
+    CHECK(job_config_set(&c, "persist-every", "8", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_validate(&c, err, sizeof err) == 0, "%s", err);
 }
 
 static void test_lr_schedule(void) {

@@ -12,8 +12,8 @@
 # Each pair runs every mode once, in ABBA order (odd pairs forward, even pairs backward), so a
 # machine that drifts faster or slower over the run does not favour one mode. With exactly two
 # modes this order also balances carry-over (each mode follows each mode equally often); with
-# more it does not: `none` never follows `deadpool`, so a run that slows the next one biases
-# the comparison (seen: +1.8 % in forward pairs, +5.6 % in backward ones). For each run,
+# more it does not: `none` never follows `deadpool`, so a run that slowed the next one would
+# bias the comparison. For each run,
 # the median step time over steps 2..STEPS. A mode's overhead is the median over pairs of
 # (mode / none) within the pair; the mean and the range are printed too.
 # Disk runs delete their checkpoints and `sync` after they finish (outside the timing), so
@@ -33,6 +33,7 @@
 # (2000 resamples of the pairs, fixed seed): the spread that noise alone allows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/stats.sh
 ALL_MODES="none none-again deadpool dp-tcp disk1 disk10"
 mode_args() {
   case $1 in
@@ -43,8 +44,6 @@ mode_args() {
     disk10) echo "--ft disk --ckpt-every 10" ;;
   esac
 }
-median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-pct() { awk -v r="$1" 'BEGIN{printf "%+.2f%%", (r-1)*100}'; }
 
 # A run's step time: the median over steps 2.. (step 1 sets up buffers and warms caches).
 run_ms() { tail -n +2 "$1/metrics.jsonl" | grep -o '"step_ms":[0-9.]*' | cut -d: -f2 | median; }
@@ -54,15 +53,6 @@ run_share() {
                                    if (match($0, /"holder_cpu_ms":[0-9.]+/)) s += substr($0, RSTART + 16, RLENGTH - 16) }
        /"event":"finish"/ { if (match($0, /"workers_cpu_s":[0-9.]+/)) w = substr($0, RSTART + 16, RLENGTH - 16) }
        END { if (w > 0) printf "%.3f\n", s / (w * 1000) * 100 }' "$1/events.jsonl"
-}
-# 90 % percentile-bootstrap interval of the median of the numbers on stdin.
-boot_ci() {
-  awk 'BEGIN { srand(42) } { r[NR] = $1 }
-       END { for (b = 1; b <= 2000; b++) {
-               for (i = 1; i <= NR; i++) s[i] = r[int(rand() * NR) + 1]
-               for (i = 2; i <= NR; i++) { x = s[i]; for (j = i - 1; j > 0 && s[j] > x; j--) s[j + 1] = s[j]; s[j + 1] = x }
-               print (NR % 2) ? s[(NR + 1) / 2] : (s[NR / 2] + s[NR / 2 + 1]) / 2 } }' |
-    sort -g | awk 'NR == 101 { lo = $1 } NR == 1900 { hi = $1 } END { print lo, hi }'
 }
 
 # A run counts once it has finished (a copy of a run still going would skew its pair).

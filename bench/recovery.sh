@@ -18,7 +18,7 @@ DATA=${4:-../shared/data/tinyshakespeare.txt}
 DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
 make -s deadpool
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) exit; if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+source bench/stats.sh
 field() { grep -o "\"$1\":[-0-9.]*" | head -1 | cut -d: -f2; }
 
 run() { # name args...

@@ -15,6 +15,7 @@
 #   RUNS deadpool runs of STEPS steps; a --ft none control run after every CONTROL_EVERY-th.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/stats.sh
 RUNS=${1:-12}
 STEPS=${2:-40}
 CONTROL_EVERY=${3:-3}
@@ -42,16 +43,6 @@ samples() {
       awk '{ t[NR] = $1 } END { for (s = 3; s < NR; s += 2) print t[s] / sqrt(t[s - 1] * t[s + 1]) }'
   done
 }
-median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-boot_ci() { # 90 % percentile-bootstrap interval of the median of stdin
-  awk 'BEGIN { srand(42) } { r[NR] = $1 }
-       END { for (b = 1; b <= 2000; b++) {
-               for (i = 1; i <= NR; i++) s[i] = r[int(rand() * NR) + 1]
-               for (i = 2; i <= NR; i++) { x = s[i]; for (j = i - 1; j > 0 && s[j] > x; j--) s[j + 1] = s[j]; s[j + 1] = x }
-               print (NR % 2) ? s[(NR + 1) / 2] : (s[NR / 2] + s[NR / 2 + 1]) / 2 } }' |
-    sort -g | awk 'NR == 101 { lo = $1 } NR == 1900 { hi = $1 } END { print lo, hi }'
-}
-pct() { awk -v r="$1" 'BEGIN{printf "%+.2f%%", (r-1)*100}'; }
 report() { # LABEL RUN...
   local label=$1; shift
   local s ci; s=$(samples "$@"); read -r -a ci <<<"$(boot_ci <<<"$s")"

@@ -15,7 +15,7 @@ DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
 make -s deadpool
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 
-median() { sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+source bench/stats.sh
 
 for rep in $(seq "$REPS"); do
   for w in 1 2 4; do

@@ -6,16 +6,17 @@
 #   none-again the baseline once more: an A/A control that shows the noise of the method
 #   deadpool   per-iteration in-memory snapshots (the default: same-machine holders pull)
 #   dp-tcp     the same, replicas sent over TCP as they would be to another machine
+#   dp-standing --ft deadpool that never snapshots (--snapshot-every 1e9): what the
+#              mode costs with its threads, buffers and holders set up but idle
 #   disk1      synchronous disk checkpoint every step
 #   disk10     synchronous disk checkpoint every 10 steps
 # MODES="none deadpool ..." picks some (none must be among them; default: all).
-# Each pair runs every mode once, in ABBA order (odd pairs forward, even pairs backward), so a
-# machine that drifts faster or slower over the run does not favour one mode. With exactly two
-# modes this order also balances carry-over (each mode follows each mode equally often); with
-# more it does not: `none` never follows `deadpool`, so a run that slowed the next one would
-# bias the comparison. For each run,
-# the median step time over steps 2..STEPS. A mode's overhead is the median over pairs of
-# (mode / none) within the pair; the mean and the range are printed too.
+# Each pair runs every mode once, in the order of the next row of a Williams design: over
+# every k pairs (2k for an odd number k of modes) each mode runs in each position equally often
+# and follows each other mode equally often, so neither a machine that drifts faster or slower
+# over the run nor a run that slows the next one favours a mode. With two modes this is ABBA.
+# For each run, the median step time over steps 2..STEPS. A mode's overhead is the median over
+# pairs of (mode / none) within the pair; the mean and the range are printed too.
 # Disk runs delete their checkpoints and `sync` after they finish (outside the timing), so
 # their writeback does not land in the next run. Every run gets --comm-timeout-ms 30000: a
 # vCPU the hypervisor stalls for over 2 s (the default collective timeout) would otherwise fail
@@ -34,12 +35,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/stats.sh
-ALL_MODES="none none-again deadpool dp-tcp disk1 disk10"
+ALL_MODES="none none-again deadpool dp-tcp dp-standing disk1 disk10"
 mode_args() {
   case $1 in
     none | none-again) echo "--ft none" ;;
     deadpool) echo "--ft deadpool" ;;
     dp-tcp) echo "--ft deadpool --replica-transport tcp" ;;
+    dp-standing) echo "--ft deadpool --snapshot-every 1000000000" ;;
     disk1) echo "--ft disk --ckpt-every 1" ;;
     disk10) echo "--ft disk --ckpt-every 10" ;;
   esac
@@ -65,6 +67,10 @@ pair_runs() {
   done
   return 0
 }
+mode_runs() { # MODE PAIRS...: the finished runs of MODE, one per line (pooled DIRs may lack a mode)
+  local m=$1 p; shift
+  for p in "$@"; do p=$(printf "$p" "$m"); if finished "$p"; then echo "$p"; fi; done
+}
 ratios() { # MODE PAIRS...: MODE's step time over the pair's --ft none run, one line per pair
   local m=$1 p; shift
   for p in "$@"; do
@@ -88,11 +94,11 @@ report() {
   mapfile -t pairs < <(pair_runs "$@")
   [ ${#pairs[@]} -gt 0 ] || { echo "overhead.sh: no kept runs (DIR/none-P/metrics.jsonl) under: $*" >&2; exit 1; }
   local modes=()
-  for m in $ALL_MODES; do [ -f "$(printf "${pairs[0]}" "$m")/metrics.jsonl" ] && modes+=("$m"); done
+  for m in $ALL_MODES; do [ -n "$(mode_runs "$m" "${pairs[@]}")" ] && modes+=("$m"); done
   echo "| mode | step time (ms), median of runs | vs --ft none: median of paired ratios | 90 % interval | mean | lowest | highest | pairs |"
   echo "|---|---:|---:|---:|---:|---:|---:|---:|"
   for m in "${modes[@]}"; do
-    local ms; ms=$(for p in "${pairs[@]}"; do a=$(printf "$p" "$m"); finished "$a" && run_ms "$a"; done | median)
+    local ms; ms=$(for a in $(mode_runs "$m" "${pairs[@]}"); do run_ms "$a"; done | median)
     if [ "$m" = none ]; then echo "| $m: $(mode_args "$m") | $ms | | | | | | ${#pairs[@]} |"; continue; fi
     r=$(ratios "$m" "${pairs[@]}"); read -r -a ci <<<"$(boot_ci <<<"$r")"
     echo "| $m: $(mode_args "$m") | $ms | $(pct "$(median <<<"$r")") | $(pct "${ci[0]}") … $(pct "${ci[1]}") |" \
@@ -104,20 +110,22 @@ report() {
     echo
   done
   if [[ " ${modes[*]} " == *" none-again "* ]]; then
-    for m in deadpool dp-tcp disk1 disk10; do
+    for m in deadpool dp-tcp dp-standing disk1 disk10; do
       [[ " ${modes[*]} " == *" $m "* ]] || continue
-      r=$(ratios_both "$m" "${pairs[@]}"); read -r -a ci <<<"$(boot_ci <<<"$r")"
+      r=$(ratios_both "$m" "${pairs[@]}")
+      [ -n "$r" ] || continue # no pair ran both this mode and none-again
+      read -r -a ci <<<"$(boot_ci <<<"$r")"
       echo "$m against both --ft none runs of its pair (geometric mean): median $(pct "$(median <<<"$r")") (90 % interval $(pct "${ci[0]}") … $(pct "${ci[1]}")), mean $(pct "$(awk '{s+=$1} END {print s/NR}' <<<"$r")")"
       echo
     done
   fi
   for m in deadpool dp-tcp; do
     [[ " ${modes[*]} " == *" $m "* ]] || continue
-    local shares; shares=$(for p in "${pairs[@]}"; do a=$(printf "$p" "$m"); finished "$a" && run_share "$a"; done)
+    local shares; shares=$(for a in $(mode_runs "$m" "${pairs[@]}"); do run_share "$a"; done)
     echo "$m: snapshot and holder threads used $(median <<<"$shares")% of the workers' CPU time (median of runs; runs: $(tr '\n' ' ' <<<"$shares"))"
     echo
     # Snapshot traffic and latency, from the runs' snapshot_stats events.
-    for p in "${pairs[@]}"; do a=$(printf "$p" "$m"); finished "$a" && grep -h '"event":"snapshot_stats"' "$a/events.jsonl"; done | awk -v m="$m" '
+    for a in $(mode_runs "$m" "${pairs[@]}"); do grep -h '"event":"snapshot_stats"' "$a/events.jsonl"; done | awk -v m="$m" '
       function f(k,   v) { if (!match($0, "\"" k "\":[0-9.]+")) return 0; v = substr($0, RSTART, RLENGTH); sub(/.*:/, "", v); return v }
       { n++; caps += f("captures"); bcs += f("bytes_copied"); brs += f("bytes_replicated"); bps += f("bytes_pulled")
         cms += f("copy_ms_mean"); rms += f("replicate_ms_mean"); ws += f("waits"); wts += f("wait_ms_total")
@@ -126,6 +134,24 @@ report() {
             m, bcs / caps / 1048576, brs / caps / 1048576, brs ? 100 * bps / brs : 0, cms / n, rms / n, n, ws, caps, wts
             printf "%s: CPU per rank and generation (snapshot thread + its holder) %.1f ms; one-time buffer setup on the snapshot thread %.0f ms per rank (its holder spends about as much on its RESERVE).\n\n", m, gcpu / caps, wcpu / n }'
   done
+}
+
+# williams_row K R: row R (mod the design's rows) of a Williams design for K treatments, as
+# indices. Row 0 is 0, 1, K-1, 2, K-2, ...; row i adds i (mod K); for odd K the reversed rows
+# follow, which is what balances carry-over there.
+williams_row() {
+  local k=$1 r=$2 rows=$1 i j first=() row=()
+  [ $((k % 2)) -eq 1 ] && rows=$((2 * k))
+  r=$((r % rows))
+  for ((j = 0; j < k; j++)); do
+    if [ $((j % 2)) -eq 1 ]; then first+=($(((j + 1) / 2))); else first+=($(((k - j / 2) % k))); fi
+  done
+  for ((j = 0; j < k; j++)); do row+=($(((first[j] + r) % k))); done
+  if [ "$r" -ge "$k" ]; then
+    for ((j = k - 1; j >= 0; j--)); do echo $(((first[j] + r - k) % k)); done
+  else
+    printf '%s\n' "${row[@]}"
+  fi
 }
 
 if [ "${1:-}" = --report ]; then
@@ -149,8 +175,7 @@ else
 fi
 
 for p in $(seq "$PAIRS"); do
-  order=("${MODES[@]}")
-  if [ $((p % 2)) -eq 0 ]; then order=(); for ((i = ${#MODES[@]} - 1; i >= 0; i--)); do order+=("${MODES[i]}"); done; fi
+  order=(); for i in $(williams_row "${#MODES[@]}" $((p - 1))); do order+=("${MODES[i]}"); done
   for m in "${order[@]}"; do
     out="$work/$m-$p"
     # shellcheck disable=SC2046

@@ -140,18 +140,14 @@ report() {
 # indices. Row 0 is 0, 1, K-1, 2, K-2, ...; row i adds i (mod K); for odd K the reversed rows
 # follow, which is what balances carry-over there.
 williams_row() {
-  local k=$1 r=$2 rows=$1 i j first=() row=()
+  local k=$1 r=$2 rows=$1 j row=()
   [ $((k % 2)) -eq 1 ] && rows=$((2 * k))
   r=$((r % rows))
   for ((j = 0; j < k; j++)); do
-    if [ $((j % 2)) -eq 1 ]; then first+=($(((j + 1) / 2))); else first+=($(((k - j / 2) % k))); fi
+    if [ $((j % 2)) -eq 1 ]; then row+=($((((j + 1) / 2 + r) % k))); else row+=($(((k - j / 2 + r) % k))); fi
   done
-  for ((j = 0; j < k; j++)); do row+=($(((first[j] + r) % k))); done
-  if [ "$r" -ge "$k" ]; then
-    for ((j = k - 1; j >= 0; j--)); do echo $(((first[j] + r - k) % k)); done
-  else
-    printf '%s\n' "${row[@]}"
-  fi
+  if [ "$r" -ge "$k" ]; then for ((j = k - 1; j >= 0; j--)); do echo "${row[j]}"; done
+  else printf '%s\n' "${row[@]}"; fi
 }
 
 if [ "${1:-}" = --report ]; then

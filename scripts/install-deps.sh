@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages DeadPool needs, only when something is missing.
 set -euo pipefail
-pkgs=(build-essential libgloo-dev libhiredis-dev redis-server libopenblas-dev iproute2)
+pkgs=(build-essential pkg-config libgloo-dev libhiredis-dev redis-server libopenblas-dev iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -3,16 +3,25 @@
 
 #include "config.h"
 #include "harness.h"
+#include "inject.h"
 #include "optimizer.h"
+#include "recovery.h"
+#include "runtime.h"
+#include "train_options.h"
 
 static void test_roundtrip(void) {
     JobConfig a, b;
     char err[512], text[65536];
     job_config_defaults(&a);
     CHECK(job_config_set(&a, "workers", "3", err, sizeof err) == 0, "%s", err);
-    CHECK(job_config_set(&a, "lr", "0.000123456789", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_set(&a, "chaos", "0.000123456789", err, sizeof err) == 0, "%s", err);
     CHECK(job_config_set(&a, "seed", "18446744073709551615", err, sizeof err) == 0, "%s", err);
-    CHECK(job_config_set(&a, "data", "/some where/x.txt", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_set(&a, "out", "/some where/x", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_set(&a, "ft", "disk", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_set(&a, "ckpt-every", "3", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_set(&a, "inject", "kill:1@3", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_set(&a, "inject", "stop:2@4", err, sizeof err) == 0, "%s", err);
+    CHECK(!strcmp(a.inject, "kill:1@3,stop:2@4"), "repeated --inject appends: '%s'", a.inject);
     CHECK(job_config_serialize(&a, text, sizeof text) == 0, "serialize");
     CHECK(job_config_parse_lines(&b, text, err, sizeof err) == 0, "%s", err);
     CHECK(memcmp(&a, &b, sizeof a) == 0, "config differs after round trip");
@@ -26,9 +35,14 @@ static void test_bad_values_named(void) {
     CHECK(job_config_set(&c, "workers", "0", err, sizeof err) != 0 && strstr(err, "--workers"), "%s", err);
     CHECK(job_config_set(&c, "seed", "-1", err, sizeof err) != 0 && strstr(err, "--seed"), "%s", err);
     CHECK(job_config_set(&c, "bogus", "1", err, sizeof err) != 0 && strstr(err, "--bogus"), "%s", err);
-    CHECK(job_config_set(&c, "warmup", "50", err, sizeof err) == 0, "%s", err);
-    CHECK(job_config_set(&c, "steps", "10", err, sizeof err) == 0, "%s", err);
-    CHECK(job_config_validate(&c, err, sizeof err) != 0 && strstr(err, "--warmup"), "%s", err);
+    CHECK(job_config_set(&c, "workers", "1025", err, sizeof err) != 0 && strstr(err, "--workers") && strstr(err, "1024"),
+          "one limit for --workers and every per-rank array: %s", err);
+    CHECK(job_config_set(&c, "ft", "cloud", err, sizeof err) != 0 && strstr(err, "--ft") && strstr(err, "deadpool, disk, none"),
+          "%s", err);
+    CHECK(job_config_set(&c, "chaos", "nan", err, sizeof err) != 0 && strstr(err, "--chaos"), "non-finite: %s", err);
+    CHECK(job_config_set(&c, "inject", "kill:7@2", err, sizeof err) == 0, "%s", err);
+    CHECK(job_config_validate(&c, err, sizeof err) != 0 && strstr(err, "kill:7@2") && strstr(err, "found 7"),
+          "a fault for a rank the job does not have: %s", err);
     job_config_defaults(&c);
     CHECK(job_config_set(&c, "snapshot-every", "0", err, sizeof err) != 0 && strstr(err, "--snapshot-every"), "%s", err);
     CHECK(job_config_set(&c, "snapshot-every", "4", err, sizeof err) == 0, "%s", err);
@@ -38,6 +52,61 @@ static void test_bad_values_named(void) {
           "%s", err);
     CHECK(job_config_set(&c, "persist-every", "8", err, sizeof err) == 0, "%s", err);
     CHECK(job_config_validate(&c, err, sizeof err) == 0, "%s", err);
+}
+
+static void test_train_options(void) {
+    TrainOptions o;
+    char err[512];
+    train_options_defaults(&o);
+    char *args[] = {"--model", "small", "--lr=3e-4", "--warmup", "50"};
+    CHECK(train_options_parse_args(&o, 5, args, err, sizeof err) == 0, "%s", err);
+    CHECK(!strcmp(o.model, "small") && o.lr == 3e-4f && o.warmup == 50, "parsed %s %g %d", o.model, o.lr, o.warmup);
+    CHECK(train_options_validate(&o, 10, err, sizeof err) != 0 && strstr(err, "--warmup"), "%s", err);
+    CHECK(train_options_set(&o, "lr", "nan", err, sizeof err) != 0 && strstr(err, "--lr") && strstr(err, "nan"), "%s", err);
+    CHECK(train_options_set(&o, "lr", "inf", err, sizeof err) != 0, "inf accepted");
+    CHECK(train_options_has("model") && !train_options_has("workers") && job_config_has("workers") &&
+              !job_config_has("model"),
+          "each option belongs to one table");
+}
+
+static void test_inject_grammar(void) {
+    FaultSpec f[INJECT_MAX];
+    char err[256];
+    int n = inject_parse("kill:2@10,stop:1@8,netdown:3@12,rkill:2@1", 4, f, INJECT_MAX, err, sizeof err);
+    CHECK(n == 4, "%d: %s", n, err);
+    CHECK(f[0].kind == FAULT_KILL && f[0].rank == 2 && f[0].at == 10 && f[3].kind == FAULT_RKILL && f[3].at == 1, "fields");
+    CHECK(inject_parse("boom:1@2", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "boom"), "%s", err);
+    CHECK(inject_parse("kill:1@0", 4, f, INJECT_MAX, err, sizeof err) < 0, "step 0");
+    CHECK(inject_parse("kill:1@2;x", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, ";x"), "%s", err);
+    CHECK(inject_netdown_rank("kill:1@2,netdown:3@4") == 3 && inject_netdown_rank("kill:1@2") == -1, "netdown rank");
+}
+
+static void test_holder_list_grammar(void) {
+    Holder h[HOLDERS_MAX] = {{7, "127.0.0.1", 4000}, {12, "node-b.example", 65535}}, back[HOLDERS_MAX];
+    char text[HOLDERS_TEXT_MAX];
+    CHECK(holders_format(h, 2, text, sizeof text) == 0 && !strcmp(text, "7@127.0.0.1:4000,12@node-b.example:65535"), "%s", text);
+    int n = holders_parse(text, back, HOLDERS_MAX);
+    CHECK(n == 2 && back[1].proc == 12 && back[1].port == 65535 && !strcmp(back[1].host, "node-b.example"), "parsed %d", n);
+    CHECK(holders_parse("", back, HOLDERS_MAX) == 0, "empty list");
+    CHECK(holders_parse("7@host", back, HOLDERS_MAX) < 0 && holders_parse("x@h:1", back, HOLDERS_MAX) < 0 &&
+              holders_parse("7@h:99999", back, HOLDERS_MAX) < 0,
+          "malformed lists are refused");
+    char small[10];
+    CHECK(holders_format(h, 2, small, sizeof small) != 0, "a list that does not fit is an error");
+}
+
+static void test_program_argv(void) {
+    JobConfig c;
+    job_config_defaults(&c);
+    char buf[sizeof c.program], *argv[16];
+    snprintf(c.program, sizeof c.program, "%s%c--model%csmall", DP_BUILTIN_PROGRAM, DP_ARG_SEP, DP_ARG_SEP);
+    int n = program_argv(&c, "/bin/deadpool", buf, sizeof buf, argv, 16);
+    CHECK(n == 4 && !strcmp(argv[0], "/bin/deadpool") && !strcmp(argv[1], "train") && !strcmp(argv[3], "small") &&
+              argv[4] == NULL,
+          "built-in trainer: %d", n);
+    snprintf(c.program, sizeof c.program, "build/examples/mlp%c--x y", DP_ARG_SEP);
+    n = program_argv(&c, "/bin/deadpool", buf, sizeof buf, argv, 16);
+    CHECK(n == 2 && !strcmp(argv[0], "build/examples/mlp") && !strcmp(argv[1], "--x y"), "program: %d", n);
 }
 
 static void test_lr_schedule(void) {
@@ -72,6 +141,10 @@ static void test_adamw_matches_reference(void) {
 int main(void) {
     RUN_TEST(test_roundtrip);
     RUN_TEST(test_bad_values_named);
+    RUN_TEST(test_train_options);
+    RUN_TEST(test_inject_grammar);
+    RUN_TEST(test_holder_list_grammar);
+    RUN_TEST(test_program_argv);
     RUN_TEST(test_lr_schedule);
     RUN_TEST(test_adamw_matches_reference);
     TEST_MAIN_END();

@@ -1,0 +1,204 @@
+/* deadpool.h — DeadPool's public API: put any training loop under in-memory fault tolerance.
+ *
+ * A DeadPool job is a set of processes started by `deadpool run [options] -- PROGRAM ARGS`
+ * (or joined by hand with `deadpool worker`): W ranks that train and S warm spares that wait.
+ * Every iteration each rank hands DeadPool its non-reconstructible state (optimizer shard,
+ * cursor, RNG); DeadPool keeps the two newest generations in host memory and replicates them
+ * to peers in the background. When a rank crashes, hangs or loses its network, the survivors
+ * abandon the step, a spare takes the failed rank, every rank restores the newest generation
+ * all of them committed, the collectives are rebuilt and the loop goes on: the job never
+ * restarts, and (for a loop that is deterministic in its step) the result is bit-identical.
+ *
+ * The loop, in full (examples/mlp.c is a complete program):
+ *
+ *     dp_t *dp = dp_init(NULL, err, sizeof err);           // role, rank, world from the job
+ *     build the model for dp_world(dp) ranks;               // warm: spares do this too
+ *     dp_join(dp, &callbacks, err, sizeof err);             // spares block here until needed
+ *     for (;;) {
+ *         dp_status st = DP_OK;
+ *         for (int64_t step = dp_next_step(dp); step < dp_steps(dp) && st == DP_OK; step++) {
+ *             forward + backward;
+ *             st = dp_step_before_reduce(dp, step);         // previous generation committed
+ *             if (st == DP_OK) st = dp_allreduce_sum(dp, grads, n);
+ *             if (st == DP_OK) st = dp_step_before_update(dp); // epoch not closed
+ *             if (st == DP_OK) { optimizer update; st = dp_step_commit(dp, step, &extra, sizeof extra, &metrics); }
+ *         }
+ *         if (st != DP_FAILED || (st = dp_recover(dp, err, sizeof err)) != DP_OK) { finish = st; break; }
+ *     }
+ *     if (finish == DP_OK && dp_rank(dp) == 0) write the model to dp_out_dir(dp);
+ *     return dp_finish(dp, finish);
+ *
+ * Contract. The regions an application reports must not change between dp_step_commit of
+ * step k and the next dp_step_before_reduce (the snapshot of k is copied from them in the
+ * background meanwhile); in a loop shaped as above this holds by construction. Every call
+ * is made from the thread that called dp_init, except the callbacks marked otherwise.
+ * Errors: functions that can fail take `char *err, size_t errlen` and write a one-line
+ * message naming the problem. This header is C11 and C++ compatible. */
+#ifndef DEADPOOL_H
+#define DEADPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DEADPOOL_API_VERSION 1
+
+typedef struct dp dp_t;
+
+typedef enum {
+    DP_OK = 0,
+    DP_ERR = -1,      /* a usage or setup error; err says which */
+    DP_FAILED = 1,    /* the step failed (a peer died, the epoch closed, a holder is lost): call dp_recover */
+    DP_STOPPED = 2,   /* the job is over (stopped, or it cannot continue): leave with dp_finish */
+    DP_FENCED = 3     /* a newer epoch replaced this process (it hung or was cut off): leave */
+} dp_status;
+
+typedef enum {
+    DP_ROLE_INITIAL = 0,   /* a member since the job started (or was resumed from disk) */
+    DP_ROLE_SURVIVOR = 1,  /* a member that rolled back from its own buffers after a failure */
+    DP_ROLE_RECOVERED = 2, /* a spare that took a failed rank and restored its state */
+    DP_ROLE_SPARE = 3      /* a spare still waiting (before dp_join returns) */
+} dp_role;
+
+typedef enum {
+    DP_SHARDED = 0,   /* this rank's own state (a ZeRO shard): snapshotted and replicated by every rank */
+    DP_IDENTICAL = 1  /* the same bytes on every rank: kept by rank 0 only, broadcast to all after a restore */
+} dp_region_kind;
+
+/* One piece of state. ids are the application's and must be unique within a generation. */
+typedef struct {
+    uint32_t id;
+    dp_region_kind kind;
+    void *ptr;
+    size_t len;
+} dp_region;
+
+/* A verified generation handed back to the application: its regions point into DeadPool's
+ * buffer and are valid only during the callback. */
+typedef struct {
+    int64_t step;            /* the 0-based step whose update it follows */
+    int rank, world;
+    const void *extra;       /* the bytes given to dp_step_commit */
+    size_t extra_len;
+    const dp_region *regions;
+    int nregions;
+} dp_generation;
+
+typedef struct {
+    /* Required. Fills out[0..max) with the state as it is now and returns how many regions
+     * (or -1: too many). Asked again at every capture, so state may appear (lazily
+     * allocated optimizer moments) or move between steps. */
+    int (*regions)(void *arg, dp_region *out, int max);
+    /* Puts a generation back into the application: this rank's DP_SHARDED regions, or (the
+     * broadcast after a restore) the DP_IDENTICAL ones. NULL: DeadPool copies each region into
+     * the one with the same id that `regions` reports now (same length required). 0 / -1 + err. */
+    int (*restore)(void *arg, const dp_generation *g, char *err, size_t errlen);
+    /* Back to the initial state (a rollback before the first generation). Required. */
+    void (*reset)(void *arg);
+    /* After a restore, with the new epoch's collectives: rebuild what can be derived from
+     * every rank's state (e.g. allgather the parameter shards). NULL: nothing. DP_OK or
+     * DP_FAILED. */
+    dp_status (*rebuild)(dp_t *dp, void *arg);
+    /* A checkpoint of step `step` has every rank's state on disk in directory `dir`; write the
+     * application's own files there (e.g. the model), reading the states with
+     * dp_checkpoint_read. May run on a DeadPool thread while the loop trains: touch only
+     * immutable application data. NULL: nothing. 0 / -1 + err. */
+    int (*checkpoint)(void *arg, const char *dir, int64_t step, int world, char *err, size_t errlen);
+    void *arg;
+} dp_callbacks;
+
+/* How to reach the job. NULL (or NULL fields) means: from the environment that `deadpool run`
+ * and `deadpool worker` set (DEADPOOL_REDIS, DEADPOOL_JOB, DEADPOOL_RANK or DEADPOOL_SPARE,
+ * DEADPOOL_BIND; the password in DEADPOOL_REDIS_PASSWORD). */
+typedef struct {
+    const char *redis_url;  /* redis://HOST:PORT */
+    const char *job;        /* job id */
+    int spare;              /* 1: join as a spare */
+    int rank;               /* the rank to claim; -1: the first free one */
+    const char *bind_host;  /* the address peers reach this process at (default 127.0.0.1) */
+} dp_options;
+
+/* Connects to the job, registers this process and claims its role. NULL + err. */
+dp_t *dp_init(const dp_options *opts, char *err, size_t errlen);
+/* Becomes a member: an initial member builds the collectives (and, resuming, restores its
+ * state from disk); a spare waits, warm, until a failure hands it a rank, then restores that
+ * rank's state. DP_OK, DP_STOPPED (the job ended first) or DP_ERR + err. */
+dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen);
+/* Leaves the job; returns the process exit status to use (0 done, non-zero otherwise).
+ * `how` is the loop's last status (DP_OK: every step done). Frees dp. */
+int dp_finish(dp_t *dp, dp_status how);
+
+dp_role dp_get_role(const dp_t *dp);
+int dp_rank(const dp_t *dp);            /* -1 while a spare waits */
+int dp_world(const dp_t *dp);
+int64_t dp_next_step(const dp_t *dp);   /* the step to run next (after a join or a recovery) */
+int64_t dp_steps(const dp_t *dp);       /* --steps */
+uint64_t dp_seed(const dp_t *dp);       /* --seed */
+const char *dp_out_dir(const dp_t *dp); /* --out */
+/* The checkpoint directory this job resumed from, NULL if none: the application's own files
+ * (written by its checkpoint callback) are there. */
+const char *dp_resume_dir(const dp_t *dp);
+long dp_epoch(const dp_t *dp);          /* membership epoch: +1 at every recovery */
+/* Redis key prefix and address of the current epoch, for a program that builds its own
+ * collectives: "dp:JOB:eEPOCH:app:". 0 / -1. */
+int dp_store_prefix(const dp_t *dp, char *out, size_t len);
+const char *dp_last_error(const dp_t *dp);
+
+/* --- the step ------------------------------------------------------------------------- */
+
+/* After the forward/backward of `step`, before any communication: fires injected faults,
+ * then waits until the previous generation is committed. DP_OK or DP_FAILED. */
+dp_status dp_step_before_reduce(dp_t *dp, int64_t step);
+/* After the gradient reduction, before the optimizer changes any state: DP_FAILED if the
+ * epoch was closed by a failure elsewhere (nothing has changed yet). */
+dp_status dp_step_before_update(dp_t *dp);
+typedef struct {
+    double loss;       /* mean loss of the step over every rank (reported by rank 0) */
+    double lr, grad_norm;
+    double tokens;     /* samples or tokens the whole job processed in the step, for the rate */
+} dp_metrics;
+/* After the update of `step`: captures generation `step` (the regions, plus `extra` copied
+ * now), or with --ft disk writes a checkpoint; reports the step's metrics (may be NULL).
+ * DP_OK or DP_FAILED. */
+dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra_len, const dp_metrics *m);
+/* 1 once the epoch is closed by a failure elsewhere: a long step may poll it and give up
+ * early (then return DP_FAILED from its loop). Safe from any thread. */
+int dp_aborted(const dp_t *dp);
+/* After DP_FAILED: waits for the coordinator's decision, rolls back to the newest generation
+ * every rank committed (restore, rebuild), and returns DP_OK with dp_next_step set; or
+ * DP_STOPPED / DP_FENCED (leave), DP_ERR + err. */
+dp_status dp_recover(dp_t *dp, char *err, size_t errlen);
+
+/* --- collectives of the current epoch (a fixed-order ring: deterministic) --------------- */
+dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n);
+/* out[r*n .. (r+1)*n) = rank r's in[0..n); in may alias out + rank*n. */
+dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n);
+dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root);
+dp_status dp_barrier(dp_t *dp);
+
+/* --- checkpoints ---------------------------------------------------------------------- */
+/* Reads and verifies (CRC32C) rank's state in checkpoint directory `dir` and calls
+ * fn(arg, g) with it. fn's result, or -1 + err (missing, truncated, corrupt file). */
+int dp_checkpoint_read(const char *dir, int rank, int (*fn)(void *arg, const dp_generation *g), void *arg,
+                       char *err, size_t errlen);
+
+/* Tells the job that the application wrote an output file (e.g. the final model): a
+ * `model_saved` event in events.jsonl. */
+void dp_output_saved(dp_t *dp, const char *path);
+
+/* --- logging -------------------------------------------------------------------------- */
+/* "[deadpool rank R] message" on stderr. */
+void dp_log(const dp_t *dp, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,208 @@
+/* main.c — the `deadpool` command line: `run` (launch a job: the built-in GPT-2 trainer, or
+ * any program after `--`), `worker` (join a job from another host), and `train` (the
+ * built-in trainer as a job's program, started by `run`). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "config.h"
+#include "launcher.h"
+#include "runtime.h"
+#include "train_options.h"
+#include "trainer.h"
+#include "util.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deadpool run [--workers N] [--spares S] [--steps K] [--seed X] [--out DIR] [options]\n"
+            "                    [--model PRESET|FILE] [--data FILE] [trainer options]   (built-in GPT-2 trainer)\n"
+            "       deadpool run [options] -- PROGRAM [ARGS...]                          (your training program)\n"
+            "       deadpool worker --redis URL --job ID [--spare] [--rank R] [--bind HOST]\n"
+            "       deadpool run --help     (every option with its default)\n");
+}
+
+/* Splits "--name=value" / "--name value"; returns the number of argv entries used, 0 on error. */
+static int split_option(int argc, char **argv, int i, char *name, size_t nlen, const char **value) {
+    const char *arg = argv[i];
+    if (strncmp(arg, "--", 2) != 0) {
+        fprintf(stderr, "deadpool: unexpected argument '%s'\n", arg);
+        return 0;
+    }
+    const char *eq = strchr(arg, '=');
+    if (eq) {
+        snprintf(name, nlen, "%.*s", (int)(eq - arg - 2), arg + 2);
+        *value = eq + 1;
+        return 1;
+    }
+    snprintf(name, nlen, "%s", arg + 2);
+    if (i + 1 >= argc) {
+        fprintf(stderr, "deadpool: option --%s needs a value\n", name);
+        return 0;
+    }
+    *value = argv[i + 1];
+    return 2;
+}
+
+/* Appends one argument to the job's program. 0, or -1 with a message. */
+static int program_append(JobConfig *cfg, const char *arg) {
+    size_t used = strlen(cfg->program), len = strlen(arg);
+    if (strchr(arg, DP_ARG_SEP) || strchr(arg, '\n')) {
+        fprintf(stderr, "deadpool: argument '%s' contains a control character\n", arg);
+        return -1;
+    }
+    if (used + len + 2 > sizeof cfg->program) {
+        fprintf(stderr, "deadpool: the program's arguments exceed %zu characters\n", sizeof cfg->program - 1);
+        return -1;
+    }
+    if (used) cfg->program[used++] = DP_ARG_SEP;
+    memcpy(cfg->program + used, arg, len + 1);
+    return 0;
+}
+
+/* --resume DIR: the job's config (its program included) comes from DIR's newest complete
+ * checkpoint; options given on the command line still apply on top of it. */
+static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, size_t errlen) {
+    const char *dir = NULL;
+    for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (!strcmp(argv[i], "--resume") && i + 1 < argc) dir = argv[i + 1];
+        else if (!strncmp(argv[i], "--resume=", 9)) dir = argv[i] + 9;
+    }
+    if (!dir) return 0;
+    int64_t step = checkpoint_latest(dir, err, errlen);
+    if (step < 0) return -1;
+    char path[4200], text[32768];
+    checkpoint_path(path, sizeof path, dir, step, "config.txt");
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    if (!f || n == 0 || n == sizeof text - 1) {
+        snprintf(err, errlen, "%.900s: cannot read the checkpoint's job config (empty, missing or over %zu bytes)", path,
+                 sizeof text - 2);
+        return -1;
+    }
+    text[n] = 0;
+    if (job_config_parse_lines(cfg, text, err, errlen) != 0) return -1;
+    snprintf(cfg->out, sizeof cfg->out, "%s", dir);
+    snprintf(cfg->resume, sizeof cfg->resume, "%s", dir);
+    /* Injected faults belong to the run that asked for them, not to its continuation. */
+    cfg->inject[0] = 0;
+    cfg->chaos = 0.0f;
+    cfg->resume_step = (int)step;
+    return 0;
+}
+
+static int cmd_run(int argc, char **argv) {
+    JobConfig cfg;
+    job_config_defaults(&cfg);
+    char err[1024];
+    if (load_resume_config(argc, argv, &cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "deadpool: --resume: %s\n", err);
+        return 2;
+    }
+    int builtin = !strncmp(cfg.program, DP_BUILTIN_PROGRAM, strlen(DP_BUILTIN_PROGRAM));
+    TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
+    train_options_defaults(&topt);
+    int i = 0;
+    for (; i < argc && strcmp(argv[i], "--") != 0;) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            printf("\noptions of deadpool run:\n");
+            job_config_print_help();
+            printf("\noptions of the built-in GPT-2 trainer (without -- PROGRAM):\n");
+            train_options_print_help();
+            return 0;
+        }
+        char name[64];
+        const char *value;
+        int used = split_option(argc, argv, i, name, sizeof name, &value);
+        if (!used) return 2;
+        if (!strcmp(name, "resume") || !strcmp(name, "resume-step")) { i += used; continue; }
+        if (job_config_has(name)) {
+            if (job_config_set(&cfg, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
+        } else if (train_options_has(name)) {
+            char flag[80];
+            snprintf(flag, sizeof flag, "--%s", name);
+            if (train_options_set(&topt, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
+            if (program_append(&cfg, flag) != 0 || program_append(&cfg, value) != 0) return 2;
+        } else {
+            fprintf(stderr, "deadpool: unknown option --%s (see deadpool run --help)\n", name);
+            return 2;
+        }
+        i += used;
+    }
+    if (i < argc) { /* -- PROGRAM ARGS */
+        if (i + 1 >= argc) { fprintf(stderr, "deadpool: expected a program after --\n"); return 2; }
+        if (strcmp(cfg.program, DP_BUILTIN_PROGRAM) != 0 && cfg.resume[0] == 0) {
+            fprintf(stderr, "deadpool: options of the built-in trainer (--model, --lr, ...) do not apply to a program after --\n");
+            return 2;
+        }
+        cfg.program[0] = 0;
+        builtin = 0;
+        for (int k = i + 1; k < argc; k++)
+            if (program_append(&cfg, argv[k]) != 0) return 2;
+        /* A bare name is looked up on PATH by each process; a path must be there now. */
+        if (strchr(argv[i + 1], '/') && access(argv[i + 1], X_OK) != 0) {
+            fprintf(stderr, "deadpool: %s: not an executable file\n", argv[i + 1]);
+            return 2;
+        }
+    }
+    if (job_config_validate(&cfg, err, sizeof err) != 0 ||
+        (builtin && train_options_validate(&topt, cfg.steps, err, sizeof err) != 0)) {
+        fprintf(stderr, "deadpool: %s\n", err);
+        return 2;
+    }
+    return launcher_run(&cfg);
+}
+
+static int cmd_worker(int argc, char **argv) {
+    WorkerArgs a = {.redis_url = NULL, .job = NULL, .spare = 0, .rank = -1, .bind_host = NULL};
+    for (int i = 0; i < argc;) {
+        if (strcmp(argv[i], "--spare") == 0) { a.spare = 1; i++; continue; }
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { usage(stdout); return 0; }
+        char name[64];
+        const char *value;
+        int used = split_option(argc, argv, i, name, sizeof name, &value);
+        if (!used) return 2;
+        if (strcmp(name, "redis") == 0) a.redis_url = value;
+        else if (strcmp(name, "job") == 0) a.job = value;
+        else if (strcmp(name, "bind") == 0) a.bind_host = value;
+        else if (strcmp(name, "rank") == 0) {
+            char *end;
+            long r = strtol(value, &end, 10);
+            if (*end || r < 0 || r >= DP_MAX_RANKS) {
+                fprintf(stderr, "deadpool worker: --rank: expected an integer in [0, %d), found '%s'\n", DP_MAX_RANKS, value);
+                return 2;
+            }
+            a.rank = (int)r;
+        } else {
+            fprintf(stderr, "deadpool worker: unknown option --%s\n", name);
+            return 2;
+        }
+        i += used;
+    }
+    if (!a.redis_url || !a.job) {
+        fprintf(stderr, "deadpool worker: --redis URL and --job ID are required\n");
+        usage(stderr);
+        return 2;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    return worker_exec(&a, self);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
+    if (strcmp(argv[1], "worker") == 0) return cmd_worker(argc - 2, argv + 2);
+    if (strcmp(argv[1], "train") == 0) return gpt2_main(argc - 2, argv + 2);
+    if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "deadpool: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

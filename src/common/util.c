@@ -1,0 +1,149 @@
+/* util.c — clocks, logging, JSON escaping, directories. */
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+double thread_cpu_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int64_t wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+void *alloc_huge(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    size_t len = bytes ? (bytes + huge - 1) / huge * huge : huge;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, len) != 0) return NULL;
+    /* Only advice: where THP is off the buffer simply keeps 4 KiB pages. */
+    madvise(p, len, MADV_HUGEPAGE);
+    return p;
+}
+
+void prefault(void *p, size_t len) {
+    if (!p || !len) return;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    /* Kernels before 5.14: one write per page (callers treat the buffer as uninitialised). */
+    volatile unsigned char *c = p;
+    for (size_t off = 0; off < len; off += 4096) c[off] = 0;
+    c[len - 1] = 0;
+}
+
+/* The role changes when a spare takes a rank while other threads log: guarded. */
+static char log_role[64] = "deadpool";
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void log_set_role(const char *role) {
+    pthread_mutex_lock(&log_mu);
+    snprintf(log_role, sizeof log_role, "%s", role);
+    pthread_mutex_unlock(&log_mu);
+}
+
+void log_msg(const char *fmt, ...) {
+    char line[2048], role[64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&log_mu);
+    memcpy(role, log_role, sizeof role);
+    pthread_mutex_unlock(&log_mu);
+    fprintf(stderr, "[%s] %s\n", role, line);
+}
+
+void set_err(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+void json_escape(const char *s, char *out, size_t len) {
+    size_t o = 0;
+    for (; *s && o + 7 < len; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') { out[o++] = '\\'; out[o++] = (char)ch; }
+        else if (ch == '\n') { out[o++] = '\\'; out[o++] = 'n'; }
+        else if (ch < 0x20) o += (size_t)snprintf(out + o, len - o, "\\u%04x", ch);
+        else out[o++] = (char)ch;
+    }
+    out[o] = 0;
+}
+
+int mkdir_p(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+int write_file_atomic(const char *path, const struct iovec *parts, int nparts, char *err, size_t errlen) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) { snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno)); return -1; }
+    for (int p = 0; p < nparts; p++) {
+        const char *at = parts[p].iov_base;
+        size_t left = parts[p].iov_len;
+        while (left > 0) {
+            ssize_t w = write(fd, at, left);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                snprintf(err, errlen, "%s: write failed: %s", tmp, strerror(errno));
+                close(fd);
+                unlink(tmp);
+                return -1;
+            }
+            at += w;
+            left -= (size_t)w;
+        }
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        snprintf(err, errlen, "%s: fsync/close failed: %s", tmp, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        snprintf(err, errlen, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}

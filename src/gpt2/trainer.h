@@ -1,0 +1,42 @@
+/* trainer.h — the built-in GPT-2 trainer: one data-parallel rank's loop (ZeRO-1), a client
+ * of deadpool.h and nothing more.
+ *
+ * Per step k on rank r of N, with A micro-batches per rank:
+ *   1. forward + backward on micro-batches r*A .. r*A+A-1 of step k (pure functions of seed, k);
+ *   2. gradients summed over ranks by a ring allreduce (fixed order, timing-independent);
+ *   3. global-norm clipping, then AdamW on this rank's 1/N shard of parameters and moments;
+ *   4. allgather of the updated shards, so every rank holds the same parameters.
+ * Its non-reconstructible state is the rank's parameter shard and AdamW moments (three
+ * DP_SHARDED regions); the data position, learning rate and every random choice are
+ * functions of (seed, step, rank), so no extra state is needed. */
+#ifndef DEADPOOL_TRAINER_H
+#define DEADPOOL_TRAINER_H
+
+#include <stddef.h>
+
+#include "deadpool.h"
+#include "model.h"
+#include "train_options.h"
+
+typedef struct Trainer Trainer;
+
+/* Loads the model (preset + init, an llm.c file, or the resumed checkpoint's model) and the
+ * data for a job of dp_world(dp) ranks. NULL + err on any problem (bad file, vocabulary
+ * mismatch, memory). */
+Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errlen);
+void trainer_free(Trainer *t);
+
+/* DeadPool's callbacks for this trainer (arg = t). */
+dp_callbacks trainer_callbacks(Trainer *t);
+
+/* Runs steps dp_next_step .. dp_steps-1: DP_OK when all are done, else the status that
+ * stopped it (DP_FAILED: recover and call again). */
+dp_status trainer_train(Trainer *t);
+
+/* Writes the current parameters as an llm.c model file. 0 / -1 + err. */
+int trainer_save_model(const Trainer *t, const char *path, char *err, size_t errlen);
+
+/* The built-in trainer as a program (`deadpool train ARGS`, started by `deadpool run`). */
+int gpt2_main(int argc, char **argv);
+
+#endif

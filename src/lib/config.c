@@ -1,0 +1,120 @@
+/* config.c — the job's option table, its checks and (de)serialisation. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "inject.h"
+#include "options.h"
+
+static const char *const FT_NAMES[] = {"deadpool", "disk", "none", NULL};
+static const char *const PLACEMENT_NAMES[] = {"ring", "spares", NULL};
+static const char *const TRANSPORT_NAMES[] = {"auto", "tcp", NULL};
+
+#define F(field) offsetof(JobConfig, field)
+#define S(field) offsetof(JobConfig, field), sizeof(((JobConfig *)0)->field)
+static const OptSpec OPTIONS[] = {
+    {"workers", OPT_INT, F(workers), 0, 1, DP_MAX_RANKS, NULL, "data-parallel worker processes"},
+    {"spares", OPT_INT, F(spares), 0, 0, DP_MAX_RANKS, NULL, "warm spare processes"},
+    {"steps", OPT_INT, F(steps), 0, 1, 1e9, NULL, "optimizer steps"},
+    {"seed", OPT_U64, F(seed), 0, 0, 0, NULL, "seed for initialisation and data sampling"},
+    {"out", OPT_STR, S(out), 0, 0, NULL, "output directory (model.bin, metrics.jsonl, events.jsonl)"},
+    {"redis", OPT_STR, S(redis), 0, 0, NULL, "redis://HOST:PORT, password in DEADPOOL_REDIS_PASSWORD (default: embedded server)"},
+    {"detect-timeout-ms", OPT_INT, F(detect_timeout_ms), 0, 50, 3600000, NULL, "a silent (hung, cut off) process is failed after this"},
+    {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 0, 0, 3600000, NULL, "bound on every collective (0 = detect timeout)"},
+    {"start-timeout-ms", OPT_INT, F(start_timeout_ms), 0, 100, 3600000, NULL, "bound on joining the job"},
+    {"ft", OPT_ENUM, F(ft), 0, 0, 0, FT_NAMES, "fault tolerance: deadpool (in-memory snapshots), disk, none"},
+    {"ckpt-every", OPT_INT, F(ckpt_every), 0, 0, 1e9, NULL, "--ft disk: synchronous checkpoint every K steps"},
+    {"persist-every", OPT_INT, F(persist_every), 0, 0, 1e9, NULL, "--ft deadpool: persist a committed snapshot every K steps (0 = never)"},
+    {"snapshot-every", OPT_INT, F(snapshot_every), 0, 1, 1e9, NULL, "--ft deadpool: snapshot every K steps (a failure rolls back up to K)"},
+    {"replicas", OPT_INT, F(replicas), 0, 0, 16, NULL, "replica holders per rank"},
+    {"replica-placement", OPT_ENUM, F(replica_placement), 0, 0, 0, PLACEMENT_NAMES, "ring (rank i -> i+1 mod N) or spares"},
+    {"replica-transport", OPT_ENUM, F(replica_transport), 0, 0, 0, TRANSPORT_NAMES, "auto (a holder on this machine copies from memory, else TCP) or tcp"},
+    {"resume", OPT_STR, S(resume), 0, 0, NULL, "continue from the newest checkpoint in this directory"},
+    {"resume-step", OPT_INT, F(resume_step), 0, -1, 1e9, NULL, "(internal) the checkpoint step --resume found"},
+    {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left"},
+    {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown:RANK@STEP (mid-step), or rkill:RANK@EPOCH (dies recovering); repeatable"},
+    {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
+    {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used"},
+    {"program", OPT_STR, S(program), 0, 0, NULL, "(internal) the training program and its arguments"},
+};
+#undef F
+#undef S
+static const OptTable TABLE = {OPTIONS, sizeof OPTIONS / sizeof OPTIONS[0]};
+
+void job_config_defaults(JobConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->workers = 4;
+    c->spares = 1;
+    c->steps = 100;
+    c->seed = 1337;
+    snprintf(c->out, sizeof c->out, "out");
+    c->start_timeout_ms = 60000;
+    c->detect_timeout_ms = 2000;
+    c->spare_wait = 30;
+    c->respawn_spares = 1;
+    c->ft = FT_DEADPOOL;
+    c->replicas = 1;
+    c->snapshot_every = 1;
+    c->replica_placement = PLACE_RING;
+    c->replica_transport = TRANSPORT_AUTO;
+    c->resume_step = -1;
+    snprintf(c->program, sizeof c->program, "%s", DP_BUILTIN_PROGRAM);
+}
+
+int job_comm_timeout_ms(const JobConfig *c) { return c->comm_timeout_ms ? c->comm_timeout_ms : c->detect_timeout_ms; }
+
+int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen) {
+    return opt_set(TABLE, c, name, value, err, errlen);
+}
+
+int job_config_has(const char *name) { return opt_find(TABLE, name) != NULL; }
+
+int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
+    if (!c->out[0]) { snprintf(err, errlen, "--out: expected a directory, found nothing"); return -1; }
+    if (!c->program[0]) { snprintf(err, errlen, "expected a program to run, found nothing"); return -1; }
+    if (c->ft == FT_DISK && c->ckpt_every < 1) {
+        snprintf(err, errlen, "--ft disk needs --ckpt-every K (K >= 1)");
+        return -1;
+    }
+    if (c->persist_every > 0 && c->persist_every % c->snapshot_every != 0) {
+        snprintf(err, errlen, "--persist-every: expected a multiple of --snapshot-every (%d), found %d", c->snapshot_every,
+                 c->persist_every);
+        return -1;
+    }
+    if (c->replica_placement == PLACE_SPARES && c->replicas > c->spares) {
+        snprintf(err, errlen, "--replica-placement spares: --replicas %d needs at least that many spares, found --spares %d",
+                 c->replicas, c->spares);
+        return -1;
+    }
+    FaultSpec faults[INJECT_MAX];
+    return inject_parse(c->inject, c->workers, faults, INJECT_MAX, err, errlen) < 0 ? -1 : 0;
+}
+
+int job_config_serialize(const JobConfig *c, char *buf, size_t len) { return opt_serialize(TABLE, c, buf, len); }
+
+int job_config_parse_lines(JobConfig *c, const char *text, char *err, size_t errlen) {
+    job_config_defaults(c);
+    if (opt_parse_lines(TABLE, c, text, 1, err, errlen) != 0) return -1;
+    return job_config_validate(c, err, errlen);
+}
+
+int job_config_program_argv(const JobConfig *c, char *buf, size_t len, char **argv, int max) {
+    snprintf(buf, len, "%s", c->program);
+    int n = 0;
+    char *p = buf;
+    while (p && *p && n < max - 1) {
+        argv[n++] = p;
+        p = strchr(p, DP_ARG_SEP);
+        if (p) *p++ = 0;
+    }
+    argv[n] = NULL;
+    return n;
+}
+
+void job_config_print_help(void) {
+    JobConfig d;
+    job_config_defaults(&d);
+    opt_print_help(TABLE, &d);
+}

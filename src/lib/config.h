@@ -1,0 +1,78 @@
+/* config.h — the job's configuration: every option of `deadpool run` that belongs to the
+ * runtime (the training program's own options belong to the program: the built-in GPT-2
+ * trainer has its table in gpt2/options.c).
+ *
+ * One table (config.c) describes each option once. The launcher parses the command line
+ * with it, stores the result in Redis as "name=value" lines, and every worker — local or on
+ * another host — parses those lines with the same table, so all processes of a job agree. */
+#ifndef DEADPOOL_CONFIG_H
+#define DEADPOOL_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The most ranks (and spares) a job may have: every per-rank array is sized by it and
+ * --workers / --spares are checked against it when parsed. */
+#define DP_MAX_RANKS 1024
+/* Room for the serialised config: every option at its longest. */
+#define JOB_CONFIG_TEXT_MAX 32768
+/* A program and its arguments, joined by this byte (never in an argument we accept). */
+#define DP_ARG_SEP '\x1f'
+/* The program that stands for the built-in GPT-2 trainer in `program`. */
+#define DP_BUILTIN_PROGRAM "@gpt2"
+
+typedef enum { FT_DEADPOOL = 0, FT_DISK = 1, FT_NONE = 2 } ft_mode;
+typedef enum { PLACE_RING = 0, PLACE_SPARES = 1 } replica_placement;
+typedef enum { TRANSPORT_AUTO = 0, TRANSPORT_TCP = 1 } replica_transport;
+
+typedef struct {
+    int workers;          /* data-parallel ranks */
+    int spares;           /* warm spare processes */
+    int steps;            /* optimizer steps to run */
+    uint64_t seed;
+    char out[1024];       /* output directory */
+    char redis[1024];     /* redis URL; "" = embedded redis-server */
+    int detect_timeout_ms;/* heartbeat expiry: a silent process is declared failed after this */
+    int comm_timeout_ms;  /* bound on every collective; 0 = detect_timeout_ms */
+    int start_timeout_ms; /* bound on joining the job (rendezvous, registration) */
+    int ft;               /* ft_mode */
+    int ckpt_every;       /* --ft disk: synchronous checkpoint every K steps */
+    int persist_every;    /* --ft deadpool: write a committed snapshot to disk every K steps (0 = never) */
+    int snapshot_every;   /* --ft deadpool: in-memory snapshot after every K-th step (default 1) */
+    int replicas;         /* replica holders per rank */
+    int replica_placement;/* replica_placement */
+    int replica_transport;/* replica_transport */
+    char resume[1024];    /* directory whose newest checkpoint the job continues from ("" = none) */
+    int resume_step;      /* that checkpoint's step, -1 = fresh start (set by the launcher) */
+    int spare_wait;       /* seconds to wait for a new spare when none is left */
+    char inject[1024];    /* faults, inject.h's grammar */
+    float chaos;          /* probability per step of a random fault (kill or stop) */
+    int respawn_spares;   /* the launcher starts a new local spare for each one consumed */
+    char program[8192];   /* PROGRAM and ARGS joined by DP_ARG_SEP; DP_BUILTIN_PROGRAM first = GPT-2 */
+} JobConfig;
+
+/* Effective collective timeout. */
+int job_comm_timeout_ms(const JobConfig *c);
+
+void job_config_defaults(JobConfig *c);
+
+/* Sets option `name` (without leading dashes) from its text value. 0, or -1 with err
+ * ("--steps: expected an integer in [1, 1e+09], found 'x'"). */
+int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen);
+/* 1 if `name` is one of the job's options. */
+int job_config_has(const char *name);
+/* Checks cross-field constraints after all options are set. 0 / -1 + err. */
+int job_config_validate(const JobConfig *c, char *err, size_t errlen);
+
+/* "name=value\n" lines for every option; job_config_parse_lines reads them back (lines of
+ * other tables are skipped) and validates. */
+int job_config_serialize(const JobConfig *c, char *buf, size_t len);
+int job_config_parse_lines(JobConfig *c, const char *text, char *err, size_t errlen);
+
+/* Splits c->program into argv (pointers into buf, NULL-terminated). The argument count. */
+int job_config_program_argv(const JobConfig *c, char *buf, size_t len, char **argv, int max);
+
+/* Prints the option table (name, default, help) for `deadpool run --help`. */
+void job_config_print_help(void);
+
+#endif

@@ -1,0 +1,931 @@
+/* control.c — the control plane client: Redis URL parsing and the per-job key namespace
+ * "dp:{job}:" (config, process ids, rank claims, spare pool, heartbeats, epoch, state,
+ * event/metric lists) over one blocking hiredis connection per ctl_t.
+ *
+ * Every command is bounded by the timeout given to ctl_connect (redisSetTimeout), so no call
+ * blocks forever. After an I/O error the hiredis context is unusable; the next call
+ * reconnects once before giving up, so a short Redis hiccup costs one failed call, not the
+ * connection. The password is never written into an error message or a log.
+ *
+ * hiredis 0.14 writes with write(2), so a connection the server has closed raises SIGPIPE:
+ * processes using this file must ignore SIGPIPE (launcher and worker do). */
+#include "control.h"
+#include "util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <hiredis.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#define CTL_JOB_MAX 128
+#define CTL_KEY_MAX 256
+#define CTL_ERR_MAX 512
+#define CTL_DELETE_BATCH 512
+
+struct ctl {
+    redisContext *rc;
+    redis_addr addr;
+    int timeout_ms;
+    char job[CTL_JOB_MAX + 1];
+    char err[CTL_ERR_MAX];
+};
+
+/* ------------------------------------------------------------------------------------- */
+/* small helpers                                                                          */
+/* ------------------------------------------------------------------------------------- */
+
+static void ctl_set_error(ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ctl_set_error(ctl_t *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+}
+
+static struct timeval ms_to_timeval(int ms) {
+    if (ms <= 0) ms = 1;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    return tv;
+}
+
+/* Copies src into dst (capacity cap). 0, or -1 when it does not fit. */
+static int copy_checked(char *dst, size_t cap, const char *src, size_t n) {
+    if (n >= cap) return -1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+    return 0;
+}
+
+static int parse_long(const char *s, size_t n, long *out) {
+    char buf[32];
+    if (n == 0 || n >= sizeof buf) return -1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(buf, &end, 10);
+    if (errno != 0 || *end != '\0') return -1;
+    *out = v;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* URL parsing                                                                            */
+/* ------------------------------------------------------------------------------------- */
+
+/* The URL as it may appear in messages: the password part replaced by "***". */
+static void redact_url(const char *url, char *out, size_t outlen) {
+    const char *scheme_end = strstr(url, "://");
+    const char *auth = scheme_end ? scheme_end + 3 : url;
+    const char *at = strrchr(auth, '@');
+    if (!at) {
+        snprintf(out, outlen, "%s", url);
+        return;
+    }
+    snprintf(out, outlen, "%.*s***%s", (int)(auth - url), url, at);
+}
+
+static int hex_value(int ch) {
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decodes src[0..n) into dst so passwords may contain '@', '/' or ':'.
+ * 0, or -1 on a malformed escape / overflow. */
+static int percent_decode(const char *src, size_t n, char *dst, size_t cap) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int ch = (unsigned char)src[i];
+        if (ch == '%') {
+            if (i + 2 >= n) return -1; /* needs two hex digits */
+            int hi = hex_value((unsigned char)src[i + 1]);
+            int lo = hex_value((unsigned char)src[i + 2]);
+            if (hi < 0 || lo < 0) return -1;
+            ch = hi * 16 + lo;
+            i += 2;
+        }
+        if (ch == 0 || o + 1 >= cap) return -1;
+        dst[o++] = (char)ch;
+    }
+    dst[o] = '\0';
+    return 0;
+}
+
+/* Parses the "user:password" part of the URL (without the '@'). Only an empty user is
+ * accepted because redis_addr has no user name. Messages never include the password. */
+static int parse_userinfo(const char *ui, size_t n, const char *shown, redis_addr *out,
+                          char *err, size_t errlen) {
+    const char *colon = memchr(ui, ':', n);
+    if (!colon) {
+        set_err(err, errlen, "redis URL '%s': credentials must be written ':PASSWORD@'", shown);
+        return -1;
+    }
+    if (colon != ui) {
+        set_err(err, errlen, "redis URL '%s': user names are not supported, write ':PASSWORD@'", shown);
+        return -1;
+    }
+    const char *pw = colon + 1;
+    size_t pwlen = n - (size_t)(pw - ui);
+    if (pwlen == 0) {
+        set_err(err, errlen, "redis URL '%s': empty password", shown);
+        return -1;
+    }
+    if (percent_decode(pw, pwlen, out->password, sizeof out->password) != 0) {
+        set_err(err, errlen, "redis URL '%s': password is too long or has a bad %%-escape", shown);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses "HOST:PORT" or "[IPV6]:PORT" (hostport[0..n)) into out->host / out->port. */
+static int parse_hostport(const char *hp, size_t n, const char *shown, redis_addr *out,
+                          char *err, size_t errlen) {
+    const char *host = hp, *host_end, *rest;
+    if (n > 0 && hp[0] == '[') { /* bracketed IPv6 literal */
+        const char *close = memchr(hp, ']', n);
+        if (!close) {
+            set_err(err, errlen, "redis URL '%s': unterminated '[' in host", shown);
+            return -1;
+        }
+        host = hp + 1;
+        host_end = close;
+        rest = close + 1;
+    } else {
+        /* The last ':' starts the port, so an unbracketed IPv6 literal ("::1:6379", as
+         * "redis://%s:%d" would print it) still parses. */
+        host_end = memrchr(hp, ':', n);
+        if (!host_end) host_end = hp + n;
+        rest = host_end;
+    }
+    size_t hostlen = (size_t)(host_end - host);
+    if (hostlen == 0) {
+        set_err(err, errlen, "redis URL '%s': missing host", shown);
+        return -1;
+    }
+    if (copy_checked(out->host, sizeof out->host, host, hostlen) != 0) {
+        set_err(err, errlen, "redis URL '%s': host name is too long", shown);
+        return -1;
+    }
+    const char *end = hp + n;
+    if (rest >= end || *rest != ':' || rest + 1 == end) {
+        set_err(err, errlen, "redis URL '%s': missing port", shown);
+        return -1;
+    }
+    const char *port = rest + 1;
+    long p = 0;
+    for (const char *q = port; q < end; q++) {
+        if (!isdigit((unsigned char)*q)) {
+            set_err(err, errlen, "redis URL '%s': port must be a number", shown);
+            return -1;
+        }
+    }
+    if (parse_long(port, (size_t)(end - port), &p) != 0 || p < 1 || p > 65535) {
+        set_err(err, errlen, "redis URL '%s': port must be between 1 and 65535", shown);
+        return -1;
+    }
+    out->port = (int)p;
+    return 0;
+}
+
+/* Fills out->password from DEADPOOL_REDIS_PASSWORD when the URL carried none. */
+static int password_from_env(redis_addr *out, char *err, size_t errlen) {
+    const char *env = getenv("DEADPOOL_REDIS_PASSWORD");
+    if (!env || !*env) return 0;
+    if (copy_checked(out->password, sizeof out->password, env, strlen(env)) != 0) {
+        set_err(err, errlen, "DEADPOOL_REDIS_PASSWORD is too long (at most %zu bytes)",
+                sizeof out->password - 1);
+        return -1;
+    }
+    return 0;
+}
+
+int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen) {
+    if (!url || !out) {
+        set_err(err, errlen, "redis URL: missing");
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    char shown[600];
+    redact_url(url, shown, sizeof shown);
+
+    const char *p = url;
+    const char *scheme_end = strstr(url, "://");
+    if (scheme_end) {
+        if ((size_t)(scheme_end - url) != 5 || strncmp(url, "redis", 5) != 0) {
+            set_err(err, errlen, "redis URL '%s': unsupported scheme (expected redis://)", shown);
+            return -1;
+        }
+        p = scheme_end + 3;
+    }
+    size_t n = strlen(p);
+    if (n > 0 && p[n - 1] == '/') n--; /* trailing "/" allowed */
+
+    /* The last '@' separates credentials from the host, so an unescaped '@' in the password
+     * still parses; a '/' before the host would otherwise be taken for a path. */
+    const char *at = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == '@') at = p + i;
+    const char *hp = p;
+    if (at) {
+        if (parse_userinfo(p, (size_t)(at - p), shown, out, err, errlen) != 0) goto fail;
+        hp = at + 1;
+    }
+    size_t hplen = n - (size_t)(hp - p);
+    if (memchr(hp, '/', hplen)) {
+        set_err(err, errlen, "redis URL '%s': unexpected path after the port (database numbers are not supported)", shown);
+        goto fail;
+    }
+    if (hplen == 0) {
+        set_err(err, errlen, "redis URL '%s': missing host", shown);
+        goto fail;
+    }
+    if (parse_hostport(hp, hplen, shown, out, err, errlen) != 0) goto fail;
+    if (out->password[0] == '\0' && password_from_env(out, err, errlen) != 0) goto fail;
+    return 0;
+fail:
+    memset(out->password, 0, sizeof out->password); /* do not leave a half-parsed secret */
+    return -1;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* connection                                                                             */
+/* ------------------------------------------------------------------------------------- */
+
+/* Job names become part of keys and of the SCAN pattern in ctl_job_delete: restricting them
+ * to [A-Za-z0-9._-] keeps one job from matching another ("a" vs "a:b", "a*"). */
+static int job_name_valid(const char *job) {
+    size_t n = strlen(job);
+    if (n == 0 || n > CTL_JOB_MAX) return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)job[i];
+        if (!isalnum(ch) && ch != '.' && ch != '_' && ch != '-') return 0;
+    }
+    return 1;
+}
+
+/* AUTH when a password is set, then PING so that a server requiring a password we lack is
+ * reported now rather than at the first command. */
+static int authenticate_and_ping(redisContext *rc, const char *password, char *err, size_t errlen) {
+    redisReply *r;
+    if (password[0]) {
+        r = redisCommand(rc, "AUTH %s", password);
+        if (!r) {
+            set_err(err, errlen, "redis: AUTH failed: %s", rc->errstr);
+            return -1;
+        }
+        int bad = r->type == REDIS_REPLY_ERROR;
+        freeReplyObject(r);
+        if (bad) {
+            set_err(err, errlen, "redis: authentication failed");
+            return -1;
+        }
+    }
+    r = redisCommand(rc, "PING");
+    if (!r) {
+        set_err(err, errlen, "redis: PING failed: %s", rc->errstr);
+        return -1;
+    }
+    int rc_ok = 0;
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (strncmp(r->str, "NOAUTH", 6) == 0)
+            set_err(err, errlen, "redis: authentication failed: the server requires a password "
+                                 "(put it in the URL or in DEADPOOL_REDIS_PASSWORD)");
+        else
+            set_err(err, errlen, "redis: PING refused: %s", r->str);
+        rc_ok = -1;
+    }
+    freeReplyObject(r);
+    return rc_ok;
+}
+
+/* One connected, authenticated hiredis context with the command timeout set, or NULL. */
+static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *err, size_t errlen) {
+    struct timeval tv = ms_to_timeval(timeout_ms);
+    redisContext *rc = redisConnectWithTimeout(addr->host, addr->port, tv);
+    if (!rc) {
+        set_err(err, errlen, "redis: out of memory connecting to %s:%d", addr->host, addr->port);
+        return NULL;
+    }
+    if (rc->err) {
+        set_err(err, errlen, "redis: cannot connect to %s:%d: %s", addr->host, addr->port, rc->errstr);
+        redisFree(rc);
+        return NULL;
+    }
+    if (redisSetTimeout(rc, tv) != REDIS_OK) {
+        set_err(err, errlen, "redis: cannot set the command timeout: %s", rc->errstr);
+        redisFree(rc);
+        return NULL;
+    }
+    if (authenticate_and_ping(rc, addr->password, err, errlen) != 0) {
+        redisFree(rc);
+        return NULL;
+    }
+    return rc;
+}
+
+ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char *err, size_t errlen) {
+    if (!addr || !job) {
+        set_err(err, errlen, "ctl_connect: missing address or job name");
+        return NULL;
+    }
+    if (!job_name_valid(job)) {
+        set_err(err, errlen, "job name '%.*s': use 1-%d letters, digits, '.', '_' or '-'",
+                CTL_JOB_MAX, job, CTL_JOB_MAX);
+        return NULL;
+    }
+    if (timeout_ms <= 0) {
+        set_err(err, errlen, "ctl_connect: timeout must be positive (got %d ms)", timeout_ms);
+        return NULL;
+    }
+    ctl_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        set_err(err, errlen, "ctl_connect: out of memory");
+        return NULL;
+    }
+    c->addr = *addr;
+    c->timeout_ms = timeout_ms;
+    snprintf(c->job, sizeof c->job, "%s", job);
+    c->rc = open_context(addr, timeout_ms, err, errlen);
+    if (!c->rc) {
+        ctl_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+void ctl_close(ctl_t *c) {
+    if (!c) return;
+    if (c->rc) redisFree(c->rc);
+    memset(c->addr.password, 0, sizeof c->addr.password);
+    free(c);
+}
+
+const char *ctl_job(const ctl_t *c) { return c ? c->job : ""; }
+
+const char *ctl_last_error(const ctl_t *c) { return c ? c->err : "ctl: no connection"; }
+
+/* A context that failed an I/O call (timeout, reset) cannot be reused: hiredis may still
+ * owe us a reply. Replace it by a fresh connection. */
+static int ensure_connected(ctl_t *c) {
+    if (c->rc && c->rc->err == 0) return 0;
+    if (c->rc) {
+        redisFree(c->rc);
+        c->rc = NULL;
+    }
+    char err[CTL_ERR_MAX];
+    c->rc = open_context(&c->addr, c->timeout_ms, err, sizeof err);
+    if (!c->rc) {
+        ctl_set_error(c, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs one command. Returns the reply (caller frees), or NULL with c->err set on I/O error
+ * or when Redis answered with an error. */
+static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
+    if (ensure_connected(c) != 0) return NULL;
+    redisReply *r = redisvCommand(c->rc, fmt, ap);
+    if (!r) {
+        ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+        return NULL;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        ctl_set_error(c, "redis: %s", r->str);
+        freeReplyObject(r);
+        return NULL;
+    }
+    return r;
+}
+
+static redisReply *ctl_command(ctl_t *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = ctl_vcommand(c, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+/* Like ctl_command, but expects an integer reply. 0 and *out, or -1. */
+static int ctl_command_integer(ctl_t *c, long long *out, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = ctl_vcommand(c, fmt, ap);
+    va_end(ap);
+    if (!r) return -1;
+    int rc = 0;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        *out = r->integer;
+    } else {
+        ctl_set_error(c, "redis: unexpected reply type %d (expected an integer)", r->type);
+        rc = -1;
+    }
+    freeReplyObject(r);
+    return rc;
+}
+
+/* Runs a command whose reply carries nothing we need. 0 / -1. */
+static int ctl_command_ok(ctl_t *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = ctl_vcommand(c, fmt, ap);
+    va_end(ap);
+    if (!r) return -1;
+    freeReplyObject(r);
+    return 0;
+}
+
+/* "dp:{job}:{suffix}" into key. */
+static void make_key(const ctl_t *c, char *key, size_t cap, const char *suffix) {
+    snprintf(key, cap, "dp:%s:%s", c->job, suffix);
+}
+
+/* Copies a string reply into out; -1 with c->err set when it does not fit. */
+static int copy_reply_string(ctl_t *c, const redisReply *r, char *out, size_t len, const char *what) {
+    if (copy_checked(out, len, r->str, r->len) != 0) {
+        ctl_set_error(c, "%s: value of %zu bytes does not fit a %zu-byte buffer", what, r->len, len);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* configuration, membership, heartbeats, epoch, state                                    */
+/* ------------------------------------------------------------------------------------- */
+
+int ctl_config_set(ctl_t *c, const char *field, const char *value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "config");
+    return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
+}
+
+int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "config");
+    redisReply *r = ctl_command(c, "HGET %s %s", key, field);
+    if (!r) return -1;
+    int rc = -1;
+    if (r->type == REDIS_REPLY_STRING)
+        rc = copy_reply_string(c, r, value, len, "config");
+    else
+        ctl_set_error(c, "config field '%s' is not set", field);
+    freeReplyObject(r);
+    return rc;
+}
+
+long ctl_new_proc_id(ctl_t *c) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "procs");
+    long long v;
+    if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
+    return (long)v;
+}
+
+int ctl_claim_rank(ctl_t *c, int rank, long proc_id) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    redisReply *r = ctl_command(c, "SET %s %ld NX", key, proc_id);
+    if (!r) return -1;
+    int claimed = r->type == REDIS_REPLY_STATUS; /* "OK"; NIL when the key already exists */
+    freeReplyObject(r);
+    return claimed;
+}
+
+long ctl_rank_owner(ctl_t *c, int rank) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    long owner = 0;
+    if (r->type == REDIS_REPLY_STRING && parse_long(r->str, r->len, &owner) != 0) {
+        ctl_set_error(c, "rank %d: owner '%.*s' is not a process id", rank, (int)r->len, r->str);
+        owner = -1;
+    }
+    freeReplyObject(r);
+    return owner;
+}
+
+int ctl_spare_add(ctl_t *c, long proc_id) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "spares");
+    long long added;
+    return ctl_command_integer(c, &added, "SADD %s %ld", key, proc_id);
+}
+
+int ctl_spare_remove(ctl_t *c, long proc_id) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "spares");
+    long long removed;
+    return ctl_command_integer(c, &removed, "SREM %s %ld", key, proc_id);
+}
+
+long ctl_spare_count(ctl_t *c) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "spares");
+    long long n;
+    if (ctl_command_integer(c, &n, "SCARD %s", key) != 0) return -1;
+    return (long)n;
+}
+
+static int compare_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+int ctl_spare_list(ctl_t *c, long *ids, int max) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "spares");
+    redisReply *r = ctl_command(c, "SMEMBERS %s", key);
+    if (!r) return -1;
+    int n = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && n < max; i++) {
+        long id;
+        if (r->element[i]->type == REDIS_REPLY_STRING && parse_long(r->element[i]->str, r->element[i]->len, &id) == 0)
+            ids[n++] = id;
+    }
+    freeReplyObject(r);
+    qsort(ids, (size_t)n, sizeof *ids, compare_long);
+    return n;
+}
+
+int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, proc_id);
+    return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
+}
+
+int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, proc_id);
+    redisReply *r = ctl_command(c, "HGET %s %s", key, field);
+    if (!r) return -1;
+    int rc = -1;
+    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, "proc");
+    else ctl_set_error(c, "process %ld has no '%s'", proc_id, field);
+    freeReplyObject(r);
+    return rc;
+}
+
+int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:e%ld:committed:%d", c->job, epoch, rank);
+    return ctl_command_ok(c, "SET %s %lld", key, step);
+}
+
+#define MGET_CHUNK 256
+
+/* One MGET of keys[0..n), n <= MGET_CHUNK (argv form: the key count varies). The array reply
+ * of n elements (caller frees), or NULL with c->err set. */
+static redisReply *ctl_mget(ctl_t *c, char (*keys)[CTL_KEY_MAX], int n) {
+    const char *argv[MGET_CHUNK + 1];
+    argv[0] = "MGET";
+    for (int i = 0; i < n; i++) argv[i + 1] = keys[i];
+    if (ensure_connected(c) != 0) return NULL;
+    redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
+    if (!r || r->type != REDIS_REPLY_ARRAY || (int)r->elements != n) {
+        ctl_set_error(c, "redis: MGET of %d keys failed", n);
+        if (r) freeReplyObject(r);
+        return NULL;
+    }
+    return r;
+}
+
+long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
+    long long min = LLONG_MAX;
+    for (int base = 0; base < nranks; base += MGET_CHUNK) {
+        int n = nranks - base < MGET_CHUNK ? nranks - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < n; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
+        redisReply *r = ctl_mget(c, keys, n);
+        if (!r) return -2;
+        for (size_t i = 0; i < r->elements; i++) {
+            long v;
+            if (r->element[i]->type != REDIS_REPLY_STRING || parse_long(r->element[i]->str, r->element[i]->len, &v) != 0) {
+                min = -1; /* a rank has committed nothing */
+                continue;
+            }
+            if (v < min) min = v;
+        }
+        freeReplyObject(r);
+    }
+    return min == LLONG_MAX ? -1 : min;
+}
+
+const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long long b) {
+    switch (k) {
+    case KEY_DECISION: snprintf(buf, len, "decision:%lld", a); break;
+    case KEY_HOLDERS: snprintf(buf, len, "e%lld:holders:%lld", a, b); break;
+    case KEY_FENCED: snprintf(buf, len, "e%lld:fenced", a); break;
+    case KEY_GLOO: snprintf(buf, len, "e%lld:gloo", a); break;
+    case KEY_APP: snprintf(buf, len, "e%lld:app:", a); break;
+    case KEY_TIMING: snprintf(buf, len, "e%lld:timing:%lld", a, b); break;
+    case KEY_INJECTED: snprintf(buf, len, "injected:%lld", a); break;
+    case KEY_CHAOS: snprintf(buf, len, "chaos:%lld", a); break;
+    case KEY_FAULT_LAST: snprintf(buf, len, "fault:last"); break;
+    case KEY_LAST_STEP: snprintf(buf, len, "last_step"); break;
+    case KEY_PERSIST_REQ: snprintf(buf, len, "persist:req"); break;
+    case KEY_PERSISTED: snprintf(buf, len, "persisted:%lld", a); break;
+    default: snprintf(buf, len, "unknown"); break;
+    }
+    return buf;
+}
+
+const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long long a, long long b) {
+    char suffix[CTL_KEY_MAX];
+    make_key(c, buf, len, ctl_key_suffix(suffix, sizeof suffix, k, a, b));
+    return buf;
+}
+
+long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    long long v;
+    if (ctl_command_integer(c, &v, "SADD %s %lld", key, member) != 0) return -1;
+    if (ctl_command_integer(c, &v, "SCARD %s", key) != 0) return -1;
+    return v;
+}
+
+long long ctl_counter_incr(ctl_t *c, const char *name) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, name);
+    long long v;
+    if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
+    return v;
+}
+
+int ctl_set(ctl_t *c, const char *suffix, const char *value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    return ctl_command_ok(c, "SET %s %s", key, value);
+}
+
+int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    int rc = -1;
+    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, suffix);
+    else ctl_set_error(c, "key '%s' is not set", suffix);
+    freeReplyObject(r);
+    return rc;
+}
+
+int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    redisReply *r = ctl_command(c, "SET %s %s NX", key, value);
+    if (!r) return -1;
+    int set = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    return set;
+}
+
+int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    return ctl_command_ok(c, "SET %s %ld", key, proc_id);
+}
+
+int ctl_epoch_set(ctl_t *c, long epoch) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "epoch");
+    return ctl_command_ok(c, "SET %s %ld", key, epoch);
+}
+
+int ctl_notify(ctl_t *c, long proc_id, const char *list, long value) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
+    long long n;
+    return ctl_command_integer(c, &n, "RPUSH %s %ld", key, value);
+}
+
+long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms) {
+    char key[CTL_KEY_MAX], timeout[32];
+    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
+    /* BLPOP takes fractional seconds; the connection's own timeout must be longer. */
+    snprintf(timeout, sizeof timeout, "%.3f", timeout_ms / 1000.0);
+    redisReply *r = ctl_command(c, "BLPOP %s %s", key, timeout);
+    if (!r) return -1;
+    long v = 0;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING &&
+        parse_long(r->element[1]->str, r->element[1]->len, &v) != 0)
+        v = -1;
+    freeReplyObject(r);
+    return v;
+}
+
+int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive) {
+    for (int base = 0; base < n; base += MGET_CHUNK) {
+        int m = n - base < MGET_CHUNK ? n - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < m; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:hb:%ld", c->job, procs[base + i]);
+        redisReply *r = ctl_mget(c, keys, m);
+        if (!r) return -1;
+        for (int i = 0; i < m; i++) alive[base + i] = r->element[i]->type == REDIS_REPLY_STRING;
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
+int ctl_server_config_set(ctl_t *c, const char *param, const char *value) {
+    return ctl_command_ok(c, "CONFIG SET %s %s", param, value);
+}
+
+int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms) {
+    if (ttl_ms <= 0) {
+        ctl_set_error(c, "heartbeat: ttl must be positive (got %d ms)", ttl_ms);
+        return -1;
+    }
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:hb:%ld", c->job, proc_id);
+    return ctl_command_ok(c, "SET %s 1 PX %d", key, ttl_ms);
+}
+
+int ctl_alive(ctl_t *c, long proc_id) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:hb:%ld", c->job, proc_id);
+    long long n;
+    if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) return -1;
+    return n > 0;
+}
+
+long ctl_epoch(ctl_t *c) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "epoch");
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    long epoch = 0; /* absent before the first increment */
+    if (r->type == REDIS_REPLY_STRING && parse_long(r->str, r->len, &epoch) != 0) {
+        ctl_set_error(c, "epoch value '%.*s' is not a number", (int)r->len, r->str);
+        epoch = -1;
+    }
+    freeReplyObject(r);
+    return epoch;
+}
+
+long ctl_epoch_incr(ctl_t *c) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "epoch");
+    long long v;
+    if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
+    return (long)v;
+}
+
+int ctl_state_set(ctl_t *c, const char *state) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "state");
+    return ctl_command_ok(c, "SET %s %s", key, state);
+}
+
+/* An absent state reads as "" (0), so a poller can tell "not set yet" from an error. */
+int ctl_state_get(ctl_t *c, char *state, size_t len) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "state");
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    int rc = 0;
+    if (r->type == REDIS_REPLY_STRING)
+        rc = copy_reply_string(c, r, state, len, "state");
+    else if (len > 0)
+        state[0] = '\0';
+    freeReplyObject(r);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* event and metric lists                                                                 */
+/* ------------------------------------------------------------------------------------- */
+
+static int push_to_list(ctl_t *c, const char *list, const char *json) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, list);
+    long long len;
+    return ctl_command_integer(c, &len, "RPUSH %s %s", key, json);
+}
+
+int ctl_push_event(ctl_t *c, const char *json) { return push_to_list(c, "events", json); }
+
+int ctl_push_metric(ctl_t *c, const char *json) { return push_to_list(c, "metrics", json); }
+
+/* Reads the four pipelined replies of MULTI / LRANGE / LTRIM / EXEC and returns the EXEC
+ * reply (an array whose first element is the LRANGE result), or NULL with c->err set. */
+static redisReply *read_drain_transaction(ctl_t *c) {
+    redisReply *exec = NULL;
+    int failed = 0;
+    for (int i = 0; i < 4; i++) {
+        void *reply = NULL;
+        if (redisGetReply(c->rc, &reply) != REDIS_OK) {
+            ctl_set_error(c, "redis: %s", c->rc->errstr);
+            if (exec) freeReplyObject(exec);
+            return NULL; /* the context is now in error; the next call reconnects */
+        }
+        redisReply *r = reply;
+        if (r->type == REDIS_REPLY_ERROR && !failed) {
+            ctl_set_error(c, "redis: drain: %s", r->str);
+            failed = 1;
+        }
+        if (i == 3) exec = r;
+        else freeReplyObject(r);
+    }
+    if (failed || exec->type != REDIS_REPLY_ARRAY || exec->elements != 2 ||
+        exec->element[0]->type != REDIS_REPLY_ARRAY) {
+        if (!failed) ctl_set_error(c, "redis: drain: transaction was not executed");
+        freeReplyObject(exec);
+        return NULL;
+    }
+    return exec;
+}
+
+int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, void *arg), void *arg) {
+    if (!list || (strcmp(list, "events") != 0 && strcmp(list, "metrics") != 0)) {
+        ctl_set_error(c, "drain: unknown list '%s' (expected \"events\" or \"metrics\")", list ? list : "(null)");
+        return -1;
+    }
+    if (max < 0) {
+        ctl_set_error(c, "drain: max must not be negative (got %d)", max);
+        return -1;
+    }
+    if (max == 0) return 0;
+    if (ensure_connected(c) != 0) return -1;
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, list);
+    /* LRANGE + LTRIM in one transaction: atomic against concurrent pushes, one round trip,
+     * and works on Redis versions without "LPOP key count". */
+    redisAppendCommand(c->rc, "MULTI");
+    redisAppendCommand(c->rc, "LRANGE %s 0 %d", key, max - 1);
+    redisAppendCommand(c->rc, "LTRIM %s %d -1", key, max);
+    redisAppendCommand(c->rc, "EXEC");
+    redisReply *exec = read_drain_transaction(c);
+    if (!exec) return -1;
+    redisReply *items = exec->element[0];
+    int n = (int)items->elements;
+    for (int i = 0; i < n; i++)
+        if (fn && items->element[i]->type == REDIS_REPLY_STRING) fn(items->element[i]->str, arg);
+    freeReplyObject(exec);
+    return n;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* job deletion                                                                           */
+/* ------------------------------------------------------------------------------------- */
+
+/* DEL the keys of one SCAN page (argv built from the reply's strings). */
+static int delete_scan_page(ctl_t *c, const redisReply *keys) {
+    size_t done = 0;
+    while (done < keys->elements) {
+        size_t batch = keys->elements - done;
+        if (batch > CTL_DELETE_BATCH) batch = CTL_DELETE_BATCH;
+        const char *argv[CTL_DELETE_BATCH + 1];
+        size_t argvlen[CTL_DELETE_BATCH + 1];
+        argv[0] = "DEL";
+        argvlen[0] = 3;
+        for (size_t i = 0; i < batch; i++) {
+            argv[i + 1] = keys->element[done + i]->str;
+            argvlen[i + 1] = keys->element[done + i]->len;
+        }
+        redisReply *r = redisCommandArgv(c->rc, (int)batch + 1, argv, argvlen);
+        if (!r) {
+            ctl_set_error(c, "redis: DEL: %s", c->rc->errstr);
+            return -1;
+        }
+        int bad = r->type == REDIS_REPLY_ERROR;
+        if (bad) ctl_set_error(c, "redis: DEL: %s", r->str);
+        freeReplyObject(r);
+        if (bad) return -1;
+        done += batch;
+    }
+    return 0;
+}
+
+/* SCAN (never KEYS, which blocks the server) over "dp:{job}:*" and delete every page. This
+ * also removes the comm layer's rendezvous keys, which live under the same prefix. Deleting
+ * while scanning is safe: SCAN still returns every key that existed for the whole scan. */
+int ctl_job_delete(ctl_t *c) {
+    if (ensure_connected(c) != 0) return -1;
+    char pattern[CTL_KEY_MAX];
+    make_key(c, pattern, sizeof pattern, "*");
+    char cursor[32] = "0";
+    do {
+        redisReply *r = ctl_command(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
+        if (!r) return -1;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY ||
+            copy_checked(cursor, sizeof cursor, r->element[0]->str, r->element[0]->len) != 0) {
+            ctl_set_error(c, "redis: SCAN: unexpected reply");
+            freeReplyObject(r);
+            return -1;
+        }
+        int rc = delete_scan_page(c, r->element[1]);
+        freeReplyObject(r);
+        if (rc != 0) return -1;
+    } while (strcmp(cursor, "0") != 0);
+    return 0;
+}

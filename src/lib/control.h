@@ -1,0 +1,146 @@
+/* control.h — the control plane: one Redis namespace per job.
+ *
+ * Keys live under "dp:{job}:". Each process registers with a unique process id, claims a
+ * role (worker rank i, or spare), keeps a heartbeat key alive with a TTL, and reads the
+ * epoch counter. Events and metrics are appended to lists that the launcher drains into
+ * events.jsonl / metrics.jsonl. A ctl_t is one hiredis connection: not thread-safe; open
+ * one per thread. The password is never logged. */
+#ifndef DEADPOOL_CONTROL_H
+#define DEADPOOL_CONTROL_H
+
+#include <stddef.h>
+
+typedef struct ctl ctl_t;
+
+typedef struct {
+    char host[256];
+    int port;
+    char password[256]; /* "" when none */
+} redis_addr;
+
+/* Parses "redis://[:PASSWORD@]HOST:PORT[/]" (or "HOST:PORT"). When the URL carries no password,
+ * the environment variable DEADPOOL_REDIS_PASSWORD is used. Returns 0, or -1 with err set. */
+int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen);
+
+/* Connects and authenticates, each step bounded by timeout_ms. NULL + err on failure. */
+ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char *err, size_t errlen);
+void ctl_close(ctl_t *c);
+const char *ctl_job(const ctl_t *c);
+const char *ctl_last_error(const ctl_t *c);
+
+/* Job configuration: a string-valued hash dp:{job}:config. Return 0 / -1 (-1 also when absent). */
+int ctl_config_set(ctl_t *c, const char *field, const char *value);
+int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len);
+
+/* A fresh process id, unique within the job (INCR dp:{job}:procs). -1 on error. */
+long ctl_new_proc_id(ctl_t *c);
+/* Claims worker rank `rank` for proc_id if free (SET NX). 1 claimed, 0 taken, -1 error. */
+int ctl_claim_rank(ctl_t *c, int rank, long proc_id);
+/* proc id holding `rank`, 0 if none, -1 on error. */
+long ctl_rank_owner(ctl_t *c, int rank);
+/* Adds / removes proc_id to / from the spare pool (a set). 0 / -1. */
+int ctl_spare_add(ctl_t *c, long proc_id);
+int ctl_spare_remove(ctl_t *c, long proc_id);
+/* Number of processes in the spare pool, -1 on error. */
+long ctl_spare_count(ctl_t *c);
+
+/* Sorted proc ids of the spare pool into ids (up to max). Returns the count, -1 on error. */
+int ctl_spare_list(ctl_t *c, long *ids, int max);
+
+/* Per-process facts (hash dp:{job}:proc:{id}): e.g. "replica" = "host:port", "host". 0 / -1. */
+int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value);
+int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len);
+
+/* The job's key schema: every key is "dp:{job}:" + one of these suffixes, and this is the
+ * only place their names are spelled (control.c has the table). a and b are the numbers a
+ * key carries (epoch, rank, step, index), in the order of the comment. */
+typedef enum {
+    KEY_DECISION,     /* decision:EPOCH — the coordinator's decision text (recovery.h) */
+    KEY_HOLDERS,      /* eEPOCH:holders:RANK — replica holders of RANK (holders.h) */
+    KEY_FENCED,       /* eEPOCH:fenced — the epoch is closed */
+    KEY_GLOO,         /* eEPOCH:gloo — prefix of the epoch's collective rendezvous */
+    KEY_APP,          /* eEPOCH:app: — prefix left to an application's own collectives */
+    KEY_TIMING,       /* eEPOCH:timing:RANK — "restore rebuild resnapshot resumed_wall_ms" */
+    KEY_INJECTED,     /* injected:INDEX — that --inject fault fired */
+    KEY_CHAOS,        /* chaos:STEP — a --chaos fault fired at that step */
+    KEY_FAULT_LAST,   /* fault:last — "kind:rank:wall_ms" of the newest injected fault */
+    KEY_LAST_STEP,    /* last_step — newest step done when the coordinator decided */
+    KEY_PERSIST_REQ,  /* persist:req — "epoch:step:writer_rank:failed,..." (no spare left) */
+    KEY_PERSISTED     /* persisted:STEP — set of ranks whose state of STEP is on disk */
+} ctl_key;
+
+/* The suffix of key k into buf; returns buf. */
+const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long long b);
+/* The whole key "dp:{job}:suffix" (for a store prefix handed to another library). */
+const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long long a, long long b);
+
+/* Adds member to the set under suffix; the set's size after, -1 on error. */
+long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member);
+
+/* Newest committed snapshot generation of each rank in an epoch (dp:{job}:e{epoch}:committed:{rank}). */
+int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step);
+/* Minimum over ranks 0..nranks-1; -1 when some rank has committed nothing; -2 on error. */
+long long ctl_committed_min(ctl_t *c, long epoch, int nranks);
+
+/* INCR of the job counter dp:{job}:{name}; the new value, -1 on error. */
+long long ctl_counter_incr(ctl_t *c, const char *name);
+
+/* Plain job keys dp:{job}:{suffix}: SET / GET / SET NX (1 set, 0 existed, -1 error). */
+int ctl_set(ctl_t *c, const char *suffix, const char *value);
+int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len);
+int ctl_set_nx(ctl_t *c, const char *suffix, const char *value);
+/* Reassigns rank to proc_id (the coordinator's hot-swap; plain SET). 0 / -1. */
+int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id);
+/* Sets the epoch counter (the coordinator publishes a decision). 0 / -1. */
+int ctl_epoch_set(ctl_t *c, long epoch);
+
+/* Wake-ups: the coordinator pushes a value to one of a process's lists ("notice": a decision
+ * is out; "abort": abandon the step in flight); the process waits on it with BLPOP.
+ * ctl_wait_notice returns the value, 0 on timeout, -1 on error. */
+int ctl_notify(ctl_t *c, long proc_id, const char *list, long value);
+long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms);
+
+/* alive[i] = heartbeat of procs[i] present (1) or expired (0), one round trip. 0 / -1. */
+int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive);
+
+/* CONFIG SET on the server (e.g. "bind"): 0 / -1. */
+int ctl_server_config_set(ctl_t *c, const char *param, const char *value);
+
+/* Heartbeat: SET dp:{job}:hb:{proc_id} PX ttl_ms. 0 / -1. */
+int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms);
+/* 1 if the heartbeat key of proc_id is alive, 0 if expired, -1 on error. */
+int ctl_alive(ctl_t *c, long proc_id);
+
+/* Membership epoch: the current value (0 before the first increment) and INCR. -1 on error. */
+long ctl_epoch(ctl_t *c);
+long ctl_epoch_incr(ctl_t *c);
+
+/* Job state string (dp:{job}:state): "running", "stopping", "done", "failed". 0 / -1. */
+int ctl_state_set(ctl_t *c, const char *state);
+int ctl_state_get(ctl_t *c, char *state, size_t len);
+
+/* Appends one JSON line to the job's event / metric list. 0 / -1. */
+int ctl_push_event(ctl_t *c, const char *json);
+int ctl_push_metric(ctl_t *c, const char *json);
+/* Pops up to max items from the list ("events" or "metrics") in order, calling fn for each.
+ * Returns the number popped, -1 on error. */
+int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, void *arg), void *arg);
+
+/* Deletes every key of the job (used by the launcher at the end). 0 / -1. */
+int ctl_job_delete(ctl_t *c);
+
+/* --- embedded redis-server, for `deadpool run` without --redis ------------------------- */
+typedef struct {
+    int pid;
+    int port;
+    char password[65];
+} redis_server;
+
+/* Starts redis-server on a free loopback port with a random password (passed on stdin, never
+ * on the command line), no persistence, and waits (bounded by timeout_ms) until it answers
+ * PING. 0, or -1 with err set (e.g. redis-server not installed). */
+int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen);
+/* SIGTERM, wait up to timeout_ms, then SIGKILL; always reaps the child. */
+void redis_server_stop(redis_server *s, int timeout_ms);
+
+#endif

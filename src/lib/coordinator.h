@@ -1,0 +1,49 @@
+/* coordinator.h — failure detection and the one decision per epoch (runs in the launcher).
+ *
+ * It watches the members of the current epoch (local child exits, heartbeat keys, reported
+ * communication failures), and when members fail it decides the next epoch: a live spare for
+ * each failed rank and the rollback generation (the newest committed by every rank). Its
+ * state is the job's Redis keys (epoch, decisions, committed generations, spare pool), so a
+ * restarted coordinator would find everything it needs there. When no spare is left it
+ * persists the newest committed generation and waits --spare-wait seconds for one.
+ *
+ * The decision itself is decide_next (decide.h), a pure function: the coordinator gathers its
+ * inputs (members, pending failures, committed generations, live spares, replica holders)
+ * from its state and Redis, and acts on the outcome (publish, persist, report). */
+#ifndef DEADPOOL_COORDINATOR_H
+#define DEADPOOL_COORDINATOR_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+#include "control.h"
+
+typedef struct Coordinator Coordinator;
+
+typedef enum { COORD_RUNNING = 0, COORD_FAILED = 1 } coord_state;
+
+Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms);
+void coord_free(Coordinator *c);
+
+/* A local child process exited (waitpid status). */
+void coord_child_exited(Coordinator *c, pid_t pid, int status);
+/* A member reported a failed collective in `epoch`. */
+void coord_comm_failure(Coordinator *c, long epoch);
+/* The newest step the job completed (from the metrics). */
+void coord_progress(Coordinator *c, int step);
+
+/* Periodic work: liveness checks and decisions. *spares_used counts spares consumed since the
+ * last call (the launcher may start replacements). */
+coord_state coord_tick(Coordinator *c, int *spares_used);
+/* How soon coord_tick wants to run again, in ms: short while a failure is being handled,
+ * otherwise when the next liveness check is due. */
+int coord_tick_due_ms(const Coordinator *c);
+/* Why the job cannot continue (after COORD_FAILED). */
+const char *coord_message(const Coordinator *c);
+long coord_epoch(const Coordinator *c);
+/* The first failure the coordinator could not hot-swap (for the --ft disk restart path):
+ * its rank, kind and wall-clock time. -1 if none. */
+int coord_unhandled_failure(const Coordinator *c, char *kind, size_t len, int64_t *t_fail_ms);
+
+#endif

@@ -1,0 +1,150 @@
+/* decide.c — the coordinator's decision: inputs in, outcome and decision out, nothing else. */
+#include "decide.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *decide_outcome_name(decide_outcome o) {
+    switch (o) {
+    case DECIDE_WAIT: return "wait";
+    case DECIDE_SWAP: return "swap";
+    case DECIDE_REBUILD: return "rebuild";
+    case DECIDE_NO_SPARE: return "no_spare";
+    case DECIDE_STATE_LOST: return "state_lost";
+    case DECIDE_NO_FT: return "no_ft";
+    case DECIDE_INVALID: return "invalid";
+    }
+    return "?";
+}
+
+static int compare_long(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* NULL if the input is consistent, else what is wrong with it. */
+static const char *check_input(const DecideInput *in, char *buf, size_t len) {
+    if (in->world < 1 || in->world > DP_MAX_RANKS) {
+        snprintf(buf, len, "decide: world %d out of [1, %d]", in->world, DP_MAX_RANKS);
+        return buf;
+    }
+    if (in->nfailed < 0 || in->nfailed > in->world) {
+        snprintf(buf, len, "decide: %d failures for a world of %d", in->nfailed, in->world);
+        return buf;
+    }
+    if (in->nspares < 0 || in->nspares > DP_MAX_RANKS) {
+        snprintf(buf, len, "decide: %d spares out of [0, %d]", in->nspares, DP_MAX_RANKS);
+        return buf;
+    }
+    for (int i = 0; i < in->nfailed; i++) {
+        const DecideFailure *f = &in->failed[i];
+        if (f->rank < 0 || f->rank >= in->world) {
+            snprintf(buf, len, "decide: failed rank %d out of [0, %d)", f->rank, in->world);
+            return buf;
+        }
+        if (f->nholders < 0 || f->nholders > HOLDERS_MAX) {
+            snprintf(buf, len, "decide: rank %d has %d holders, out of [0, %d]", f->rank, f->nholders, HOLDERS_MAX);
+            return buf;
+        }
+        for (int j = 0; j < i; j++)
+            if (in->failed[j].rank == f->rank) {
+                snprintf(buf, len, "decide: rank %d failed twice", f->rank);
+                return buf;
+            }
+    }
+    return NULL;
+}
+
+/* 1 if a holder of failure i's replicas is alive and is not a failed member itself. */
+static int replica_survives(const DecideInput *in, const DecideFailure *f) {
+    for (int h = 0; h < f->nholders; h++) {
+        long proc = f->holder_proc[h];
+        int dead = !f->holder_alive[h];
+        for (int i = 0; i < in->nfailed && !dead; i++)
+            if (in->procs[in->failed[i].rank] == proc) dead = 1;
+        if (!dead) return 1;
+    }
+    return 0;
+}
+
+static void say(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t whylen, const char *fmt, ...) {
+    if (!why || whylen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+}
+
+decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size_t whylen) {
+    if (why && whylen) why[0] = 0;
+    char bad[160];
+    if (check_input(in, bad, sizeof bad)) {
+        say(why, whylen, "%s", bad);
+        return DECIDE_INVALID;
+    }
+    /* Nothing failed: only a failed collective that lasted long enough leads anywhere. */
+    if (in->nfailed == 0 && !in->suspicion_due) return DECIDE_WAIT;
+
+    memset(out, 0, sizeof *out);
+    out->epoch = in->epoch + 1;
+    out->world = in->world;
+    out->rollback = in->committed_min > in->restore_point ? in->committed_min : in->restore_point;
+    memcpy(out->procs, in->procs, sizeof(long) * (size_t)in->world);
+    out->t_fail_ms = in->nfailed ? in->failed[0].t_fail_ms : in->now_wall_ms;
+    out->t_detect_ms = in->nfailed ? in->failed[0].t_detect_ms : in->now_wall_ms;
+    out->t_decide_ms = in->now_wall_ms;
+
+    /* Spares in ascending proc-id order: the failures, in the order seen, take them in turn. */
+    long spares[DP_MAX_RANKS];
+    int nspares = in->nspares;
+    memcpy(spares, in->spares, sizeof(long) * (size_t)nspares);
+    qsort(spares, (size_t)nspares, sizeof *spares, compare_long);
+    for (int i = 0; i < in->nfailed; i++) {
+        const DecideFailure *p = &in->failed[i];
+        FailedRank *f = &out->failed[out->nfailed++];
+        f->rank = p->rank;
+        f->old_proc = in->procs[p->rank];
+        f->spare_proc = i < nspares ? spares[i] : 0;
+        snprintf(f->kind, sizeof f->kind, "%s", p->kind);
+        if (f->spare_proc) out->procs[f->rank] = f->spare_proc;
+        if (p->t_fail_ms < out->t_fail_ms) out->t_fail_ms = p->t_fail_ms;
+    }
+    /* A failed collective with no failed member: rebuild the communicator, same members. */
+    if (in->nfailed == 0) return DECIDE_REBUILD;
+
+    const DecideFailure *first = &in->failed[0];
+    const char *out_dir = in->out ? in->out : "";
+    if (in->ft != FT_DEADPOOL) {
+        say(why, whylen, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from", first->rank,
+            first->kind, in->ft == FT_DISK ? "disk" : "none");
+        return DECIDE_NO_FT;
+    }
+    /* A rank whose every replica holder is gone lost its state, unless the job restarts
+     * from its initial state anyway (nothing committed yet). */
+    for (int i = 0; i < in->nfailed && out->rollback >= 0; i++) {
+        const DecideFailure *f = &in->failed[i];
+        if (replica_survives(in, f)) continue;
+        if (in->checkpoint_step >= 0)
+            say(why, whylen,
+                "rank %d failed (%s) together with every holder of its replicas, so its in-memory state is "
+                "lost; continue from the checkpoint of step %lld with `deadpool run --resume %.700s`",
+                f->rank, f->kind, (long long)in->checkpoint_step + 1, out_dir);
+        else
+            say(why, whylen,
+                "rank %d failed (%s) together with every holder of its replicas, so its state is lost and "
+                "no checkpoint exists (use --replicas 2 or --persist-every K to survive this)",
+                f->rank, f->kind);
+        return DECIDE_STATE_LOST;
+    }
+    if (nspares < in->nfailed) {
+        say(why, whylen,
+            "rank %d failed (%s) and no spare joined within %d s. Nothing committed is lost: continue with "
+            "`deadpool run --resume %.700s` (checkpoint of step %lld)",
+            first->rank, first->kind, in->spare_wait, out_dir, out->rollback + 1);
+        return DECIDE_NO_SPARE;
+    }
+    return DECIDE_SWAP;
+}

@@ -1,0 +1,73 @@
+/* decide.h — the coordinator's decision as a pure function.
+ *
+ * Given what the coordinator knows about the current epoch (members, pending failures,
+ * committed generations, live spares, replica holders, ft mode), decide_next says what
+ * happens next and fills the decision for epoch + 1. It does no I/O, reads no clock and
+ * touches no Redis: the coordinator (coordinator.c) gathers the inputs and acts on the
+ * outcome (fences, publishes, persists, reports), so every case is unit-testable
+ * (tests/test_decide.c). */
+#ifndef DEADPOOL_DECIDE_H
+#define DEADPOOL_DECIDE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "recovery.h"
+
+/* One failed member of the current epoch, in the order the coordinator saw the failures. */
+typedef struct {
+    int rank;
+    char kind[16];                  /* crash, hang, network, unknown */
+    int64_t t_fail_ms, t_detect_ms; /* wall clock */
+    /* The holders recorded for this rank's replicas (in this epoch or, for a rank that died
+     * while recovering and recorded none yet, a recent one); nholders = 0 when none was
+     * found. holder_alive[h]: holder h's heartbeat is live. A holder that is itself a
+     * failed member of this epoch counts as lost whatever its heartbeat says. */
+    int nholders;
+    long holder_proc[HOLDERS_MAX];
+    int holder_alive[HOLDERS_MAX];
+} DecideFailure;
+
+typedef struct {
+    int ft;                         /* ft_mode */
+    long epoch;                     /* the current epoch; the decision is for epoch + 1 */
+    int world;                      /* ranks, 1 .. DP_MAX_RANKS */
+    long procs[DP_MAX_RANKS];       /* procs[rank]: the member holding rank in this epoch */
+    int nfailed;                    /* pending failures, 0 .. world */
+    DecideFailure failed[DP_MAX_RANKS];
+    long long restore_point;        /* the generation this epoch started from (-1 = initial state) */
+    long long committed_min;        /* newest generation every rank committed in this epoch, -1 = none */
+    int nspares;
+    long spares[DP_MAX_RANKS];      /* live spares; taken in ascending proc-id order */
+    int suspicion_due;              /* a failed collective with no failed member has lasted long enough */
+    int64_t now_wall_ms;            /* the decision's timestamps when no failure gives them */
+    int64_t checkpoint_step;        /* newest complete checkpoint in `out`, -1 = none */
+    const char *out;                /* the job's output directory (for messages) */
+    int spare_wait;                 /* --spare-wait, seconds (for messages) */
+} DecideInput;
+
+typedef enum {
+    DECIDE_WAIT = 0,     /* nothing to decide yet */
+    DECIDE_SWAP,         /* spares take the failed ranks: publish *out */
+    DECIDE_REBUILD,      /* same members, new communicator: publish *out */
+    DECIDE_NO_SPARE,     /* fewer live spares than failed ranks: persist, wait for spares; `why`
+                          * says what to tell the user if none comes within --spare-wait */
+    DECIDE_STATE_LOST,   /* a failed rank lost every holder of its replicas: `why` */
+    DECIDE_NO_FT,        /* --ft disk|none: no in-memory snapshots to hot-swap from: `why` */
+    DECIDE_INVALID,      /* the input is inconsistent (a world, rank or count out of range): `why` */
+} decide_outcome;
+
+/* Decides the next step. *out is filled for every outcome but DECIDE_WAIT and DECIDE_INVALID (for NO_SPARE,
+ * STATE_LOST and NO_FT too, so that the caller knows the rollback generation; failed ranks
+ * without a spare then have spare_proc 0): epoch + 1, world, rollback = max(committed_min,
+ * restore_point), the members with each failed rank given the next spare, the earliest
+ * failure time, the first failure's detection time, t_decide_ms = now_wall_ms (the caller
+ * stamps it again when it publishes). `why` (may be NULL) gets the message for the user, or
+ * "" when there is none. */
+decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size_t whylen);
+
+/* "wait", "swap", "rebuild", "no_spare", "state_lost", "no_ft", "invalid". */
+const char *decide_outcome_name(decide_outcome o);
+
+#endif

@@ -1,0 +1,45 @@
+/* runtime.h — what the launcher and the CLI share with the runtime behind deadpool.h: the
+ * exit statuses of a job's processes and the environment through which a launcher hands a
+ * process its job (the only place these names are spelled). */
+#ifndef DEADPOOL_RUNTIME_H
+#define DEADPOOL_RUNTIME_H
+
+#include <stddef.h>
+
+#include "config.h"
+
+/* Exit statuses of a DeadPool process (dp_finish returns them). */
+typedef enum {
+    DP_EXIT_DONE = 0,    /* every step done */
+    DP_EXIT_BAD_JOB = 1, /* bad configuration: a replacement would fail alike */
+    DP_EXIT_FAILED = 2,  /* training failed and no recovery decision came */
+    DP_EXIT_STOPPED = 3, /* stopped by the job (Ctrl-C, or the job ended elsewhere) */
+    DP_EXIT_FENCED = 4   /* a newer epoch replaced this process (it hung or was cut off) */
+} dp_exit;
+
+#define DP_ENV_REDIS "DEADPOOL_REDIS"       /* redis://HOST:PORT of the job's control plane */
+#define DP_ENV_PASSWORD "DEADPOOL_REDIS_PASSWORD"
+#define DP_ENV_JOB "DEADPOOL_JOB"
+#define DP_ENV_RANK "DEADPOOL_RANK"         /* the rank to claim; absent: the first free one */
+#define DP_ENV_SPARE "DEADPOOL_SPARE"       /* "1": join as a spare */
+#define DP_ENV_BIND "DEADPOOL_BIND"         /* the address peers reach this process at */
+
+typedef struct {
+    const char *redis_url;  /* password from the URL or DEADPOOL_REDIS_PASSWORD */
+    const char *job;
+    int spare;              /* join as a spare even if a rank is free */
+    int rank;               /* claim this rank; -1 = first free rank */
+    const char *bind_host;  /* address peers reach this process at (NULL: 127.0.0.1) */
+} WorkerArgs;
+
+/* `deadpool worker`: reads the job's program from its Redis and replaces this process with
+ * it, the job handed over in the environment. self_exe runs the built-in trainer. Returns
+ * only on failure (an exit status, message on stderr). */
+int worker_exec(const WorkerArgs *a, const char *self_exe);
+/* Sets the environment variables above for a process of this job. */
+void worker_env_set(const WorkerArgs *a);
+/* Fills argv (pointers into buf, NULL-terminated) with the job's program, the built-in
+ * trainer mapped to self_exe + "train". The argument count. */
+int program_argv(const JobConfig *c, const char *self_exe, char *buf, size_t len, char **argv, int max);
+
+#endif

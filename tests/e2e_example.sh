@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# e2e_example.sh — a training loop of its own (examples/mlp.c: replicated parameters, lazily
+# allocated optimizer state, a data cursor that is not a function of the step) under
+# `deadpool run -- PROGRAM`: every fault-tolerance path ends with the failure-free model,
+# byte for byte.
+source "$(dirname "$0")/lib_e2e.sh"
+MLP="$ROOT/build/examples/mlp"
+BASE=(--workers 3 --steps 200 --seed 7)
+
+run_job "$WORK/ref" 120 "${BASE[@]}" --spares 0 -- "$MLP"; rc=$?
+run_job "$WORK/ref2" 120 "${BASE[@]}" --spares 1 -- "$MLP"; rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ -s "$WORK/ref/model.bin" ] && cmp -s "$WORK/ref/model.bin" "$WORK/ref2/model.bin"; then
+  ok "example_deterministic"
+else notok "example_deterministic" "rc $rc $rc2" "$(tail -3 "$WORK/ref.log")"; fi
+
+# expect_same NAME MIN_RECOVERED ARGS... — a run that must end with the reference model.
+expect_same() {
+  local name=$1 n=$2; shift 2
+  run_job "$WORK/$name" 180 "${BASE[@]}" "$@"; local rc=$?
+  local got bad=""
+  got=$(grep -c '"event":"recovered"' "$WORK/$name/events.jsonl" 2>/dev/null)
+  [ $rc -eq 0 ] || bad="rc $rc"
+  [ "${got:-0}" -ge "$n" ] || bad="$bad; $got recovered events, expected >= $n"
+  cmp -s "$WORK/ref/model.bin" "$WORK/$name/model.bin" || bad="$bad; model differs from the failure-free run"
+  no_leftovers "$WORK/$name" || bad="$bad; processes left behind"
+  if [ -z "$bad" ]; then ok "$name ($got recovered)"; else notok "$name" "$bad" "$(tail -5 "$WORK/$name.log")"; fi
+}
+
+# A kill, a hang, then a kill whose replacement dies while it recovers (epoch 3 -> 4).
+expect_same example_kill_hang_recovery_failure 3 --spares 1 --detect-timeout-ms 1000 \
+  --inject kill:1@40 --inject stop:2@90 --inject kill:0@150 --inject rkill:0@3 -- "$MLP"
+e="$WORK/example_kill_hang_recovery_failure/events.jsonl"
+kinds=$(grep '"event":"recovered"' "$e" | grep -o '"failure_kind":"[a-z]*"' | sort | uniq -c | tr -s ' ' | tr '\n' ' ')
+if grep -q '"failure_kind":"crash"' "$e" && grep -q '"failure_kind":"hang"' "$e" && grep -q '"event":"join_failed"\|"epoch":4' "$e"; then
+  ok "example_recovered_each_kind ($kinds)"
+else notok "example_recovered_each_kind" "$kinds"; fi
+
+# Replicas on the spares, two of them per rank.
+expect_same example_replicas_on_spares 1 --spares 2 --replicas 2 --replica-placement spares --inject kill:2@70 -- "$MLP"
+
+# The classic baseline: a failure restarts the whole job from the newest disk checkpoint.
+expect_same example_ft_disk_restart 1 --spares 0 --ft disk --ckpt-every 25 --inject kill:1@60 -- "$MLP"
+[ -s "$(ls -d "$WORK"/example_ft_disk_restart/ckpt/step_*/ 2>/dev/null | tail -1)model.bin" ] \
+  && ok "example_checkpoint_has_the_apps_files" || notok "example_checkpoint_has_the_apps_files" "no model.bin in the checkpoint"
+
+# No spare left: the committed state goes to disk (the failed rank's from its replica), the
+# job stops telling how to resume, and the resumed job ends with the same model.
+run_job "$WORK/nospare" 120 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --inject kill:1@77 -- "$MLP"; rc=$?
+timeout -k 5 120 "$DP" run --resume "$WORK/nospare" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
+if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/nospare.log" && [ $rc2 -eq 0 ] \
+   && cmp -s "$WORK/ref/model.bin" "$WORK/nospare/model.bin" && no_leftovers "$WORK/nospare"; then
+  ok "example_no_spare_persist_then_resume"
+else notok "example_no_spare_persist_then_resume" "rc $rc $rc2" "$(tail -3 "$WORK/nospare.log")" "$(tail -3 "$WORK/nospare.resume.log")"; fi
+
+# Bad input: options of the built-in trainer do not apply to a program; a missing program.
+"$DP" run --model small -- "$MLP" >"$WORK/bad1.out" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q 'do not apply to a program' "$WORK/bad1.out" && ok "trainer_options_refused_for_a_program" \
+  || notok "trainer_options_refused_for_a_program" "rc $rc $(cat "$WORK/bad1.out")"
+"$DP" run -- "$WORK/no/such/program" >"$WORK/bad2.out" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q 'not an executable file' "$WORK/bad2.out" && ok "missing_program_reported" \
+  || notok "missing_program_reported" "rc $rc $(cat "$WORK/bad2.out")"
+"$MLP" >"$WORK/bad3.out" 2>&1; rc=$?
+[ $rc -ne 0 ] && grep -q 'deadpool run -- PROGRAM' "$WORK/bad3.out" && ok "program_outside_a_job_says_how_to_start_it" \
+  || notok "program_outside_a_job_says_how_to_start_it" "rc $rc $(cat "$WORK/bad3.out")"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# e2e_install.sh — `make install PREFIX=...` gives a user what they need to build their own
+# loop: a program compiled only against the installed header and pkg-config file links (static
+# and shared), runs under the installed `deadpool`, and recovers from a kill with the same model.
+source "$(dirname "$0")/lib_e2e.sh"
+PREFIX="$WORK/prefix"
+
+if make -C "$ROOT" install PREFIX="$PREFIX" >"$WORK/install.log" 2>&1 && [ -x "$PREFIX/bin/deadpool" ] \
+   && [ -f "$PREFIX/include/deadpool.h" ] && [ -f "$PREFIX/lib/pkgconfig/deadpool.pc" ]; then
+  ok "make_install_prefix"
+else notok "make_install_prefix" "$(tail -3 "$WORK/install.log")"; fi
+
+export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
+mkdir -p "$WORK/user" && cp "$ROOT/examples/mlp.c" "$WORK/user/my_loop.c"
+# Shared: the documented one-liner.
+if (cd "$WORK/user" && cc -std=c11 -Wall -Wextra -o my_loop my_loop.c $(pkg-config --cflags --libs deadpool) -lm) \
+     >"$WORK/cc.log" 2>&1; then ok "builds_with_pkg_config"; else notok "builds_with_pkg_config" "$(head -5 "$WORK/cc.log")"; fi
+# Static: pkg-config --static adds the library's own dependencies.
+if (cd "$WORK/user" && cc -std=c11 -o my_loop_static my_loop.c $(pkg-config --cflags deadpool) \
+      "$PREFIX/lib/libdeadpool.a" $(pkg-config --static --libs deadpool | sed 's/-ldeadpool//') -lm) >"$WORK/cc2.log" 2>&1; then
+  ok "links_statically"
+else notok "links_statically" "$(head -5 "$WORK/cc2.log")"; fi
+# The header is C11 and C++.
+if printf '#include <deadpool.h>\nint main(void) { return DP_OK; }\n' | c++ -x c++ -std=c++17 -Wall -Wextra -Werror \
+     -I"$PREFIX/include" -o "$WORK/cxx" - >"$WORK/cxx.log" 2>&1 \
+   && printf '#include <deadpool.h>\nint main(void) { return DP_OK; }\n' | cc -x c -std=c11 -Wall -Wextra -Werror -pedantic \
+     -I"$PREFIX/include" -o "$WORK/c11" - >>"$WORK/cxx.log" 2>&1; then
+  ok "header_compiles_as_c11_and_cxx"
+else notok "header_compiles_as_c11_and_cxx" "$(head -5 "$WORK/cxx.log")"; fi
+
+export LD_LIBRARY_PATH="$PREFIX/lib"
+DP="$PREFIX/bin/deadpool"
+run_job "$WORK/ref" 120 --workers 2 --spares 0 --steps 120 --seed 3 -- "$WORK/user/my_loop"; rc=$?
+run_job "$WORK/kill" 120 --workers 2 --spares 1 --steps 120 --seed 3 --inject kill:1@50 -- "$WORK/user/my_loop"; rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q '"event":"recovered"' "$WORK/kill/events.jsonl" \
+   && cmp -s "$WORK/ref/model.bin" "$WORK/kill/model.bin" && no_leftovers "$WORK/kill"; then
+  ok "installed_program_runs_and_recovers"
+else notok "installed_program_runs_and_recovers" "rc $rc $rc2" "$(tail -3 "$WORK/kill.log")"; fi
+if [ -x "$WORK/user/my_loop_static" ]; then
+  run_job "$WORK/static" 120 --workers 2 --spares 1 --steps 120 --seed 3 --inject kill:0@70 -- "$WORK/user/my_loop_static"; rc=$?
+  if [ $rc -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$WORK/static/model.bin"; then ok "static_program_recovers"
+  else notok "static_program_recovers" "rc $rc" "$(tail -3 "$WORK/static.log")"; fi
+fi

@@ -1,0 +1,462 @@
+/* test_decide.c — the coordinator's decision (decide.h), a pure function, in each of its
+ * cases, and the decision's text form (recovery.h: decision_format / decision_parse), which
+ * must refuse anything that is not a whole, consistent decision. */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "config.h"
+#include "decide.h"
+#include "harness.h"
+#include "recovery.h"
+
+/* Large (a few hundred KB): kept off the stack. */
+static DecideInput g_in;
+static Decision g_d, g_d2;
+static char g_why[2048];
+static char g_text[DECISION_TEXT_MAX];
+
+/* A world of 4 members (procs 11..14) in epoch 2 that started from step 5 and committed up
+ * to 9; no failure, no spare. */
+static DecideInput *base_input(void) {
+    memset(&g_in, 0, sizeof g_in);
+    g_in.ft = FT_DEADPOOL;
+    g_in.epoch = 2;
+    g_in.world = 4;
+    for (int r = 0; r < 4; r++) g_in.procs[r] = 11 + r;
+    g_in.restore_point = 5;
+    g_in.committed_min = 9;
+    g_in.now_wall_ms = 50000;
+    g_in.checkpoint_step = -1;
+    g_in.out = "/data/run1";
+    g_in.spare_wait = 30;
+    return &g_in;
+}
+
+/* Adds a failure of `rank`, its replicas held by the given procs (each alive per `alive`). */
+static DecideFailure *add_failure(DecideInput *in, int rank, const char *kind, int64_t t_fail, int64_t t_detect,
+                                  int nholders, const long *holders, const int *alive) {
+    DecideFailure *f = &in->failed[in->nfailed++];
+    f->rank = rank;
+    snprintf(f->kind, sizeof f->kind, "%s", kind);
+    f->t_fail_ms = t_fail;
+    f->t_detect_ms = t_detect;
+    f->nholders = nholders;
+    for (int h = 0; h < nholders; h++) {
+        f->holder_proc[h] = holders[h];
+        f->holder_alive[h] = alive[h];
+    }
+    return f;
+}
+
+static void add_spares(DecideInput *in, int n, const long *spares) {
+    for (int i = 0; i < n; i++) in->spares[in->nspares++] = spares[i];
+}
+
+static decide_outcome run(const DecideInput *in) {
+    memset(&g_d, 0xAB, sizeof g_d); /* decide_next must not rely on a zeroed output */
+    memset(g_why, 'x', sizeof g_why);
+    g_why[sizeof g_why - 1] = 0;
+    return decide_next(in, &g_d, g_why, sizeof g_why);
+}
+
+/* The decision survives the trip through Redis's text, as runtime.c reads it. */
+static void check_roundtrip(const Decision *d) {
+    char err[256] = "";
+    CHECK(decision_format(d, g_text, sizeof g_text) == 0, "format");
+    CHECK(decision_parse(g_text, &g_d2, err, sizeof err) == 0, "%s\n%s", err, g_text);
+    CHECK(g_d2.epoch == d->epoch && g_d2.world == d->world && g_d2.rollback == d->rollback && g_d2.nfailed == d->nfailed &&
+              g_d2.t_fail_ms == d->t_fail_ms && g_d2.t_detect_ms == d->t_detect_ms && g_d2.t_decide_ms == d->t_decide_ms,
+          "header differs after the round trip");
+    for (int r = 0; r < d->world; r++) CHECK(g_d2.procs[r] == d->procs[r], "rank %d", r);
+    for (int i = 0; i < d->nfailed; i++)
+        CHECK(g_d2.failed[i].rank == d->failed[i].rank && g_d2.failed[i].old_proc == d->failed[i].old_proc &&
+                  g_d2.failed[i].spare_proc == d->failed[i].spare_proc && !strcmp(g_d2.failed[i].kind, d->failed[i].kind),
+              "failed entry %d", i);
+}
+
+static void test_one_failure(void) {
+    DecideInput *in = base_input();
+    long holders[] = {14}, spares[] = {20};
+    int alive[] = {1};
+    add_failure(in, 2, "crash", 1000, 1005, 1, holders, alive);
+    add_spares(in, 1, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_SWAP, "outcome %s (%s)", decide_outcome_name(o), g_why);
+    CHECK(g_why[0] == 0, "no message for a swap: '%s'", g_why);
+    CHECK(g_d.epoch == 3 && g_d.world == 4, "epoch %ld world %d", g_d.epoch, g_d.world);
+    CHECK(g_d.rollback == 9, "rollback = min committed: %lld", g_d.rollback);
+    CHECK(g_d.procs[0] == 11 && g_d.procs[1] == 12 && g_d.procs[2] == 20 && g_d.procs[3] == 14, "members %ld %ld %ld %ld",
+          g_d.procs[0], g_d.procs[1], g_d.procs[2], g_d.procs[3]);
+    CHECK(g_d.nfailed == 1 && g_d.failed[0].rank == 2 && g_d.failed[0].old_proc == 13 && g_d.failed[0].spare_proc == 20 &&
+              !strcmp(g_d.failed[0].kind, "crash"),
+          "failed entry");
+    CHECK(g_d.t_fail_ms == 1000 && g_d.t_detect_ms == 1005 && g_d.t_decide_ms == 50000, "times %lld %lld %lld",
+          (long long)g_d.t_fail_ms, (long long)g_d.t_detect_ms, (long long)g_d.t_decide_ms);
+    CHECK(decision_rank_of(&g_d, 20) == 2 && decision_rank_of(&g_d, 13) == -1, "the spare has rank 2, the old proc none");
+    CHECK(decision_rank_replaced(&g_d, 2) && !decision_rank_replaced(&g_d, 1), "replaced");
+    check_roundtrip(&g_d);
+}
+
+static void test_two_failures_one_epoch(void) {
+    DecideInput *in = base_input();
+    long h3[] = {11}, h1[] = {13}, spares[] = {40, 31, 25}; /* not in order: decide takes the lowest first */
+    int alive[] = {1};
+    add_failure(in, 3, "hang", 2000, 4000, 1, h3, alive);
+    add_failure(in, 1, "crash", 1500, 4003, 1, h1, alive);
+    add_spares(in, 3, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_SWAP, "outcome %s (%s)", decide_outcome_name(o), g_why);
+    CHECK(g_d.nfailed == 2, "nfailed %d", g_d.nfailed);
+    CHECK(g_d.failed[0].rank == 3 && g_d.failed[0].spare_proc == 25 && g_d.failed[0].old_proc == 14 &&
+              !strcmp(g_d.failed[0].kind, "hang"),
+          "first failure takes the lowest spare: rank %d <- %ld", g_d.failed[0].rank, g_d.failed[0].spare_proc);
+    CHECK(g_d.failed[1].rank == 1 && g_d.failed[1].spare_proc == 31 && g_d.failed[1].old_proc == 12 &&
+              !strcmp(g_d.failed[1].kind, "crash"),
+          "second failure takes the next: rank %d <- %ld", g_d.failed[1].rank, g_d.failed[1].spare_proc);
+    CHECK(g_d.procs[0] == 11 && g_d.procs[1] == 31 && g_d.procs[2] == 13 && g_d.procs[3] == 25, "members");
+    CHECK(g_d.t_fail_ms == 1500, "earliest failure time: %lld", (long long)g_d.t_fail_ms);
+    CHECK(g_d.t_detect_ms == 4000, "first failure's detection time: %lld", (long long)g_d.t_detect_ms);
+    CHECK(g_d.epoch == 3 && g_d.rollback == 9, "one epoch for both");
+    check_roundtrip(&g_d);
+}
+
+/* A member dies while the job recovers into epoch 3 from step 7: epoch 3 has no commits yet,
+ * so the rollback stays the epoch's restore point. */
+static void test_failure_during_recovery(void) {
+    DecideInput *in = base_input();
+    in->epoch = 3;
+    in->restore_point = 7;
+    in->committed_min = -1;
+    long holders[] = {12}, spares[] = {21};
+    int alive[] = {1};
+    add_failure(in, 0, "crash", 100, 101, 1, holders, alive);
+    add_spares(in, 1, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_SWAP, "outcome %s (%s)", decide_outcome_name(o), g_why);
+    CHECK(g_d.rollback == 7, "rollback must stay the restore point, got %lld", g_d.rollback);
+    CHECK(g_d.epoch == 4 && g_d.procs[0] == 21, "epoch %ld, rank 0 -> %ld", g_d.epoch, g_d.procs[0]);
+    /* An error reading the committed generations (-2) changes nothing either. */
+    in->committed_min = -2;
+    o = run(in);
+    CHECK(o == DECIDE_SWAP && g_d.rollback == 7, "rollback %lld", g_d.rollback);
+    /* Before any commit at all, the job restarts from its initial state. */
+    in->restore_point = -1;
+    in->committed_min = -1;
+    o = run(in);
+    CHECK(o == DECIDE_SWAP && g_d.rollback == -1, "rollback %lld", g_d.rollback);
+    check_roundtrip(&g_d);
+}
+
+/* Rank 1's only holder is rank 2's process, which failed too (its heartbeat has not even
+ * expired yet: a crash is seen at once). */
+static void test_holder_lost_too(void) {
+    DecideInput *in = base_input();
+    long h1[] = {13}, h2[] = {14}, spares[] = {20, 21};
+    int alive[] = {1};
+    add_failure(in, 1, "crash", 1000, 1001, 1, h1, alive);
+    add_failure(in, 2, "crash", 1000, 1002, 1, h2, alive);
+    add_spares(in, 2, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_STATE_LOST, "outcome %s", decide_outcome_name(o));
+    CHECK(strstr(g_why, "rank 1 failed (crash) together with every holder of its replicas") != NULL, "%s", g_why);
+    CHECK(strstr(g_why, "no checkpoint exists") && strstr(g_why, "--replicas 2"), "%s", g_why);
+    /* With a checkpoint on disk the message names it and the command to continue. */
+    in->checkpoint_step = 4;
+    o = run(in);
+    CHECK(o == DECIDE_STATE_LOST, "outcome %s", decide_outcome_name(o));
+    CHECK(strstr(g_why, "every holder of its replicas") && strstr(g_why, "checkpoint of step 5") &&
+              strstr(g_why, "continue from the checkpoint") && strstr(g_why, "`deadpool run --resume /data/run1`"),
+          "%s", g_why);
+    /* A holder whose heartbeat expired is lost as well. */
+    in->checkpoint_step = -1;
+    in->nfailed = 0;
+    long h[] = {14};
+    int dead[] = {0};
+    add_failure(in, 1, "network", 1000, 1001, 1, h, dead);
+    o = run(in);
+    CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "rank 1 failed (network)"), "%s: %s", decide_outcome_name(o), g_why);
+    /* No holder recorded at all: the same. */
+    in->nfailed = 0;
+    add_failure(in, 3, "hang", 1000, 1001, 0, NULL, NULL);
+    o = run(in);
+    CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "rank 3 failed (hang)"), "%s: %s", decide_outcome_name(o), g_why);
+    /* Nothing committed yet (rollback to the initial state): nothing to lose, swap. */
+    in->restore_point = -1;
+    in->committed_min = -1;
+    o = run(in);
+    CHECK(o == DECIDE_SWAP && g_d.rollback == -1, "%s: %s", decide_outcome_name(o), g_why);
+}
+
+/* --replicas 2: one of rank 1's holders failed with it, the other is alive. */
+static void test_holder_lost_one_alive(void) {
+    DecideInput *in = base_input();
+    long h1[] = {13, 14}, h2[] = {14, 11}, spares[] = {20, 21};
+    int alive[] = {1, 1};
+    add_failure(in, 1, "crash", 1000, 1001, 2, h1, alive);
+    add_failure(in, 2, "crash", 1000, 1002, 2, h2, alive);
+    add_spares(in, 2, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_SWAP, "outcome %s (%s)", decide_outcome_name(o), g_why);
+    CHECK(g_d.nfailed == 2 && g_d.procs[1] == 20 && g_d.procs[2] == 21, "members %ld %ld", g_d.procs[1], g_d.procs[2]);
+    /* The surviving holder's heartbeat expired too: now rank 1's state is gone. */
+    in->failed[0].holder_alive[1] = 0;
+    o = run(in);
+    CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "rank 1 failed (crash) together with every holder"), "%s: %s",
+          decide_outcome_name(o), g_why);
+}
+
+static void test_no_spare(void) {
+    DecideInput *in = base_input();
+    long holders[] = {11};
+    int alive[] = {1};
+    add_failure(in, 3, "crash", 1000, 1001, 1, holders, alive);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_NO_SPARE, "outcome %s", decide_outcome_name(o));
+    CHECK(g_d.rollback == 9, "the rollback to persist: %lld", g_d.rollback);
+    CHECK(strstr(g_why, "rank 3 failed (crash) and no spare joined within 30 s") &&
+              strstr(g_why, "continue with `deadpool run --resume /data/run1` (checkpoint of step 10)"),
+          "%s", g_why);
+}
+
+static void test_fewer_spares_than_failures(void) {
+    DecideInput *in = base_input();
+    long h0[] = {12}, h2[] = {14}, spares[] = {20};
+    int alive[] = {1};
+    add_failure(in, 2, "hang", 1000, 1001, 1, h2, alive);
+    add_failure(in, 0, "crash", 1000, 1002, 1, h0, alive);
+    add_spares(in, 1, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_NO_SPARE, "outcome %s", decide_outcome_name(o));
+    CHECK(strstr(g_why, "rank 2 failed (hang) and no spare joined within 30 s"), "%s", g_why);
+    /* A second spare arrives: both swapped. */
+    long more[] = {19};
+    add_spares(in, 1, more);
+    o = run(in);
+    CHECK(o == DECIDE_SWAP && g_d.procs[2] == 19 && g_d.procs[0] == 20, "%s: %ld %ld", decide_outcome_name(o),
+          g_d.procs[2], g_d.procs[0]);
+}
+
+static void test_comm_failure_rebuild(void) {
+    DecideInput *in = base_input();
+    long spares[] = {20};
+    add_spares(in, 1, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_WAIT, "nothing failed, no suspicion: %s", decide_outcome_name(o));
+    in->suspicion_due = 1;
+    o = run(in);
+    CHECK(o == DECIDE_REBUILD, "outcome %s", decide_outcome_name(o));
+    CHECK(g_d.epoch == 3 && g_d.world == 4 && g_d.nfailed == 0 && g_d.rollback == 9, "epoch %ld nfailed %d rollback %lld",
+          g_d.epoch, g_d.nfailed, g_d.rollback);
+    for (int r = 0; r < 4; r++) CHECK(g_d.procs[r] == 11 + r, "same members: rank %d -> %ld", r, g_d.procs[r]);
+    CHECK(g_d.t_fail_ms == 50000 && g_d.t_detect_ms == 50000, "times of the decision");
+    check_roundtrip(&g_d);
+    /* Whatever the ft mode: the communicator must be rebuilt all the same. */
+    in->ft = FT_DISK;
+    o = run(in);
+    CHECK(o == DECIDE_REBUILD, "--ft disk: %s", decide_outcome_name(o));
+}
+
+static void test_ft_disk_none(void) {
+    DecideInput *in = base_input();
+    long holders[] = {11}, spares[] = {20};
+    int alive[] = {1};
+    add_failure(in, 1, "crash", 1000, 1001, 1, holders, alive);
+    add_spares(in, 1, spares);
+    in->ft = FT_DISK;
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_NO_FT, "outcome %s", decide_outcome_name(o));
+    CHECK(!strcmp(g_why, "rank 1 failed (crash); --ft disk has no in-memory snapshots to hot-swap from"), "%s", g_why);
+    in->ft = FT_NONE;
+    o = run(in);
+    CHECK(o == DECIDE_NO_FT && strstr(g_why, "--ft none has no in-memory snapshots"), "%s", g_why);
+}
+
+static void test_invalid_input(void) {
+    DecideInput *in = base_input();
+    in->world = 0;
+    CHECK(run(in) == DECIDE_INVALID && strstr(g_why, "world 0"), "%s", g_why);
+    in->world = DP_MAX_RANKS + 1;
+    CHECK(run(in) == DECIDE_INVALID, "world over the limit");
+    in = base_input();
+    add_failure(in, 4, "crash", 1, 1, 0, NULL, NULL);
+    CHECK(run(in) == DECIDE_INVALID && strstr(g_why, "failed rank 4"), "%s", g_why);
+    in = base_input();
+    add_failure(in, 1, "crash", 1, 1, 0, NULL, NULL);
+    add_failure(in, 1, "crash", 1, 1, 0, NULL, NULL);
+    CHECK(run(in) == DECIDE_INVALID && strstr(g_why, "twice"), "%s", g_why);
+    /* No message buffer: still decides. */
+    in = base_input();
+    in->suspicion_due = 1;
+    CHECK(decide_next(in, &g_d, NULL, 0) == DECIDE_REBUILD, "why may be NULL");
+}
+
+/* The largest decision the limits allow: every rank failed, proc ids of 19 digits. */
+static void test_decision_roundtrip_full(void) {
+    Decision *d = &g_d;
+    memset(d, 0, sizeof *d);
+    d->epoch = 123456789;
+    d->world = DP_MAX_RANKS;
+    d->rollback = 987654321012LL;
+    d->t_fail_ms = -5;
+    d->t_detect_ms = INT64_MAX;
+    d->t_decide_ms = 1700000000123LL;
+    for (int r = 0; r < d->world; r++) {
+        FailedRank *f = &d->failed[d->nfailed++];
+        f->rank = d->world - 1 - r;
+        f->old_proc = 1000000000000000000L + r;
+        f->spare_proc = 2000000000000000000L + r;
+        snprintf(f->kind, sizeof f->kind, "%s", r % 2 ? "network" : "abcdefghijklmno");
+        d->procs[f->rank] = f->spare_proc;
+    }
+    check_roundtrip(d);
+    CHECK(strlen(g_text) < sizeof g_text, "fits");
+    /* Too small a buffer is refused, not truncated. */
+    CHECK(decision_format(d, g_text, 100) == -1, "small buffer");
+    CHECK(decision_format(d, g_text, 0) == -1, "no buffer");
+    /* Format refuses what parse would refuse. */
+    d->world = 0;
+    CHECK(decision_format(d, g_text, sizeof g_text) == -1, "world 0");
+    d->world = DP_MAX_RANKS;
+    d->procs[7] = 0;
+    CHECK(decision_format(d, g_text, sizeof g_text) == -1, "proc 0");
+}
+
+static const char *VALID =
+    "epoch=3\nworld=4\nrollback=9\nt_fail_ms=1000\nt_detect_ms=1005\nt_decide_ms=1010\n"
+    "rank=0:11\nrank=1:12\nrank=2:20\nrank=3:14\nnfailed=1\nfailed=2:crash:13:20\n";
+
+/* VALID with `from` replaced by `to` (first occurrence). */
+static const char *variant(const char *from, const char *to) {
+    static char buf[1024];
+    const char *at = strstr(VALID, from);
+    if (!at) return "missing";
+    snprintf(buf, sizeof buf, "%.*s%s%s", (int)(at - VALID), VALID, to, at + strlen(from));
+    return buf;
+}
+
+static int refused(const char *text, const char *what, const char *need) {
+    char err[256] = "";
+    memset(&g_d, 0x5A, sizeof g_d);
+    int rc = decision_parse(text, &g_d, err, sizeof err);
+    if (rc != -1) {
+        fprintf(stderr, "  accepted (%s):\n%s", what, text);
+        return 0;
+    }
+    if (!err[0] || (need && !strstr(err, need))) {
+        fprintf(stderr, "  refused (%s) without the expected message ('%s'): %s\n", what, need ? need : "", err);
+        return 0;
+    }
+    if (g_d.world != 0 || g_d.nfailed != 0) {
+        fprintf(stderr, "  refused (%s) but left a partial decision\n", what);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_decision_parse_valid(void) {
+    char err[256] = "";
+    CHECK(decision_parse(VALID, &g_d, err, sizeof err) == 0, "%s", err);
+    CHECK(g_d.epoch == 3 && g_d.world == 4 && g_d.rollback == 9 && g_d.t_fail_ms == 1000 && g_d.t_detect_ms == 1005 &&
+              g_d.t_decide_ms == 1010,
+          "header");
+    CHECK(g_d.procs[2] == 20 && g_d.nfailed == 1 && g_d.failed[0].rank == 2 && g_d.failed[0].old_proc == 13 &&
+              g_d.failed[0].spare_proc == 20 && !strcmp(g_d.failed[0].kind, "crash"),
+          "failed entry");
+    CHECK(decision_rank_of(&g_d, 20) == 2 && decision_rank_of(&g_d, 13) == -1, "rank_of");
+    /* Lines in another order are fine; rollback -1 (the initial state) too. */
+    CHECK(decision_parse("rank=0:5\nnfailed=0\nworld=1\nepoch=1\nrollback=-1\nt_fail_ms=0\nt_detect_ms=0\nt_decide_ms=0\n",
+                         &g_d, err, sizeof err) == 0 && g_d.rollback == -1 && g_d.procs[0] == 5,
+          "%s", err);
+    CHECK(decision_parse(VALID, &g_d, NULL, 0) == 0, "err may be NULL");
+}
+
+static void test_decision_parse_truncated(void) {
+    size_t n = strlen(VALID);
+    char buf[1024];
+    int all = 1;
+    for (size_t k = 0; k < n; k++) { /* every strict prefix */
+        memcpy(buf, VALID, k);
+        buf[k] = 0;
+        char what[32];
+        snprintf(what, sizeof what, "prefix of %zu bytes", k);
+        if (!refused(buf, what, NULL)) all = 0;
+    }
+    CHECK(all, "every truncated text must be refused");
+    CHECK(refused(variant("failed=2:crash:13:20\n", "failed=2:crash:13:2"), "cut inside the last number", "truncated"),
+          "unterminated last line");
+}
+
+static void test_decision_parse_out_of_range(void) {
+    CHECK(refused(variant("world=4", "world=0"), "world 0", "world"), "world 0");
+    CHECK(refused(variant("world=4", "world=1025"), "world 1025", "world"), "world 1025");
+    CHECK(refused(variant("world=4", "world=-4"), "world -4", "world"), "world -4");
+    CHECK(refused(variant("world=4", "world=99999999999999999999"), "world overflow", "world"), "world overflow");
+    CHECK(refused(variant("rank=3:14", "rank=1024:14"), "rank 1024", "rank"), "rank beyond the limit");
+    CHECK(refused(variant("rank=3:14", "rank=-1:14"), "rank -1", "rank"), "negative rank");
+    CHECK(refused(variant("rank=3:14\n", "rank=3:14\nrank=4:15\n"), "rank 4 of world 4", "rank 4"), "rank >= world");
+    CHECK(refused(variant("world=4", "world=3"), "world 3 with 4 ranks", NULL), "rank >= world");
+    CHECK(refused(variant("world=4", "world=5"), "world 5 with 4 ranks", "rank 4"), "missing rank");
+    CHECK(refused(variant("failed=2:crash:13:20", "failed=4:crash:13:20"), "failed rank 4 of world 4", "rank 4"),
+          "failed rank >= world");
+    CHECK(refused(variant("failed=2:crash:13:20", "failed=1024:crash:13:20"), "failed rank 1024", "1024"),
+          "failed rank beyond the limit");
+    CHECK(refused(variant("rollback=9", "rollback=-2"), "rollback -2", "rollback"), "rollback below -1");
+    CHECK(refused(variant("rank=3:14", "rank=3:0"), "proc 0", NULL), "proc 0");
+    CHECK(refused(variant("epoch=3", "epoch=-3"), "epoch -3", "epoch"), "negative epoch");
+}
+
+static void test_decision_parse_malformed(void) {
+    static const char *const bad[][2] = {
+        {"epoch=3", "epoch=abc"},
+        {"epoch=3", "epoch=3 "},
+        {"epoch=3", "epoch= 3"},
+        {"epoch=3", "epoch="},
+        {"epoch=3", "epoch3"},
+        {"epoch=3\n", "epoch=3\n\n"},
+        {"epoch=3\n", "epoch=3\nepoch=4\n"},
+        {"epoch=3\n", "epoch=3\nbogus=1\n"},
+        {"epoch=3\n", ""},
+        {"t_decide_ms=1010\n", ""},
+        {"nfailed=1\n", ""},
+        {"nfailed=1", "nfailed=2"},
+        {"nfailed=1", "nfailed=0"},
+        {"rank=1:12", "rank=1:"},
+        {"rank=1:12", "rank=1:12:7"},
+        {"rank=1:12", "rank=1:0x10"},
+        {"rank=1:12", "rank=:12"},
+        {"rank=1:12\n", "rank=1:12\nrank=1:12\n"},
+        {"failed=2:crash:13:20", "failed=2:crash:13"},
+        {"failed=2:crash:13:20", "failed=2::13:20"},
+        {"failed=2:crash:13:20", "failed=2:abcdefghijklmnop:13:20"},
+        {"failed=2:crash:13:20", "failed=2:crash:13:21"},  /* the spare is not rank 2's owner */
+        {"failed=2:crash:13:20", "failed=2:crash:13:20:9"},
+        {"failed=2:crash:13:20\n", "failed=2:crash:13:20\nfailed=2:crash:13:20\n"},
+    };
+    int n = (int)(sizeof bad / sizeof bad[0]);
+    for (int i = 0; i < n; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "'%s' -> '%s'", bad[i][0], bad[i][1]);
+        CHECK(refused(variant(bad[i][0], bad[i][1]), what, NULL), "%s", what);
+    }
+    CHECK(refused("", "empty", NULL), "empty text");
+}
+
+int main(void) {
+    RUN_TEST(test_one_failure);
+    RUN_TEST(test_two_failures_one_epoch);
+    RUN_TEST(test_failure_during_recovery);
+    RUN_TEST(test_holder_lost_too);
+    RUN_TEST(test_holder_lost_one_alive);
+    RUN_TEST(test_no_spare);
+    RUN_TEST(test_fewer_spares_than_failures);
+    RUN_TEST(test_comm_failure_rebuild);
+    RUN_TEST(test_ft_disk_none);
+    RUN_TEST(test_invalid_input);
+    RUN_TEST(test_decision_roundtrip_full);
+    RUN_TEST(test_decision_parse_valid);
+    RUN_TEST(test_decision_parse_truncated);
+    RUN_TEST(test_decision_parse_out_of_range);
+    RUN_TEST(test_decision_parse_malformed);
+    TEST_MAIN_END();
+}

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Installs the Debian packages DeadPool needs, only when something is missing.
+# Installs the Debian packages DeadPool needs, only when something is missing. With --test,
+# also what only the tests use (`make test` passes it).
 set -euo pipefail
-pkgs=(build-essential pkg-config libgloo-dev libhiredis-dev redis-server libopenblas-dev iproute2)
+pkgs=(build-essential pkg-config libgloo-dev libhiredis-dev redis-server libopenblas-dev iproute2
+      libmicrohttpd-dev libjansson-dev libsodium-dev)
+# chromium: renders report.html headless in tests/e2e_observe.sh; curl: scrapes /metrics there.
+[ "${1:-}" = "--test" ] && pkgs+=(chromium curl)
+# clang + libclang-rt-dev (libFuzzer, ASan, UBSan): the fuzz harnesses of tests/e2e_fuzz.sh and
+# tests/fuzz/run.sh; llvm: llvm-symbolizer, so their reports name functions and lines.
+[ "${1:-}" = "--test" ] && pkgs+=(clang libclang-rt-dev llvm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

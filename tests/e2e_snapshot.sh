@@ -61,12 +61,27 @@ run_job "$WORK/full" 300 "${LONG[@]}"; rc=$?
 interrupt_then_resume persist "${LONG[@]}" --persist-every 20
 interrupt_then_resume disk "${LONG[@]}" --ft disk --ckpt-every 20
 
-# A corrupt state file is refused by checksum, naming the file.
-ck=$(ls -d "$WORK/persist/ckpt"/step_* | tail -1)
-cp -r "$WORK/persist" "$WORK/corrupt"
-ck=$(ls -d "$WORK/corrupt/ckpt"/step_* | tail -1)
-printf '\xff' | dd of="$ck/rank_00001.state" bs=1 seek=5000 conv=notrunc 2>/dev/null
-timeout -k 5 120 "$DP" run --resume "$WORK/corrupt" >"$WORK/corrupt.stdout" 2>"$WORK/corrupt.log"; rc=$?
-if [ $rc -ne 0 ] && grep -q "rank_00001.state: checksum mismatch" "$WORK/corrupt.log"; then
+# --resume verifies every file of a checkpoint: one damaged byte in the newest rank state, or
+# in the model the trainer wrote there, makes it fall back to the older intact checkpoint,
+# naming the damaged file, and the resumed job still ends with the uninterrupted run's model.
+corrupt_then_resume() { # NAME FILE_GLOB
+  local name=$1 file=$2 ck rc
+  cp -r "$WORK/persist" "$WORK/$name"
+  rm -f "$WORK/$name/model.bin"
+  ck=$(ls -d "$WORK/$name/ckpt"/step_* | tail -1)
+  printf '\xff' | dd of="$ck/$file" bs=1 seek=5000 conv=notrunc 2>/dev/null
+  timeout -k 5 120 "$DP" run --resume "$WORK/$name" >"$WORK/$name.stdout" 2>"$WORK/$name.log"; rc=$?
+  if [ $rc -eq 0 ] && grep -q "$file: checksum mismatch" "$WORK/$name.log" && grep -q "using the checkpoint of step" "$WORK/$name.log" \
+     && cmp -s "$WORK/full/model.bin" "$WORK/$name/model.bin"; then
+    ok "${name}_falls_back_to_intact_checkpoint"
+  else notok "${name}_falls_back_to_intact_checkpoint" "rc $rc" "$(tail -3 "$WORK/$name.log")"; fi
+}
+corrupt_then_resume corrupt_state rank_00001.state
+corrupt_then_resume corrupt_model model.bin
+# Every checkpoint damaged: refused, naming the file.
+cp -r "$WORK/persist" "$WORK/corrupt_all"
+for ck in "$WORK/corrupt_all/ckpt"/step_*; do printf '\xff' | dd of="$ck/rank_00000.state" bs=1 seek=5000 conv=notrunc 2>/dev/null; done
+timeout -k 5 120 "$DP" run --resume "$WORK/corrupt_all" >"$WORK/corrupt_all.stdout" 2>"$WORK/corrupt_all.log"; rc=$?
+if [ $rc -ne 0 ] && grep -q "no intact checkpoint" "$WORK/corrupt_all.log" && grep -q "rank_00000.state: checksum mismatch" "$WORK/corrupt_all.log"; then
   ok "corrupt_checkpoint_refused"
-else notok "corrupt_checkpoint_refused" "rc $rc" "$(tail -3 "$WORK/corrupt.log")"; fi
+else notok "corrupt_checkpoint_refused" "rc $rc" "$(tail -3 "$WORK/corrupt_all.log")"; fi

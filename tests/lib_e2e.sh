@@ -5,7 +5,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DP="$ROOT/deadpool"
 MODELDIFF="$ROOT/build/tests/tool_modeldiff"
 WORK=$(mktemp -d /tmp/dp_e2e_XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+# KEEP_WORK=1 keeps the runs' directories for a look after a failure.
+if [ -n "${KEEP_WORK:-}" ]; then echo "# keeping $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 SHAKESPEARE="$ROOT/../shared/data/tinyshakespeare.txt"
 
 ok() { echo "ok - $1"; }

@@ -315,6 +315,30 @@ static void test_finish_failing_callback(void) {
     CHECK(exists(dir, 2, "DONE"), "nothing pruned");
 }
 
+/* --resume verifies every file: a damaged application file (model.bin) or rank state in the
+ * newest checkpoint makes it fall back to the older intact one, naming the damaged file. */
+static void test_resume_falls_back_to_intact(void) {
+    const char *dir = new_dir("manifest");
+    char err[512] = "", path[4200];
+    AppSeen seen;
+    for (int64_t step = 3; step <= 6; step += 3) {
+        write_checkpoint(dir, step, 0, 0);
+        memset(&seen, 0, sizeof seen);
+        CHECK(checkpoint_finish(dir, step, WORLD, "workers=2\n", app_callback, &seen, err, sizeof err) == 0, "%s", err);
+    }
+    CHECK(exists(dir, 6, "MANIFEST") && checkpoint_verify(dir, 6, err, sizeof err) == 0, "intact: %s", err);
+    CHECK(checkpoint_latest_intact(dir, err, sizeof err) == 6, "newest intact: %s", err);
+    checkpoint_path(path, sizeof path, dir, 6, "model.bin");
+    CHECK(flip_byte(path, 2) == 0, "flip");
+    CHECK(checkpoint_verify(dir, 6, err, sizeof err) != 0 && strstr(err, "model.bin") && strstr(err, "checksum"),
+          "a flipped byte in the application's file is found: %s", err);
+    CHECK(checkpoint_latest_intact(dir, err, sizeof err) == 3, "falls back to step 4");
+    checkpoint_path(path, sizeof path, dir, 3, "rank_00001.state");
+    CHECK(flip_byte(path, 200) == 0, "flip");
+    CHECK(checkpoint_latest_intact(dir, err, sizeof err) == -1 && strstr(err, "no intact checkpoint"), "%s", err);
+    CHECK(checkpoint_latest(dir, err, sizeof err) == 6, "the cheap lookup still sees DONE");
+}
+
 static void test_cleanup(void) {
     remove_root();
     struct stat st;
@@ -335,6 +359,7 @@ int main(void) {
     RUN_TEST(test_read_shard_truncated);
     RUN_TEST(test_finish_app_callback);
     RUN_TEST(test_finish_failing_callback);
+    RUN_TEST(test_resume_falls_back_to_intact);
     RUN_TEST(test_cleanup);
     TEST_MAIN_END();
 }

@@ -38,6 +38,9 @@ typedef struct {
     double destroy_ms[8];
     double timeout_elapsed_ms;
     int timeout_status;
+    unsigned long mesh_rtt[16];  /* test_rendezvous_16: each rank's store round trips */
+    double mesh_create_ms[16];   /* and how long its comm_create took */
+    double abort_ms;             /* test_rendezvous_abort: abort key set -> comm_create returned */
 } shared_t;
 static shared_t *sh;
 
@@ -554,6 +557,121 @@ static void test_size_one(void) {
     wait_children(&pid, 1, 10, "size 1");
 }
 
+/* 16 ranks: the rendezvous costs each rank a constant number of Redis round trips (publish,
+ * fetch, and for every rank but the last one to arrive, one BLPOP per 20 ms of waiting),
+ * never O(N) as Gloo's connectFullMesh (two per peer, plus polling); every pair connects
+ * (a barrier, an allreduce and broadcasts from several roots use them all). */
+#define MESH_RANKS 16
+static void rank_mesh(int r, const char *prefix, int size) {
+    double t0 = now_s();
+    comm_t *c = create_or_fail(prefix, r, size, 20000);
+    if (c == NULL) return;
+    sh->mesh_create_ms[r] = (now_s() - t0) * 1e3;
+    sh->mesh_rtt[r] = comm_store_round_trips(c);
+    comm_status s = comm_barrier(c, 20000);
+    CHECK(s == COMM_OK, "rank %d: barrier: %s %s", r, comm_status_str(s), comm_last_error(c));
+    float v[3] = {(float)r, 1.0f, (float)(r * r)};
+    s = comm_allreduce_sum(c, v, 3, 20000);
+    CHECK(s == COMM_OK && v[0] == (float)(size * (size - 1) / 2) && v[1] == (float)size,
+          "rank %d: allreduce: %s, %g %g", r, comm_status_str(s), (double)v[0], (double)v[1]);
+    for (int root = 0; root < size; root += 5) {
+        int b = r == root ? 1000 + root : -1;
+        s = comm_broadcast(c, &b, sizeof b, root, 20000);
+        CHECK(s == COMM_OK && b == 1000 + root, "rank %d: broadcast from %d: %s, %d", r, root, comm_status_str(s), b);
+    }
+    comm_destroy(c);
+}
+
+static void test_rendezvous_16(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-mesh", (int)getpid());
+    pid_t pids[MESH_RANKS];
+    for (int r = 0; r < MESH_RANKS; r++) pids[r] = spawn(rank_mesh, r, prefix, MESH_RANKS);
+    wait_children(pids, MESH_RANKS, 25, "16-rank rendezvous");
+    unsigned long most = 0;
+    double slowest = 0;
+    for (int r = 0; r < MESH_RANKS; r++) {
+        /* publish + fetch, and the waiting: at most one BLPOP per 20 ms of the whole create */
+        unsigned long bound = 3 + (unsigned long)(sh->mesh_create_ms[r] / 20.0);
+        CHECK(sh->mesh_rtt[r] >= 2 && sh->mesh_rtt[r] <= bound, "rank %d: %lu round trips in %.0f ms (at most %lu)", r,
+              sh->mesh_rtt[r], sh->mesh_create_ms[r], bound);
+        if (sh->mesh_rtt[r] > most) most = sh->mesh_rtt[r];
+        if (sh->mesh_create_ms[r] > slowest) slowest = sh->mesh_create_ms[r];
+    }
+    printf("# 16 ranks: rendezvous in %.0f ms at most, %lu redis round trips at most per rank (Gloo's own: >= %d)\n",
+           slowest, most, 2 * (MESH_RANKS - 1));
+}
+
+/* A rank waiting for peers that never come gives up when the abort key appears: at once when
+ * its wake-up list is pushed too (what the coordinator does), else within Redis' timer
+ * resolution (hz 10: 100 ms). */
+#define ABORT_KEY_FMT "test-comm-%d-abort-key"
+static int abort_push; /* the setter also pushes onto the waiter's wake-up list */
+static void rank_abort_waiter(int r, const char *prefix, int size) {
+    (void)r;
+    char key[64], err[512];
+    snprintf(key, sizeof key, ABORT_KEY_FMT, (int)getppid());
+    comm_store_addr a = store;
+    a.abort_key = key;
+    comm_t *c = comm_create(&a, prefix, 0, size, BIND, 10000, err, sizeof err);
+    double t = now_s();
+    CHECK(c == NULL && strstr(err, "aborted") != NULL, "abort: %p, err '%s'", (void *)c, err);
+    if (c) comm_destroy(c);
+    sh->abort_ms = (t - sh->kill_at) * 1e3;
+}
+
+static void rank_abort_setter(int r, const char *prefix, int size) {
+    (void)r;
+    (void)prefix;
+    (void)size;
+    char key[64];
+    snprintf(key, sizeof key, ABORT_KEY_FMT, (int)getppid());
+    sleep_ms(300);
+    struct timeval tv = {2, 0};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+    CHECK(rc != NULL && !rc->err, "setter: connect");
+    if (rc == NULL || rc->err) return;
+    redisReply *x = redisCommand(rc, "AUTH %s", REDIS_PW);
+    if (x) freeReplyObject(x);
+    sh->kill_at = now_s();
+    x = redisCommand(rc, "SET %s 1", key);
+    CHECK(x != NULL && x->type == REDIS_REPLY_STATUS, "setter: SET");
+    if (x) freeReplyObject(x);
+    if (abort_push) {
+        char wake[128];
+        comm_wake_key(prefix, 0, wake, sizeof wake);
+        x = redisCommand(rc, "RPUSH %s %s", wake, COMM_WAKE_ABORT);
+        CHECK(x != NULL && x->type == REDIS_REPLY_INTEGER, "setter: RPUSH");
+        if (x) freeReplyObject(x);
+    }
+    redisFree(rc);
+}
+
+static void test_rendezvous_abort(void) {
+    for (abort_push = 0; abort_push < 2; abort_push++) {
+        char prefix[64], what[64];
+        snprintf(prefix, sizeof prefix, "test-comm-%d-abort%d", (int)getpid(), abort_push);
+        snprintf(what, sizeof what, "rendezvous abort%s", abort_push ? " with a wake-up" : "");
+        /* the key of the first round must not abort the second before its time */
+        struct timeval tv = {2, 0};
+        redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+        if (rc && !rc->err) {
+            redisReply *x = redisCommand(rc, "AUTH %s", REDIS_PW);
+            if (x) freeReplyObject(x);
+            x = redisCommand(rc, "DEL " ABORT_KEY_FMT, (int)getpid());
+            if (x) freeReplyObject(x);
+        }
+        if (rc) redisFree(rc);
+        sh->abort_ms = -1;
+        pid_t pids[2] = {spawn(rank_abort_waiter, 0, prefix, 3), spawn(rank_abort_setter, 1, prefix, 3)};
+        wait_children(pids, 2, 15, what);
+        double bound = abort_push ? 100 : 500;
+        CHECK(sh->abort_ms >= 0 && sh->abort_ms < bound, "%s: gave up %.0f ms after the abort key appeared (bound %.0f)",
+              what, sh->abort_ms, bound);
+        printf("# %s: gave up %.0f ms after the abort key appeared\n", what, sh->abort_ms);
+    }
+}
+
 /* Store problems and a rendezvous nobody else joins. */
 static void rank_store_errors(int r, const char *prefix, int size) {
     (void)r;
@@ -625,6 +743,8 @@ int main(void) {
     RUN_TEST(test_peer_failure_cascade);
     RUN_TEST(test_timeout);
     RUN_TEST(test_store_errors);
+    RUN_TEST(test_rendezvous_16);
+    RUN_TEST(test_rendezvous_abort);
     printf("# test_comm total %.1f s\n", now_s() - t0);
     stop_redis();
     TEST_MAIN_END();

@@ -277,6 +277,99 @@ static void test_spares(void) {
     ctl_close(c);
 }
 
+/* The bulk calls cost one round trip each whatever the count, and read what the one-key calls
+ * wrote; a batch runs its commands in order; an atomic batch runs all or none. */
+static void test_bulk_and_batches(void) {
+    ctl_t *c = connect_job("jobBulk");
+    if (!c) return;
+    enum { N = 300 }; /* more than one MGET chunk */
+    long procs[N];
+    for (int r = 0; r < N; r++) {
+        procs[r] = ctl_new_proc_id(c);
+        if (r != 7) CHECK(ctl_claim_rank(c, r, procs[r]) == 1, "claim %d: %s", r, ctl_last_error(c));
+    }
+    long owners[N];
+    unsigned long long t0 = ctl_round_trips(c);
+    CHECK(ctl_rank_owners(c, N, owners) == 0, "ctl_rank_owners: %s", ctl_last_error(c));
+    CHECK(ctl_round_trips(c) - t0 == 2, "%d owners in %llu round trips (one MGET per 256 keys)", N,
+          ctl_round_trips(c) - t0);
+    int same = 1;
+    for (int r = 0; r < N; r++) same &= owners[r] == (r == 7 ? 0 : procs[r]);
+    CHECK(same, "owners differ from the claims (unclaimed rank 7: %ld)", owners[7]);
+
+    for (int i = 0; i < 5; i++) {
+        char host[32], pid[16];
+        snprintf(host, sizeof host, "host-%d", i);
+        snprintf(pid, sizeof pid, "%d", 1000 + i);
+        CHECK(ctl_proc_set(c, procs[i], "host", host) == 0 && (i == 3 || ctl_proc_set(c, procs[i], "pid", pid) == 0),
+              "proc_set: %s", ctl_last_error(c));
+    }
+    static const char *const fields[] = {"host", "pid"};
+    char v[5 * 2][32];
+    t0 = ctl_round_trips(c);
+    CHECK(ctl_proc_get_many(c, procs, 5, fields, 2, v[0], sizeof v[0]) == 0, "proc_get_many: %s", ctl_last_error(c));
+    CHECK(ctl_round_trips(c) - t0 == 1, "proc_get_many: %llu round trips", ctl_round_trips(c) - t0);
+    CHECK(!strcmp(v[0], "host-0") && !strcmp(v[1], "1000") && !strcmp(v[8], "host-4") && !strcmp(v[9], "1004"),
+          "facts: %s %s %s %s", v[0], v[1], v[8], v[9]);
+    CHECK(!strcmp(v[6], "host-3") && v[7][0] == 0, "an absent field reads as \"\": '%s'", v[7]);
+
+    const char *suffixes[3] = {"bulk:a", "bulk:missing", "bulk:b"};
+    char vals[3][16];
+    int present[3];
+    CHECK(ctl_set(c, "bulk:a", "1") == 0 && ctl_set(c, "bulk:b", "two") == 0, "set: %s", ctl_last_error(c));
+    CHECK(ctl_get_many(c, suffixes, 3, vals[0], sizeof vals[0], present) == 0, "get_many: %s", ctl_last_error(c));
+    CHECK(present[0] && !present[1] && present[2] && !strcmp(vals[0], "1") && vals[1][0] == 0 && !strcmp(vals[2], "two"),
+          "get_many: %d%d%d '%s' '%s' '%s'", present[0], present[1], present[2], vals[0], vals[1], vals[2]);
+
+    /* A batch: in order, one round trip, notices arrive. */
+    t0 = ctl_round_trips(c);
+    CHECK(ctl_batch_begin(c) == 0, "batch_begin: %s", ctl_last_error(c));
+    ctl_batch_set(c, "bulk:order", "first");
+    ctl_batch_set(c, "bulk:order", "second");
+    for (int r = 0; r < 50; r++) ctl_batch_notify(c, procs[r], "notice", 42);
+    ctl_batch_epoch(c, 17);
+    CHECK(ctl_batch_end(c) == 0, "batch_end: %s", ctl_last_error(c));
+    CHECK(ctl_round_trips(c) - t0 == 1, "a batch of 53 commands took %llu round trips", ctl_round_trips(c) - t0);
+    char order[16] = "";
+    CHECK(ctl_get(c, "bulk:order", order, sizeof order) == 0 && !strcmp(order, "second"), "order: '%s'", order);
+    CHECK(ctl_epoch(c) == 17, "epoch %ld", ctl_epoch(c));
+    CHECK(ctl_wait_notice(c, procs[0], "notice", 100) == 42 && ctl_wait_notice(c, procs[49], "notice", 100) == 42,
+          "notices not delivered");
+    CHECK(ctl_notify_many(c, procs + 1, 2, "notice", 43) == 0 && ctl_wait_notice(c, procs[2], "notice", 100) == 42 &&
+              ctl_wait_notice(c, procs[2], "notice", 100) == 43, "notify_many: %s", ctl_last_error(c));
+
+    /* A transaction runs in one round trip; a command that fails while running is reported. */
+    char wake[128];
+    ctl_key_full(c, wake, sizeof wake, KEY_GLOO, 3, 0);
+    t0 = ctl_round_trips(c);
+    CHECK(ctl_batch_begin_atomic(c) == 0, "atomic begin: %s", ctl_last_error(c));
+    ctl_batch_set(c, "bulk:atomic", "x");
+    ctl_batch_push_key(c, wake, "v", 10);
+    ctl_batch_rank_owner(c, 0, 99);
+    CHECK(ctl_batch_end(c) == 0, "atomic batch: %s", ctl_last_error(c));
+    CHECK(ctl_round_trips(c) - t0 == 1, "a transaction took %llu round trips", ctl_round_trips(c) - t0);
+    CHECK(ctl_rank_owner(c, 0) == 99, "atomic batch did not run: owner %ld", ctl_rank_owner(c, 0));
+    CHECK(ctl_set(c, "bulk:str", "s") == 0, "set: %s", ctl_last_error(c));
+    CHECK(ctl_batch_begin_atomic(c) == 0, "atomic begin: %s", ctl_last_error(c));
+    ctl_batch_rank_owner(c, 0, 77);
+    char strkey[128];
+    ctl_key_full(c, strkey, sizeof strkey, KEY_GLOO, 3, 0);
+    snprintf(strkey + strlen(strkey) - strlen("e3:gloo"), 32, "bulk:str");
+    ctl_batch_push_key(c, strkey, "v", 10); /* RPUSH onto a string: fails while running */
+    CHECK(ctl_batch_end(c) == -1, "a transaction with a failed command reported success");
+    CHECK(ctl_epoch(c) == 17, "the connection is out of step after a failed transaction: %s", ctl_last_error(c));
+    ctl_close(c);
+
+    /* Marks: round trips since a mark. */
+    c = connect_job("jobBulk");
+    if (!c) return;
+    ctl_mark(c);
+    ctl_epoch(c);
+    ctl_epoch(c);
+    CHECK(ctl_round_trips_since_mark(c) == 2, "since mark: %llu", ctl_round_trips_since_mark(c));
+    ctl_close(c);
+}
+
 static void test_heartbeat_ttl(void) {
     ctl_t *c = connect_job("jobA");
     if (!c) return;
@@ -432,6 +525,7 @@ int main(void) {
     RUN_TEST(test_proc_ids);
     RUN_TEST(test_claim_rank);
     RUN_TEST(test_spares);
+    RUN_TEST(test_bulk_and_batches);
     RUN_TEST(test_heartbeat_ttl);
     RUN_TEST(test_epoch);
     RUN_TEST(test_state);

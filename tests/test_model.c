@@ -354,11 +354,15 @@ static void test_presets(void) {
               cfg.vocab_size == 50257 && cfg.padded_vocab_size == 50304, "gpt2-124m preset values");
     CHECK(gpt2_config_check(&cfg) == NULL, "gpt2-124m is rejected");
     CHECK(gpt2_preset("gpt2-xxl", &cfg) == -1, "unknown preset accepted");
+    CHECK(gpt2_preset("micro", &cfg) == 0, "micro");
+    CHECK(cfg.num_layers == 1 && cfg.channels == 32 && cfg.num_heads == 2 && cfg.max_seq_len == 32 &&
+              cfg.vocab_size == 256 && cfg.padded_vocab_size == 256, "micro preset values");
+    CHECK(gpt2_config_check(&cfg) == NULL, "micro is rejected");
 
     /* Vp C + maxT C + L (12 C^2 + 13 C) + 2 C */
-    const char *names[3] = {"tiny", "small", "gpt2-124m"};
-    const size_t expected[3] = {120576, 10844160, 124475904}; /* the last is llm.c's count */
-    for (int i = 0; i < 3; i++) {
+    const char *names[4] = {"micro", "tiny", "small", "gpt2-124m"};
+    const size_t expected[4] = {21984, 120576, 10844160, 124475904}; /* the last is llm.c's count */
+    for (int i = 0; i < 4; i++) {
         gpt2_preset(names[i], &cfg);
         size_t C = cfg.channels, L = cfg.num_layers;
         size_t formula = cfg.padded_vocab_size * C + cfg.max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;

@@ -1,4 +1,8 @@
-/* test_replica.c — the replication channel on 127.0.0.1: generations and max_step, refused
+/* test_replica.c — the replication channel on 127.0.0.1: the job key and the authenticated
+ * channel (requests without the handshake, with another job's key, with a wrong or replayed
+ * MAC get nothing; a holder without the key gets nothing from a client), RESERVE and PUT bounded
+ * by the job's ranks and the holder's budget, PULL only from the requesting process;
+ * generations and max_step, refused
  * PUTs (payload checksum, other job, broken header), a sender dying or stalling mid-payload,
  * concurrent PUTs and GETs without torn reads, lookup == GET, stored-memory corruption,
  * bounded client calls, reconnecting, and a prompt stop with transfers in flight; the
@@ -15,16 +19,22 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sodium.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define JOB "testjob"
 #define WORLD 8
 #define TIMEOUT_MS 10000
+
+/* The job's channel key (main derives it from a fresh secret), and another job's. */
+static unsigned char KEY[REPLICA_KEY_BYTES], OTHER_KEY[REPLICA_KEY_BYTES];
 
 /* Whether client connections let the holder pull payloads from this process's memory:
  * the PUT tests run once over TCP and once pulled. */
@@ -65,7 +75,7 @@ static SnapHeader make_header(const char *job, int rank, int64_t step, const voi
 
 static ReplicaServer *start_server(void) {
     char err[256] = "";
-    ReplicaServer *s = replica_server_start("127.0.0.1", 0, JOB, err, sizeof err);
+    ReplicaServer *s = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
     CHECK(s != NULL, "server start: %s", err);
     if (s) CHECK(replica_server_port(s) > 0, "port %d", replica_server_port(s));
     return s;
@@ -73,7 +83,7 @@ static ReplicaServer *start_server(void) {
 
 static ReplicaConn *connect_to(ReplicaServer *s) {
     char err[256] = "";
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(s), TIMEOUT_MS, ALLOW_PULL, err, sizeof err);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(s), TIMEOUT_MS, ALLOW_PULL, KEY, err, sizeof err);
     CHECK(c != NULL, "connect: %s", err);
     return c;
 }
@@ -114,10 +124,10 @@ static void expect_status(ReplicaConn *c, const char *job, int rank, int64_t max
     if (st == REPLICA_OK) free(got);
 }
 
-/* A plain blocking socket to the server, for speaking the protocol by hand. */
-static int raw_connect(ReplicaServer *s) {
+/* A plain blocking TCP socket to port on 127.0.0.1, every read/write bounded. -1 on failure. */
+static int raw_tcp(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)replica_server_port(s))};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         close(fd);
@@ -140,28 +150,142 @@ static int raw_send(int fd, const void *buf, size_t n) {
     return 0;
 }
 
-/* Sends 'P' + header + the first `part` bytes of the payload. */
-static int raw_put_partial(int fd, const SnapHeader *h, const void *payload, size_t part) {
-    char type = REPLICA_REQ_PUT;
-    if (raw_send(fd, &type, 1) != 0 || raw_send(fd, h, sizeof *h) != 0) return -1;
-    return raw_send(fd, payload, part);
+static int raw_recv(int fd, void *buf, size_t n) {
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
 }
 
-/* Reads the holder's 4-byte verdict, or returns 1 (not a status) on EOF/timeout. */
-static int32_t raw_status(int fd) {
-    int32_t st = 1;
-    size_t got = 0;
-    while (got < sizeof st) {
-        ssize_t r = recv(fd, (char *)&st + got, sizeof st - got, 0);
-        if (r <= 0) return 1;
-        got += (size_t)r;
+/* Bytes the peer sends until it closes (or 5 s of silence). */
+static size_t raw_drain(int fd) {
+    char buf[4096];
+    size_t total = 0;
+    ssize_t r;
+    while ((r = recv(fd, buf, sizeof buf, 0)) > 0) total += (size_t)r;
+    return total;
+}
+
+/* The protocol spoken by hand, as replica.c's comment specifies it (written here again from
+ * that text with libsodium, so the tests check the specification, not only the code). */
+typedef struct {
+    int fd;
+    unsigned char ks[crypto_auth_KEYBYTES];
+    uint64_t tx, rx;
+} RawConn;
+
+static void raw_label(unsigned char out[crypto_auth_BYTES], const unsigned char *key, const char *label,
+                      const unsigned char *nh, const unsigned char *nc) {
+    unsigned char in[64 + 64];
+    size_t n = strlen(label);
+    memcpy(in, label, n);
+    memcpy(in + n, nh, 32);
+    memcpy(in + n + 32, nc, 32);
+    crypto_auth(out, in, n + 64, key);
+}
+
+/* Connects and runs the client's handshake with `key`. 0 (authenticated), -1 (the holder
+ * closed: our proof was refused), -2 (the holder's proof is wrong), -3 (no connection). */
+static int raw_open_key(int port, const unsigned char *key, RawConn *rc) {
+    memset(rc, 0, sizeof *rc);
+    rc->fd = raw_tcp(port);
+    if (rc->fd < 0) return -3;
+    unsigned char hello[36], answer[64], proof[32], want[32];
+    if (raw_recv(rc->fd, hello, sizeof hello) != 0 || memcmp(hello, "DPR1", 4) != 0) return -1;
+    randombytes_buf(answer, 32);
+    raw_label(answer + 32, key, "DPrepl01 client", hello + 4, answer);
+    if (raw_send(rc->fd, answer, sizeof answer) != 0 || raw_recv(rc->fd, proof, sizeof proof) != 0) return -1;
+    raw_label(want, key, "DPrepl01 holder", hello + 4, answer);
+    if (crypto_verify_32(proof, want) != 0) return -2;
+    raw_label(rc->ks, key, "DPrepl01 session", hello + 4, answer);
+    return 0;
+}
+
+static int raw_open(ReplicaServer *s, RawConn *rc) { return raw_open_key(replica_server_port(s), KEY, rc); }
+
+static void raw_close(RawConn *rc) {
+    if (rc->fd >= 0) close(rc->fd);
+    rc->fd = -1;
+}
+
+/* The tag of message msg sent as number seq in direction dir. */
+static void raw_tag(const RawConn *rc, char dir, uint64_t seq, const void *msg, size_t len, unsigned char tag[32]) {
+    unsigned char in[9 + 256];
+    in[0] = (unsigned char)dir;
+    memcpy(in + 1, &seq, 8);
+    memcpy(in + 9, msg, len);
+    crypto_auth(tag, in, 9 + len, rc->ks);
+}
+
+/* Sends a request (type byte first) and its tag. */
+static int raw_request(RawConn *rc, const void *msg, size_t len) {
+    unsigned char tag[32];
+    raw_tag(rc, 'C', rc->tx++, msg, len, tag);
+    return raw_send(rc->fd, msg, len) != 0 || raw_send(rc->fd, tag, sizeof tag) != 0 ? -1 : 0;
+}
+
+/* Reads a reply: the status (and, when it is OK and h is given, a header), then its tag. The
+ * status, or 1 (not a status) on EOF, timeout or a wrong tag. */
+static int32_t raw_reply(RawConn *rc, SnapHeader *h) {
+    unsigned char msg[4 + sizeof(SnapHeader)], tag[32], want[32];
+    int32_t st;
+    size_t len = 4;
+    if (raw_recv(rc->fd, msg, 4) != 0) return 1;
+    memcpy(&st, msg, 4);
+    if (st == REPLICA_OK && h) {
+        if (raw_recv(rc->fd, msg + 4, sizeof *h) != 0) return 1;
+        memcpy(h, msg + 4, sizeof *h);
+        len += sizeof *h;
     }
-    return st;
+    if (raw_recv(rc->fd, tag, sizeof tag) != 0) return 1;
+    raw_tag(rc, 'H', rc->rx++, msg, len, want);
+    return crypto_verify_32(tag, want) == 0 ? st : 1;
+}
+
+static int32_t raw_status(RawConn *rc) { return raw_reply(rc, NULL); }
+
+/* Sends 'P' + header (tagged) + the first `part` bytes of the payload. */
+static int raw_put_partial(RawConn *rc, const SnapHeader *h, const void *payload, size_t part) {
+    unsigned char req[1 + sizeof *h] = {REPLICA_REQ_PUT};
+    memcpy(req + 1, h, sizeof *h);
+    if (raw_request(rc, req, sizeof req) != 0) return -1;
+    return raw_send(rc->fd, payload, part);
+}
+
+/* A GET request by hand. */
+static int raw_get(RawConn *rc, int32_t rank, int64_t max_step) {
+    unsigned char req[1 + 40 + 4 + 8] = {REPLICA_REQ_GET};
+    snprintf((char *)req + 1, 40, "%s", JOB);
+    memcpy(req + 41, &rank, 4);
+    memcpy(req + 45, &max_step, 8);
+    return raw_request(rc, req, sizeof req);
 }
 
 /* ------------------------------------------------------------------------------------- */
 /* tests                                                                                  */
 /* ------------------------------------------------------------------------------------- */
+
+/* The secret is 64 hex digits of fresh randomness; the key is a function of it alone. */
+static void test_key_derivation(void) {
+    char a[REPLICA_SECRET_HEX_LEN + 1], b[REPLICA_SECRET_HEX_LEN + 1], tiny[10];
+    unsigned char ka[REPLICA_KEY_BYTES], ka2[REPLICA_KEY_BYTES], kb[REPLICA_KEY_BYTES];
+    CHECK(replica_secret_new(a, sizeof a) == 0 && replica_secret_new(b, sizeof b) == 0, "secrets");
+    CHECK(strlen(a) == REPLICA_SECRET_HEX_LEN && strspn(a, "0123456789abcdef") == REPLICA_SECRET_HEX_LEN, "hex '%s'", a);
+    CHECK(strcmp(a, b) != 0, "two secrets are equal");
+    CHECK(replica_secret_new(tiny, sizeof tiny) == -1, "a secret into a short buffer");
+    CHECK(replica_key_derive(a, ka) == 0 && replica_key_derive(a, ka2) == 0 && replica_key_derive(b, kb) == 0, "keys");
+    CHECK(memcmp(ka, ka2, sizeof ka) == 0 && memcmp(ka, kb, sizeof ka) != 0, "a key depends on its secret alone");
+    CHECK(memcmp(ka, a, sizeof ka) != 0, "the key is not the secret");
+    a[63] = 'g';
+    CHECK(replica_key_derive(a, ka) == -1, "a secret with a non-hex digit");
+    a[63] = 0;
+    CHECK(replica_key_derive(a, ka) == -1, "a short secret");
+    CHECK(replica_key_derive("", ka) == -1 && replica_key_derive(NULL, ka) == -1, "no secret");
+}
 
 static void test_header_seal_and_check(void) {
     CHECK(sizeof(SnapHeader) == 88, "sizeof %zu", sizeof(SnapHeader));
@@ -271,14 +395,14 @@ static void test_sender_dies_mid_transfer(void) {
         SnapHeader h = make_header(JOB, 3, 3, p, len);
 
         /* stalled sender: while half a payload sits in a slot, GET serves the newest complete one */
-        int fd = raw_connect(s);
-        CHECK(fd >= 0 && raw_put_partial(fd, &h, p, len / 2) == 0, "raw partial PUT");
+        RawConn rc;
+        CHECK(raw_open(s, &rc) == 0 && raw_put_partial(&rc, &h, p, len / 2) == 0, "raw partial PUT");
         expect_gen(c, 3, -1, 2, len);
         SnapHeader hl;
         void *pl = NULL;
         CHECK(replica_server_lookup(s, 3, -1, &hl, &pl) == REPLICA_OK && hl.step == 2, "lookup during a PUT");
         free(pl);
-        if (fd >= 0) close(fd); /* the sender dies */
+        raw_close(&rc); /* the sender dies */
 
         expect_gen(c, 3, -1, 2, len);
         /* and a later complete PUT works (it may wait until the holder noticed the drop) */
@@ -315,29 +439,28 @@ static void test_refusals_and_not_found(void) {
         expect_gen(c, 2, -1, 4, 1000);
     }
 
-    /* hand-made headers: broken header checksum, absurd length, rank beyond the limit */
-    for (int kind = 0; kind < 3; kind++) {
+    /* hand-made headers (authenticated): broken header checksum, absurd length, a rank beyond
+     * the job's world (saying a larger world), the job's world but a rank at its end */
+    for (int kind = 0; kind < 4; kind++) {
         unsigned char q[64] = {0};
         SnapHeader h = make_header(JOB, 1, 1, q, sizeof q);
         if (kind == 0) h.step = 2; /* not resealed */
         if (kind == 1) { h.length = 1ULL << 40; snap_header_seal(&h); }
-        if (kind == 2) { h.rank = (1 << 20) + 1; h.world = (1 << 20) + 2; snap_header_seal(&h); }
-        int fd = raw_connect(s);
-        CHECK(fd >= 0 && raw_put_partial(fd, &h, q, sizeof q) == 0, "raw PUT %d", kind);
-        if (fd >= 0) {
-            int32_t st = raw_status(fd);
-            CHECK(st == REPLICA_REFUSED, "bad header kind %d: status %d", kind, st);
-            close(fd);
-        }
+        if (kind == 2) { h.rank = WORLD + 1; h.world = WORLD + 2; snap_header_seal(&h); }
+        if (kind == 3) { h.rank = WORLD; snap_header_seal(&h); }
+        RawConn rc;
+        CHECK(raw_open(s, &rc) == 0 && raw_put_partial(&rc, &h, q, sizeof q) == 0, "raw PUT %d", kind);
+        int32_t st = raw_status(&rc);
+        CHECK(st == REPLICA_REFUSED, "bad header kind %d: status %d", kind, st);
+        raw_close(&rc);
     }
     /* an unknown request type closes the connection without harm */
-    int fd = raw_connect(s);
-    if (fd >= 0) {
-        CHECK(raw_send(fd, "Z", 1) == 0, "send junk");
-        char b;
-        CHECK(recv(fd, &b, 1, 0) == 0, "holder closes on an unknown request");
-        close(fd);
+    RawConn rc;
+    if (raw_open(s, &rc) == 0) {
+        CHECK(raw_request(&rc, "Z", 1) == 0, "send junk");
+        CHECK(raw_drain(rc.fd) == 0, "holder closes on an unknown request");
     }
+    raw_close(&rc);
     if (c) expect_gen(c, 2, -1, 4, 1000);
     replica_close(c);
     replica_server_stop(s);
@@ -379,7 +502,7 @@ typedef struct {
 
 static void *put_gen3(void *arg) {
     PutJob *j = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(j->s), TIMEOUT_MS, ALLOW_PULL, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(j->s), TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
     replica_status st = c ? put_gen(c, 0, 3, j->len) : REPLICA_IO;
     replica_close(c);
     pthread_mutex_lock(&j->mu);
@@ -389,52 +512,34 @@ static void *put_gen3(void *arg) {
     return NULL;
 }
 
-static int raw_recv(int fd, void *buf, size_t n) {
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = recv(fd, p, n, 0);
-        if (r <= 0) return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
 static void test_put_waits_for_a_reader_of_its_slot(void) {
     ReplicaServer *s = start_server();
     if (!s) return;
     ReplicaConn *c = connect_to(s);
     size_t len = 32u << 20; /* far more than the socket buffers hold */
     PutJob j = {.s = s, .len = len, .mu = PTHREAD_MUTEX_INITIALIZER};
-    int fd = -1;
+    RawConn rc = {.fd = -1};
     if (c) {
         CHECK(put_gen(c, 0, 1, len) == REPLICA_OK, "PUT gen 1");
         CHECK(put_gen(c, 0, 2, len) == REPLICA_OK, "PUT gen 2");
         /* a slow reader of gen 1: the holder's send blocks with gen 1's slot pinned */
-        fd = raw_connect(s);
-        unsigned char req[1 + 40 + 4 + 8] = {REPLICA_REQ_GET};
-        snprintf((char *)req + 1, 40, "%s", JOB);
-        int32_t rank = 0;
-        int64_t max_step = 1;
-        memcpy(req + 41, &rank, 4);
-        memcpy(req + 45, &max_step, 8);
-        CHECK(fd >= 0 && raw_send(fd, req, sizeof req) == 0, "raw GET");
+        CHECK(raw_open(s, &rc) == 0 && raw_get(&rc, 0, 1) == 0, "raw GET");
         sleep_ms(100);
     }
     pthread_t t;
-    int started = c && fd >= 0 && pthread_create(&t, NULL, put_gen3, &j) == 0;
+    int started = c && rc.fd >= 0 && pthread_create(&t, NULL, put_gen3, &j) == 0;
     if (started) {
         sleep_ms(300);
         pthread_mutex_lock(&j.mu);
         int early = j.finished;
         pthread_mutex_unlock(&j.mu);
         CHECK(!early, "gen 3 must wait for the reader of the slot it replaces");
-        int32_t st = 1;
         SnapHeader h;
         unsigned char *got = malloc(len);
-        CHECK(raw_recv(fd, &st, 4) == 0 && st == REPLICA_OK, "raw GET status %d", st);
-        CHECK(raw_recv(fd, &h, sizeof h) == 0 && h.step == 1 && h.length == len, "raw GET header");
-        CHECK(raw_recv(fd, got, len) == 0, "raw GET payload");
+        int32_t st = raw_reply(&rc, &h);
+        CHECK(st == REPLICA_OK, "raw GET status %d", st);
+        CHECK(st == REPLICA_OK && h.step == 1 && h.length == len, "raw GET header");
+        CHECK(raw_recv(rc.fd, got, len) == 0, "raw GET payload");
         unsigned char *want = make_payload(0, 1, len);
         CHECK(memcmp(got, want, len) == 0 && crc32c(0, got, len) == h.crc, "slow reader got gen 1 untorn");
         free(want);
@@ -444,7 +549,7 @@ static void test_put_waits_for_a_reader_of_its_slot(void) {
         expect_gen(c, 0, -1, 3, len);
         expect_gen(c, 0, 2, 2, len);
     }
-    if (fd >= 0) close(fd);
+    raw_close(&rc);
     replica_close(c);
     replica_server_stop(s);
 }
@@ -474,7 +579,7 @@ static size_t cc_len(int rank, int64_t gen) { return (256u << 10) + (size_t)rank
 
 static void *cc_writer(void *arg) {
     WriterArg *w = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(w->s), TIMEOUT_MS, ALLOW_PULL, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(w->s), TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
     for (int g = 0; g < CC_GENS && c; g++)
         if (put_gen(c, w->rank, g, cc_len(w->rank, g)) != REPLICA_OK) w->failures++;
     if (!c) w->failures++;
@@ -494,7 +599,7 @@ static int cc_writers_left(ReaderArg *r) {
 
 static void *cc_reader(void *arg) {
     ReaderArg *r = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(r->s), TIMEOUT_MS, ALLOW_PULL, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(r->s), TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
     if (!c) {
         r->bad++;
         return NULL;
@@ -602,14 +707,15 @@ static int can_pull(void) {
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)sizeof dst;
 }
 
+/* A PULL on an authenticated connection of this process: its status, 1 on failure. */
 static int32_t raw_pull(ReplicaServer *s, const SnapHeader *h, const RawPullSource *src) {
-    int fd = raw_connect(s);
-    if (fd < 0) return 1;
-    char type = REPLICA_REQ_PULL;
+    RawConn rc;
     int32_t st = 1;
-    if (raw_send(fd, &type, 1) == 0 && raw_send(fd, h, sizeof *h) == 0 && raw_send(fd, src, sizeof *src) == 0)
-        st = raw_status(fd);
-    close(fd);
+    unsigned char req[1 + sizeof *h + sizeof *src] = {REPLICA_REQ_PULL};
+    memcpy(req + 1, h, sizeof *h);
+    memcpy(req + 1 + sizeof *h, src, sizeof *src);
+    if (raw_open(s, &rc) == 0 && raw_request(&rc, req, sizeof req) == 0) st = raw_status(&rc);
+    raw_close(&rc);
     return st;
 }
 
@@ -728,39 +834,102 @@ static void test_reserve_prepares_slots_and_keeps_generations(void) {
     replica_server_stop(s);
 }
 
-static void test_client_calls_are_bounded(void) {
-    /* a "holder" that accepts and then never answers */
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+/* A fake holder on a loopback port: accepts one connection, runs the holder's side of the
+ * handshake with `key` (or, with bad_proof, answers any client with a made-up proof), then
+ * reads nothing more and never answers until the client goes away. */
+typedef struct {
+    int lfd, port;
+    const unsigned char *key;
+    int bad_proof;
+    int client_proof_ok; /* the client's proof checked out */
+    volatile int stop;   /* the test is done with it */
+} FakeHolder;
+
+static int fake_listen(FakeHolder *f) {
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     socklen_t alen = sizeof a;
-    CHECK(bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 4) == 0, "mute listener");
-    getsockname(lfd, (struct sockaddr *)&a, &alen);
-    int port = ntohs(a.sin_port);
-    ReplicaConn *c = replica_connect("127.0.0.1", port, 1000, ALLOW_PULL, NULL, 0);
-    CHECK(c != NULL, "connect to the mute listener");
+    if (bind(f->lfd, (struct sockaddr *)&a, sizeof a) != 0 || listen(f->lfd, 4) != 0) return -1;
+    getsockname(f->lfd, (struct sockaddr *)&a, &alen);
+    f->port = ntohs(a.sin_port);
+    return 0;
+}
+
+static void *fake_holder_main(void *arg) {
+    FakeHolder *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    unsigned char hello[36] = "DPR1", answer[64], proof[32];
+    randombytes_buf(hello + 4, 32);
+    if (raw_send(fd, hello, sizeof hello) == 0 && raw_recv(fd, answer, sizeof answer) == 0) {
+        raw_label(proof, f->key, "DPrepl01 client", hello + 4, answer);
+        f->client_proof_ok = crypto_verify_32(proof, answer + 32) == 0;
+        raw_label(proof, f->key, "DPrepl01 holder", hello + 4, answer);
+        if (f->bad_proof) randombytes_buf(proof, sizeof proof);
+        raw_send(fd, proof, sizeof proof);
+        for (int i = 0; i < 500 && !f->stop; i++) sleep_ms(10); /* mute from here on, reading nothing */
+    }
+    close(fd);
+    return NULL;
+}
+
+static void test_client_calls_are_bounded(void) {
+    /* a "holder" that accepts and then never answers: not even the handshake */
+    FakeHolder f = {.key = KEY};
+    CHECK(fake_listen(&f) == 0, "mute listener");
+    double t0 = now_ms();
+    char err[256] = "";
+    ReplicaConn *c = replica_connect("127.0.0.1", f.port, 300, ALLOW_PULL, KEY, err, sizeof err);
+    double dt = now_ms() - t0;
+    CHECK(c == NULL && dt < 1500, "connect to a holder that never shakes hands: %s after %.0f ms", err, dt);
+    replica_close(c);
+    close(f.lfd);
+
+    /* one that authenticates and then never answers a request */
+    f = (FakeHolder){.key = KEY};
+    CHECK(fake_listen(&f) == 0, "mute holder");
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, fake_holder_main, &f) == 0, "fake holder thread");
+    c = replica_connect("127.0.0.1", f.port, 1000, ALLOW_PULL, KEY, err, sizeof err);
+    CHECK(c != NULL, "connect to the mute holder: %s", err);
     if (c) {
         SnapHeader h;
         void *p = NULL;
-        double t0 = now_ms();
+        t0 = now_ms();
         replica_status st = replica_get(c, JOB, 0, -1, &h, &p, 200);
-        double dt = now_ms() - t0;
+        dt = now_ms() - t0;
         CHECK(st == REPLICA_IO && dt < 1500, "GET from a mute holder: %s after %.0f ms", replica_status_str(st), dt);
-        /* a PUT far bigger than the socket buffers, to a holder that never reads */
+        replica_close(c);
+    }
+    f.stop = 1;
+    pthread_join(t, NULL);
+    close(f.lfd);
+    /* and a PUT far bigger than the socket buffers, to a holder that never reads */
+    f = (FakeHolder){.key = KEY};
+    CHECK(fake_listen(&f) == 0, "mute holder");
+    CHECK(pthread_create(&t, NULL, fake_holder_main, &f) == 0, "fake holder thread");
+    c = replica_connect("127.0.0.1", f.port, 1000, 0, KEY, err, sizeof err);
+    CHECK(c != NULL, "connect to the mute holder: %s", err);
+    if (c) {
         size_t len = 64u << 20;
         unsigned char *big = calloc(1, len);
-        h = make_header(JOB, 0, 0, big, len);
+        SnapHeader h = make_header(JOB, 0, 0, big, len);
         t0 = now_ms();
-        st = replica_put(c, &h, big, 300);
+        replica_status st = replica_put(c, &h, big, 300);
         dt = now_ms() - t0;
         CHECK(st == REPLICA_IO && dt < 1500, "PUT to a mute holder: %s after %.0f ms", replica_status_str(st), dt);
         free(big);
         replica_close(c);
     }
-    close(lfd);
-    char err[256] = "";
-    double t0 = now_ms();
-    c = replica_connect("127.0.0.1", port, 500, ALLOW_PULL, err, sizeof err); /* nobody listens any more */
+    f.stop = 1;
+    pthread_join(t, NULL);
+    int port = f.port;
+    close(f.lfd);
+    t0 = now_ms();
+    c = replica_connect("127.0.0.1", port, 500, ALLOW_PULL, KEY, err, sizeof err); /* nobody listens any more */
     CHECK(c == NULL && err[0] && now_ms() - t0 < 1500, "connect to a closed port fails promptly");
     replica_close(c);
 }
@@ -773,7 +942,7 @@ static void test_reconnects_after_holder_restart(void) {
     if (c) CHECK(put_gen(c, 0, 1, 5000) == REPLICA_OK, "PUT before restart");
     replica_server_stop(s);
     char err[256] = "";
-    s = replica_server_start("127.0.0.1", port, JOB, err, sizeof err);
+    s = replica_server_start("127.0.0.1", port, JOB, WORLD, KEY, err, sizeof err);
     if (!s) {
         printf("# port %d not reusable (%s): restart test skipped\n", port, err);
         replica_close(c);
@@ -794,11 +963,11 @@ static void test_stop_with_transfers_in_flight(void) {
     size_t len = 32u << 20;
     unsigned char *p = make_payload(0, 5, len);
     /* three partial PUTs for one rank: two fill both slots, the third waits for a slot */
-    int fds[3];
+    RawConn rcs[3];
     for (int i = 0; i < 3; i++) {
         SnapHeader h = make_header(JOB, 0, 5 + i, p, len);
-        fds[i] = raw_connect(s);
-        CHECK(fds[i] >= 0 && raw_put_partial(fds[i], &h, p, i < 2 ? len / 4 : 100) == 0, "partial PUT %d", i);
+        CHECK(raw_open(s, &rcs[i]) == 0 && raw_put_partial(&rcs[i], &h, p, i < 2 ? len / 4 : 100) == 0,
+              "partial PUT %d", i);
     }
     ReplicaConn *idle = connect_to(s); /* and one idle client connection */
     sleep_ms(100);                     /* let the holder reach its blocking points */
@@ -807,10 +976,294 @@ static void test_stop_with_transfers_in_flight(void) {
     double dt = now_ms() - t0;
     printf("# replica_server_stop with 3 transfers in flight: %.1f ms\n", dt);
     CHECK(dt < 2000, "stop took %.0f ms", dt);
-    for (int i = 0; i < 3; i++)
-        if (fds[i] >= 0) close(fds[i]);
+    for (int i = 0; i < 3; i++) raw_close(&rcs[i]);
     replica_close(idle);
     free(p);
+}
+
+/* ---- authentication and bounds ---- */
+
+/* Requests from a client that skips the handshake (as any local user who knows the job id
+ * could send them, here a forged generation with valid CRCs): the holder reads a would-be
+ * proof, closes, and has sent nothing but its hello; nothing is stored, served or allocated. */
+static void test_unauthenticated_requests_get_nothing(void) {
+    ReplicaServer *s = start_server();
+    ReplicaConn *c = s ? connect_to(s) : NULL;
+    if (!c) { replica_server_stop(s); return; }
+    int port = replica_server_port(s);
+    size_t len = 1u << 20;
+    CHECK(put_gen(c, 1, 3, len) == REPLICA_OK, "authenticated PUT");
+    unsigned char *p = make_payload(2, 7, len);
+    SnapHeader forged = make_header(JOB, 2, 7, p, len);
+    SnapHeader big = make_header(JOB, 3, -1, "", 0);
+    big.length = 40u << 20;
+    snap_header_seal(&big);
+    RawPullSource src = this_process(p);
+    size_t before = th_resident_bytes();
+    for (int kind = 0; kind < 4; kind++) {
+        const char *what = (const char *[]){"PUT", "GET", "RESERVE", "PULL"}[kind];
+        unsigned char req[1 + sizeof(SnapHeader) + sizeof src];
+        size_t n = 1 + sizeof(SnapHeader);
+        req[0] = (unsigned char)(const char[]){REPLICA_REQ_PUT, REPLICA_REQ_GET, REPLICA_REQ_RESERVE, REPLICA_REQ_PULL}[kind];
+        memcpy(req + 1, kind == 2 ? &big : &forged, sizeof(SnapHeader));
+        if (kind == 1) { /* GET of rank 1, which the holder has */
+            memset(req + 1, 0, 52);
+            snprintf((char *)req + 1, 40, "%s", JOB);
+            int32_t rank = 1;
+            int64_t max_step = -1;
+            memcpy(req + 41, &rank, 4);
+            memcpy(req + 45, &max_step, 8);
+            n = 53;
+        }
+        if (kind == 3) {
+            memcpy(req + n, &src, sizeof src);
+            n += sizeof src;
+        }
+        int fd = raw_tcp(port);
+        CHECK(fd >= 0, "connect");
+        if (fd < 0) continue;
+        raw_send(fd, req, n);
+        if (kind == 0) raw_send(fd, p, len); /* may fail: the holder has closed */
+        size_t got = raw_drain(fd);
+        CHECK(got <= 36, "unauthenticated %s: the holder sent %zu bytes, more than its hello", what, got);
+        close(fd);
+    }
+    size_t grown = th_resident_bytes() - before;
+    CHECK(grown < (16u << 20), "unauthenticated RESERVE of 2 x 40 MiB grew the holder by %zu bytes", grown);
+    SnapHeader h;
+    void *got = NULL;
+    CHECK(replica_server_lookup(s, 2, -1, &h, &got) == REPLICA_NOT_FOUND, "the forged generation was stored");
+    free(got);
+    expect_gen(c, 1, -1, 3, len); /* the holder serves its clients as before */
+    free(p);
+    replica_close(c);
+    replica_server_stop(s);
+}
+
+/* A client with another job's key cannot connect, so it cannot PUT, GET, RESERVE or PULL; and
+ * a client refuses a holder that cannot prove it has the job's key. */
+static void test_wrong_key_refused(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    int port = replica_server_port(s);
+    char err[256] = "";
+    ReplicaConn *c = replica_connect("127.0.0.1", port, TIMEOUT_MS, ALLOW_PULL, OTHER_KEY, err, sizeof err);
+    CHECK(c == NULL && err[0], "a client with another job's key was let in");
+    printf("# wrong key: %s\n", err);
+    replica_close(c);
+
+    size_t len = 1u << 20;
+    unsigned char *p = make_payload(2, 7, len);
+    SnapHeader forged = make_header(JOB, 2, 7, p, len);
+    RawPullSource src = this_process(p);
+    for (int kind = 0; kind < 4; kind++) {
+        RawConn rc;
+        int hs = raw_open_key(port, OTHER_KEY, &rc);
+        CHECK(hs == -1, "handshake with another job's key: %d, want -1 (closed by the holder)", hs);
+        /* whatever follows is never read */
+        unsigned char req[1 + sizeof forged + sizeof src] = {(unsigned char)"PGRL"[kind]};
+        memcpy(req + 1, &forged, sizeof forged);
+        memcpy(req + 1 + sizeof forged, &src, sizeof src);
+        if (rc.fd >= 0) {
+            raw_send(rc.fd, req, sizeof req);
+            CHECK(raw_drain(rc.fd) == 0, "the holder answered a client that failed the handshake");
+        }
+        raw_close(&rc);
+    }
+    SnapHeader h;
+    void *got = NULL;
+    CHECK(replica_server_lookup(s, 2, -1, &h, &got) == REPLICA_NOT_FOUND, "something was stored");
+    free(got);
+    free(p);
+    replica_server_stop(s);
+
+    /* the other way round: a "holder" whose proof is wrong gets nothing from a client */
+    FakeHolder f = {.key = KEY, .bad_proof = 1};
+    pthread_t t;
+    CHECK(fake_listen(&f) == 0 && pthread_create(&t, NULL, fake_holder_main, &f) == 0, "fake holder");
+    c = replica_connect("127.0.0.1", f.port, TIMEOUT_MS, ALLOW_PULL, KEY, err, sizeof err);
+    CHECK(c == NULL && strstr(err, "prove"), "a holder without the key was accepted (%s)", err);
+    replica_close(c);
+    f.stop = 1;
+    pthread_join(t, NULL);
+    CHECK(f.client_proof_ok, "the client's own proof was wrong");
+    close(f.lfd);
+}
+
+/* After the handshake every request carries its MAC: a request with a wrong tag, or one
+ * replayed (on the same connection or another), closes the connection unanswered. */
+static void test_requests_need_their_mac(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    size_t len = 100000;
+    unsigned char *p = make_payload(2, 7, len);
+    SnapHeader h = make_header(JOB, 2, 7, p, len);
+    unsigned char req[1 + sizeof h] = {REPLICA_REQ_PUT}, tag[32];
+    memcpy(req + 1, &h, sizeof h);
+
+    RawConn rc;
+    CHECK(raw_open(s, &rc) == 0, "handshake");
+    raw_tag(&rc, 'C', rc.tx, req, sizeof req, tag);
+    tag[5] ^= 1;
+    raw_send(rc.fd, req, sizeof req);
+    raw_send(rc.fd, tag, sizeof tag);
+    raw_send(rc.fd, p, len);
+    CHECK(raw_drain(rc.fd) == 0, "a PUT with a wrong MAC was answered");
+    raw_close(&rc);
+    SnapHeader got;
+    void *gp = NULL;
+    CHECK(replica_server_lookup(s, 2, -1, &got, &gp) == REPLICA_NOT_FOUND, "a PUT with a wrong MAC was stored");
+    free(gp);
+
+    /* a good PUT, then the very same bytes again: on this connection, and on another one */
+    CHECK(raw_open(s, &rc) == 0, "handshake");
+    raw_tag(&rc, 'C', rc.tx, req, sizeof req, tag);
+    CHECK(raw_put_partial(&rc, &h, p, len) == 0 && raw_status(&rc) == REPLICA_OK, "a good raw PUT");
+    raw_send(rc.fd, req, sizeof req);
+    raw_send(rc.fd, tag, sizeof tag);
+    CHECK(raw_drain(rc.fd) == 0, "a PUT replayed on its connection was answered");
+    raw_close(&rc);
+    CHECK(raw_open(s, &rc) == 0, "handshake");
+    raw_send(rc.fd, req, sizeof req);
+    raw_send(rc.fd, tag, sizeof tag);
+    CHECK(raw_drain(rc.fd) == 0, "a PUT replayed on another connection was answered");
+    raw_close(&rc);
+    gp = NULL;
+    CHECK(replica_server_lookup(s, 2, -1, &got, &gp) == REPLICA_OK && got.step == 7, "the good PUT is kept");
+    free(gp);
+    free(p);
+    replica_server_stop(s);
+}
+
+static int thread_count(void) {
+    char line[256];
+    int n = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1) break;
+    if (f) fclose(f);
+    return n;
+}
+
+/* Connections that never authenticate cost the holder a bounded number of threads, for a
+ * bounded time; a client of the job behind them still gets in. */
+static void test_handshake_flood_is_bounded(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    enum { FLOOD = 100 };
+    int fds[FLOOD], base = thread_count();
+    for (int i = 0; i < FLOOD; i++) fds[i] = raw_tcp(replica_server_port(s));
+    sleep_ms(300);
+    int during = thread_count();
+    CHECK(during - base <= 64 + 2, "%d connections that never authenticate took %d threads", FLOOD, during - base);
+    double t0 = now_ms();
+    ReplicaConn *c = connect_to(s);
+    printf("# %d connections that never authenticate: %d holder threads; a client behind them got in after %.0f ms\n",
+           FLOOD, during - base, now_ms() - t0);
+    if (c) CHECK(put_gen(c, 0, 1, 1000) == REPLICA_OK, "PUT after the flood");
+    for (int i = 0; i < FLOOD; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    replica_close(c);
+    replica_server_stop(s);
+}
+
+/* RESERVE and PUT are bounded by the job's real ranks and by the holder's byte budget. */
+static void test_reserve_and_put_bounded(void) {
+    ReplicaServer *s = start_server();
+    ReplicaConn *c = s ? connect_to(s) : NULL;
+    if (!c) { replica_server_stop(s); return; }
+    const size_t mib = 1u << 20;
+    /* the default budget: half the physical memory; a RESERVE of all of it is refused at once */
+    SnapHeader h = make_header(JOB, 0, -1, "", 0);
+    h.length = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    snap_header_seal(&h);
+    size_t before = th_resident_bytes();
+    replica_status st = replica_reserve(c, &h, TIMEOUT_MS);
+    CHECK(st == REPLICA_REFUSED, "RESERVE of the whole physical memory: %s", replica_status_str(st));
+
+    replica_server_set_max_bytes(s, 64 * mib);
+    /* a made-up rank of a made-up world (the header is consistent in itself) */
+    h = make_header(JOB, 999, -1, "", 0);
+    h.world = 1000;
+    h.length = 16 * mib;
+    snap_header_seal(&h);
+    st = replica_reserve(c, &h, TIMEOUT_MS);
+    CHECK(st == REPLICA_REFUSED, "RESERVE for rank 999 of a job of %d: %s", WORLD, replica_status_str(st));
+    unsigned char *p = make_payload(999, 1, 1000);
+    h = make_header(JOB, 999, 1, p, 1000);
+    h.world = 1000;
+    snap_header_seal(&h);
+    st = replica_put(c, &h, p, TIMEOUT_MS);
+    CHECK(st == REPLICA_REFUSED, "PUT for rank 999 of a job of %d: %s", WORLD, replica_status_str(st));
+    free(p);
+    expect_status(c, JOB, WORLD, -1, REPLICA_NOT_FOUND);
+    /* an absurd size for this budget */
+    h = make_header(JOB, 0, -1, "", 0);
+    h.length = 256 * mib;
+    snap_header_seal(&h);
+    st = replica_reserve(c, &h, TIMEOUT_MS);
+    CHECK(st == REPLICA_REFUSED, "RESERVE of 2 x 256 MiB with a budget of 64 MiB: %s", replica_status_str(st));
+    size_t grown = th_resident_bytes() - before;
+    CHECK(grown < 16 * mib, "refused RESERVEs grew the holder by %zu bytes", grown);
+
+    /* the budget fills up rank by rank: two ranks of 2 x 16 MiB fit, the third does not */
+    for (int rank = 0; rank < 3; rank++) {
+        h = make_header(JOB, rank, -1, "", 0);
+        h.length = 16 * mib;
+        snap_header_seal(&h);
+        st = replica_reserve(c, &h, TIMEOUT_MS);
+        CHECK(st == (rank < 2 ? REPLICA_OK : REPLICA_REFUSED), "RESERVE of rank %d: %s", rank, replica_status_str(st));
+    }
+    CHECK(put_gen(c, 2, 0, mib) == REPLICA_REFUSED, "a PUT over the budget");
+    CHECK(put_gen(c, 0, 0, 16 * mib) == REPLICA_OK, "a PUT into reserved slots");
+    CHECK(put_gen(c, 0, 1, 16 * mib) == REPLICA_OK, "a PUT into reserved slots");
+    expect_gen(c, 0, -1, 1, 16 * mib);
+    replica_server_set_max_bytes(s, 128 * mib); /* raised: rank 2 fits now */
+    CHECK(put_gen(c, 2, 0, mib) == REPLICA_OK, "a PUT within the raised budget");
+    replica_close(c);
+    replica_server_stop(s);
+}
+
+/* A holder pulls only from the process at the other end of the connection: a PULL that
+ * names another process (here a child holding the same bytes at the same address, which the
+ * holder would be allowed to read) reads nothing and stores nothing. */
+static void test_pull_only_from_the_requesting_process(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    size_t len = 1u << 20;
+    unsigned char *p = make_payload(4, 9, len);
+    SnapHeader h = make_header(JOB, 4, 9, p, len);
+    int ready[2], go[2];
+    CHECK(pipe(ready) == 0 && pipe(go) == 0, "pipes");
+    pid_t child = fork();
+    if (child == 0) {
+        char x = 'x';
+        if (write(ready[1], &x, 1) != 1 || read(go[0], &x, 1) < 0) _exit(1);
+        _exit(0);
+    }
+    char x;
+    CHECK(child > 0 && read(ready[0], &x, 1) == 1, "child started");
+    RawPullSource src = this_process(p);
+    src.pid = child;
+    CHECK(raw_pull(s, &h, &src) == REPLICA_NO_PULL, "a PULL naming another process (%d) was served", (int)child);
+    src.pid = 1;
+    CHECK(raw_pull(s, &h, &src) == REPLICA_NO_PULL, "a PULL naming process 1 was served");
+    SnapHeader got;
+    void *gp = NULL;
+    CHECK(replica_server_lookup(s, 4, -1, &got, &gp) == REPLICA_NOT_FOUND, "bytes of another process were stored");
+    free(gp);
+    src.pid = getpid();
+    int32_t own = raw_pull(s, &h, &src);
+    CHECK(own == (can_pull() ? REPLICA_OK : REPLICA_NO_PULL), "a PULL of the requester's own memory: %d", own);
+    x = 'g';
+    CHECK(write(go[1], &x, 1) == 1, "release the child");
+    waitpid(child, NULL, 0);
+    close(ready[0]);
+    close(ready[1]);
+    close(go[0]);
+    close(go[1]);
+    free(p);
+    replica_server_stop(s);
 }
 
 /* ---- throughput (printed, not asserted) ---- */
@@ -857,6 +1310,13 @@ PULLED(test_concurrent_puts_and_gets)
 PULLED(test_put_throughput)
 
 int main(void) {
+    char secret[REPLICA_SECRET_HEX_LEN + 1];
+    if (replica_secret_new(secret, sizeof secret) != 0 || replica_key_derive(secret, KEY) != 0 ||
+        replica_secret_new(secret, sizeof secret) != 0 || replica_key_derive(secret, OTHER_KEY) != 0) {
+        printf("not ok - no channel keys\n");
+        return 1;
+    }
+    RUN_TEST(test_key_derivation);
     RUN_TEST(test_header_seal_and_check);
     RUN_TEST(test_generations_and_max_step);
     RUN_TEST(test_bad_payload_refused);
@@ -877,5 +1337,11 @@ int main(void) {
     RUN_TEST(test_sender_dies_mid_transfer_pulled);
     RUN_TEST(test_concurrent_puts_and_gets_pulled);
     RUN_TEST(test_put_throughput_pulled);
+    RUN_TEST(test_unauthenticated_requests_get_nothing);
+    RUN_TEST(test_wrong_key_refused);
+    RUN_TEST(test_requests_need_their_mac);
+    RUN_TEST(test_handshake_flood_is_bounded);
+    RUN_TEST(test_reserve_and_put_bounded);
+    RUN_TEST(test_pull_only_from_the_requesting_process);
     TEST_MAIN_END();
 }

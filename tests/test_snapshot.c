@@ -1,7 +1,8 @@
 /* test_snapshot.c — the ping-pong snapshot engine against a real replica holder on loopback:
  * replicas equal the live state byte for byte, the loop never sees a torn copy, and a rank
  * killed mid-replication leaves the previous committed generation intact and usable; the
- * buffers here and on the holder are faulted in before the first capture. */
+ * buffers here and on the holder are faulted in before the first capture; an engine without
+ * the job's key replicates nothing. */
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -15,6 +16,10 @@
 #include "util.h"
 
 #define JOB "snaptest"
+#define WORLD 4
+
+/* The job's channel key, as every process of a job derives it from the job's secret. */
+static unsigned char KEY[REPLICA_KEY_BYTES];
 
 static void fill(unsigned char *buf, size_t n, uint64_t seed) {
     uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
@@ -42,15 +47,15 @@ static int replica_equals(ReplicaServer *srv, int rank, int64_t step, const Snap
 
 static void test_replica_equals_live_state(void) {
     char err[256];
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n1 = 64, n2 = 3 << 20, n3 = 12345;
     unsigned char *a = malloc(n1), *b = malloc(n2), *c = malloc(n3);
     SnapRegion regions[3] = {{a, n1}, {b, n2}, {c, n3}};
     ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
-    SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 2, .world = 4, .regions = regions, .nregions = 3,
-                         .targets = &target, .ntargets = 1, .timeout_ms = 5000};
+    SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 2, .world = WORLD, .regions = regions, .nregions = 3,
+                         .targets = &target, .ntargets = 1, .timeout_ms = 5000, .key = KEY};
     Snapshot *s = snapshot_create(&sc, err, sizeof err);
     CHECK(s != NULL, "%s", err);
     if (!s) return;
@@ -128,7 +133,7 @@ static void test_wait_protects_generation(void) {
  * generation 0, verified, byte for byte. */
 static void test_rank_killed_mid_replication(void) {
     char err[256];
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n = 48 << 20;
@@ -143,8 +148,8 @@ static void test_rank_killed_mid_replication(void) {
         memcpy(live, gen0, n);
         SnapRegion region = {live, n};
         ReplicaTarget target = {"127.0.0.1", port};
-        SnapshotConfig sc = {.job = JOB, .rank = 1, .world = 2, .regions = &region, .nregions = 1,
-                             .targets = &target, .ntargets = 1, .timeout_ms = 5000};
+        SnapshotConfig sc = {.job = JOB, .rank = 1, .world = WORLD, .regions = &region, .nregions = 1,
+                             .targets = &target, .ntargets = 1, .timeout_ms = 5000, .key = KEY};
         char e[256];
         Snapshot *s = snapshot_create(&sc, e, sizeof e);
         if (!s) _exit(2);
@@ -196,7 +201,7 @@ static void test_rank_killed_mid_replication(void) {
  * that took; the first generation then replicates as usual. */
 static void test_buffers_set_up_before_first_capture(void) {
     char err[256];
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n = 40u << 20; /* above glibc's largest mmap threshold: fresh pages, never reused heap */
@@ -204,8 +209,8 @@ static void test_buffers_set_up_before_first_capture(void) {
     fill(live, n, 7);
     SnapRegion region = {live, n};
     ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
-    SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 1, .world = 2, .regions = &region, .nregions = 1,
-                         .targets = &target, .ntargets = 1, .timeout_ms = 5000};
+    SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 1, .world = WORLD, .regions = &region, .nregions = 1,
+                         .targets = &target, .ntargets = 1, .timeout_ms = 5000, .key = KEY};
     size_t before = th_resident_bytes();
     Snapshot *s = snapshot_create(&sc, err, sizeof err);
     CHECK(s != NULL, "%s", err);
@@ -227,10 +232,50 @@ static void test_buffers_set_up_before_first_capture(void) {
     replica_server_stop(srv);
 }
 
+/* An engine whose key is not the holder's replicates nothing: every generation fails to
+ * commit (the job would recover), and the holder stores nothing. */
+static void test_wrong_key_replicates_nothing(void) {
+    char err[256], secret[REPLICA_SECRET_HEX_LEN + 1];
+    unsigned char other[REPLICA_KEY_BYTES];
+    CHECK(replica_secret_new(secret, sizeof secret) == 0 && replica_key_derive(secret, other) == 0, "another key");
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    CHECK(srv != NULL, "%s", err);
+    if (!srv) return;
+    size_t n = 1 << 20;
+    unsigned char *live = malloc(n);
+    fill(live, n, 3);
+    SnapRegion region = {live, n};
+    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
+    SnapshotConfig sc = {.job = JOB, .rank = 1, .world = WORLD, .regions = &region, .nregions = 1,
+                         .targets = &target, .ntargets = 1, .timeout_ms = 2000, .key = other};
+    Snapshot *s = snapshot_create(&sc, err, sizeof err);
+    CHECK(s != NULL, "%s", err);
+    if (s) {
+        snapshot_capture(s, 0);
+        CHECK(snapshot_wait_previous(s, NULL) == -1, "a generation replicated with the wrong key committed");
+        CHECK(snapshot_committed(s) == -1, "committed %lld", (long long)snapshot_committed(s));
+        snapshot_destroy(s);
+    }
+    SnapHeader h;
+    void *p = NULL;
+    CHECK(replica_server_lookup(srv, 1, -1, &h, &p) == REPLICA_NOT_FOUND, "the holder stored a generation");
+    free(p);
+    sc.key = NULL;
+    CHECK(snapshot_create(&sc, err, sizeof err) == NULL, "holders without a key must be refused");
+    free(live);
+    replica_server_stop(srv);
+}
+
 int main(void) {
+    char secret[REPLICA_SECRET_HEX_LEN + 1];
+    if (replica_secret_new(secret, sizeof secret) != 0 || replica_key_derive(secret, KEY) != 0) {
+        printf("not ok - no channel key\n");
+        return 1;
+    }
     RUN_TEST(test_replica_equals_live_state);
     RUN_TEST(test_wait_protects_generation);
     RUN_TEST(test_rank_killed_mid_replication);
     RUN_TEST(test_buffers_set_up_before_first_capture);
+    RUN_TEST(test_wrong_key_replicates_nothing);
     TEST_MAIN_END();
 }

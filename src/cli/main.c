@@ -1,6 +1,6 @@
 /* main.c — the `deadpool` command line: `run` (launch a job: the built-in GPT-2 trainer, or
- * any program after `--`), `worker` (join a job from another host), and `train` (the
- * built-in trainer as a job's program, started by `run`). */
+ * any program after `--`), `worker` (join a job from another host), `train` (the
+ * built-in trainer as a job's program, started by `run`), and `report` (report.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +8,9 @@
 
 #include "checkpoint.h"
 #include "config.h"
+#include "control.h"
 #include "launcher.h"
+#include "report.h"
 #include "runtime.h"
 #include "train_options.h"
 #include "trainer.h"
@@ -20,6 +22,7 @@ static void usage(FILE *f) {
             "                    [--model PRESET|FILE] [--data FILE] [trainer options]   (built-in GPT-2 trainer)\n"
             "       deadpool run [options] -- PROGRAM [ARGS...]                          (your training program)\n"
             "       deadpool worker --redis URL --job ID [--spare] [--rank R] [--bind HOST]\n"
+            "       deadpool report DIR [--output FILE]                                 (DIR/report.html of a job)\n"
             "       deadpool run --help     (every option with its default)\n");
 }
 
@@ -70,7 +73,7 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, 
         else if (!strncmp(argv[i], "--resume=", 9)) dir = argv[i] + 9;
     }
     if (!dir) return 0;
-    int64_t step = checkpoint_latest(dir, err, errlen);
+    int64_t step = checkpoint_latest_intact(dir, err, errlen);
     if (step < 0) return -1;
     char path[4200], text[32768];
     checkpoint_path(path, sizeof path, dir, step, "config.txt");
@@ -114,6 +117,11 @@ static int cmd_run(int argc, char **argv) {
             train_options_print_help();
             return 0;
         }
+        if (strcmp(argv[i], "--report") == 0) { /* a flag: alone it means --report=1 */
+            cfg.report = 1;
+            i++;
+            continue;
+        }
         char name[64];
         const char *value;
         int used = split_option(argc, argv, i, name, sizeof name, &value);
@@ -146,6 +154,17 @@ static int cmd_run(int argc, char **argv) {
         if (strchr(argv[i + 1], '/') && access(argv[i + 1], X_OK) != 0) {
             fprintf(stderr, "deadpool: %s: not an executable file\n", argv[i + 1]);
             return 2;
+        }
+    }
+    if (cfg.redis[0]) { /* a password in the URL would end up in every checkpoint's config.txt */
+        redis_addr addr;
+        if (redis_addr_parse(cfg.redis, &addr, err, sizeof err) != 0) { fprintf(stderr, "deadpool: --redis: %s\n", err); return 2; }
+        if (strchr(cfg.redis, '@')) {
+            fprintf(stderr, "deadpool: --redis: the password moves to %s (it is never stored with the job's config); "
+                    "set it there rather than in the URL\n", DP_ENV_PASSWORD);
+            setenv(DP_ENV_PASSWORD, addr.password, 1);
+            int v6 = strchr(addr.host, ':') != NULL;
+            snprintf(cfg.redis, sizeof cfg.redis, "redis://%s%s%s:%d", v6 ? "[" : "", addr.host, v6 ? "]" : "", addr.port);
         }
     }
     if (job_config_validate(&cfg, err, sizeof err) != 0 ||
@@ -198,6 +217,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(argv[1], "worker") == 0) return cmd_worker(argc - 2, argv + 2);
     if (strcmp(argv[1], "train") == 0) return gpt2_main(argc - 2, argv + 2);
+    if (strcmp(argv[1], "report") == 0) return report_main(argc - 2, argv + 2);
     if (strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return 0;

@@ -89,6 +89,14 @@ void set_err(char *err, size_t errlen, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Length of the valid UTF-8 sequence at s (1..4), 0 if the bytes there are not one. */
+static int utf8_len(const unsigned char *s) {
+    int n = s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC2 && s[0] < 0xE0 ? 2 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80) return 0;
+    return n;
+}
+
 void json_escape(const char *s, char *out, size_t len) {
     size_t o = 0;
     for (; *s && o + 7 < len; s++) {
@@ -96,7 +104,15 @@ void json_escape(const char *s, char *out, size_t len) {
         if (ch == '"' || ch == '\\') { out[o++] = '\\'; out[o++] = (char)ch; }
         else if (ch == '\n') { out[o++] = '\\'; out[o++] = 'n'; }
         else if (ch < 0x20) o += (size_t)snprintf(out + o, len - o, "\\u%04x", ch);
-        else out[o++] = (char)ch;
+        else if (ch < 0x80) out[o++] = (char)ch;
+        else {
+            /* Valid UTF-8 passes through; a byte that is not (a path in another encoding)
+             * becomes the code point of the same number, so every line stays valid JSON. */
+            int n = utf8_len((const unsigned char *)s);
+            if (n > 0 && o + (size_t)n + 1 < len) { memcpy(out + o, s, (size_t)n); o += (size_t)n; s += n - 1; }
+            else if (n > 0) break;
+            else o += (size_t)snprintf(out + o, len - o, "\\u%04x", ch);
+        }
     }
     out[o] = 0;
 }
@@ -117,7 +133,7 @@ int mkdir_p(const char *dir) {
 int write_file_atomic(const char *path, const struct iovec *parts, int nparts, char *err, size_t errlen) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600); /* the job's state is the job's alone */
     if (fd < 0) { snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno)); return -1; }
     for (int p = 0; p < nparts; p++) {
         const char *at = parts[p].iov_base;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 #include "util.h"
@@ -63,6 +64,16 @@ static int read_header(FILE *f, const char *path, int32_t *h, char *err, size_t 
     const char *bad = gpt2_config_check(&cfg);
     if (bad) {
         snprintf(err, errlen, "%s: model file header: %s", path, bad);
+        return -1;
+    }
+    /* The header must agree with the file's size before anything is sized from it: a header
+     * claiming max_seq_len 2^24 would otherwise allocate gigabytes for a 1 MB file. */
+    struct stat st;
+    uint64_t want = 1024 + (uint64_t)gpt2_num_params(&cfg) * sizeof(float);
+    if (fstat(fileno(f), &st) == 0 && (uint64_t)st.st_size != want) {
+        snprintf(err, errlen, "%s: model file of %lld bytes, but its header (L=%d C=%d maxT=%d Vp=%d) implies %llu",
+                 path, (long long)st.st_size, cfg.num_layers, cfg.channels, cfg.max_seq_len, cfg.padded_vocab_size,
+                 (unsigned long long)want);
         return -1;
     }
     return 0;

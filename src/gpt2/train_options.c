@@ -9,7 +9,7 @@
 #define F(field) offsetof(TrainOptions, field)
 #define S(field) offsetof(TrainOptions, field), sizeof(((TrainOptions *)0)->field)
 static const OptSpec OPTIONS[] = {
-    {"model", OPT_STR, S(model), 0, 0, NULL, "preset (tiny, small, gpt2-124m) or llm.c model file"},
+    {"model", OPT_STR, S(model), 0, 0, NULL, "preset (micro, tiny, small, gpt2-124m) or llm.c model file"},
     {"data", OPT_STR, S(data), 0, 0, NULL, "llm.c token shard or text file (default: built-in corpus)"},
     {"batch", OPT_INT, F(batch), 0, 1, 65536, NULL, "sequences per micro-batch per rank (B)"},
     {"seq-len", OPT_INT, F(seq_len), 0, 0, 1 << 20, NULL, "tokens per sequence (T); 0 = model's max"},

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "data.h"
 #include "modelfile.h"
@@ -44,7 +45,7 @@ static int load_model_config(const TrainOptions *o, const char *resume_dir, char
     *from_file = 0;
     if (gpt2_preset(o->model, mc) == 0) return 0;
     if (strchr(o->model, '/') == NULL && strchr(o->model, '.') == NULL) {
-        snprintf(err, errlen, "--model: '%s' is neither a preset (tiny, small, gpt2-124m) nor a file", o->model);
+        snprintf(err, errlen, "--model: '%s' is neither a preset (micro, tiny, small, gpt2-124m) nor a file", o->model);
         return -1;
     }
     *from_file = 1;
@@ -257,6 +258,28 @@ int trainer_save_model(const Trainer *t, const char *path, char *err, size_t err
 
 /* --- the program ---------------------------------------------------------------------- */
 
+/* The trained model goes to OUT/model.bin; if that fails (a full disk, say), to the temporary
+ * directory, saying where: the work is not lost for want of room in --out. */
+static dp_status save_final_model(Trainer *t, dp_t *dp) {
+    char path[1200], err[1024], err2[1024];
+    snprintf(path, sizeof path, "%s/model.bin", dp_out_dir(dp));
+    if (trainer_save_model(t, path, err, sizeof err) == 0) {
+        dp_output_saved(dp, path);
+        return DP_OK;
+    }
+    const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char rescue[1200];
+    snprintf(rescue, sizeof rescue, "%s/deadpool-model-%d.bin", tmp, (int)getpid());
+    if (trainer_save_model(t, rescue, err2, sizeof err2) == 0) {
+        dp_log(dp, "%s; the model was written to %s instead", err, rescue);
+        dp_output_saved(dp, rescue);
+        return DP_OK;
+    }
+    dp_log(dp, "%s; writing it to %s failed too (%s): the model is lost, the newest checkpoint in %s/ckpt is "
+           "what is kept", err, rescue, err2, dp_out_dir(dp));
+    return DP_ERR;
+}
+
 int gpt2_main(int argc, char **argv) {
     char err[1024];
     TrainOptions o;
@@ -280,16 +303,7 @@ int gpt2_main(int argc, char **argv) {
         if (st != DP_FAILED) break;
         st = dp_recover(dp, err, sizeof err);
     }
-    if (st == DP_OK && dp_rank(dp) == 0) {
-        char path[1200];
-        snprintf(path, sizeof path, "%s/model.bin", dp_out_dir(dp));
-        if (trainer_save_model(t, path, err, sizeof err) != 0) {
-            dp_log(dp, "%s", err);
-            st = DP_ERR;
-        } else {
-            dp_output_saved(dp, path);
-        }
-    }
+    if (st == DP_OK && dp_rank(dp) == 0) st = save_final_model(t, dp);
     int rc = dp_finish(dp, st);
     trainer_free(t);
     return rc;

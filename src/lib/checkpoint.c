@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,11 +41,13 @@ int checkpoint_write_shard(const char *dir, const SnapHeader *h, const SnapRegio
     step_dir(d, sizeof d, dir, h->step);
     if (mkdir_p(d) != 0) { snprintf(err, errlen, "%s: cannot create: %s", d, strerror(errno)); return -1; }
     shard_path(path, sizeof path, dir, h->step, h->rank);
-    struct iovec parts[9];
-    if (nregions > 8) { snprintf(err, errlen, "too many state regions"); return -1; }
+    struct iovec *parts = malloc(((size_t)nregions + 1) * sizeof *parts);
+    if (!parts) { snprintf(err, errlen, "out of memory"); return -1; }
     parts[0] = (struct iovec){(void *)h, sizeof *h};
     for (int i = 0; i < nregions; i++) parts[i + 1] = (struct iovec){(void *)regions[i].ptr, regions[i].len};
-    return write_file_atomic(path, parts, nregions + 1, err, errlen);
+    int rc = write_file_atomic(path, parts, nregions + 1, err, errlen);
+    free(parts);
+    return rc;
 }
 
 int checkpoint_write_live(const char *dir, const char *job, int64_t epoch, int rank, int world, int64_t step,
@@ -87,6 +90,14 @@ int checkpoint_read_state(const char *step_dir, int rank, int64_t step, SnapHead
     if (h->rank != rank || (step >= 0 && h->step != step)) {
         snprintf(err, errlen, "%s: header says rank %d step %" PRId64 ", expected rank %d step %" PRId64, path, h->rank,
                  h->step, rank, step);
+        goto out;
+    }
+    /* The file must hold what its header says before anything is sized from it: a corrupt
+     * length would otherwise allocate up to 64 GiB for a file of a few bytes. */
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && (uint64_t)st.st_size != sizeof *h + h->length) {
+        snprintf(err, errlen, "%s: state size of %lld bytes differs from its header's %zu + %" PRIu64
+                 " bytes (truncated or corrupt)", path, (long long)st.st_size, sizeof *h, h->length);
         goto out;
     }
     *payload = malloc(h->length ? h->length : 1);
@@ -169,24 +180,156 @@ static void prune(const char *dir) {
     }
 }
 
+/* CRC32C and size of a whole file. 0 / -1 + err. */
+static int file_crc(const char *path, uint32_t *crc, uint64_t *size, char *err, size_t errlen) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    static _Thread_local unsigned char buf[1 << 16];
+    size_t n;
+    *crc = 0;
+    *size = 0;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        *crc = crc32c(*crc, buf, n);
+        *size += n;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { snprintf(err, errlen, "%s: read error", path); return -1; }
+    return 0;
+}
+
+/* MANIFEST: "world N" then "crc32c size name" for every file of the checkpoint (the ranks'
+ * states, config.txt, the application's files), so a resume verifies everything it reads. */
+static int write_manifest(const char *d, int world, char *err, size_t errlen) {
+    DIR *dir = opendir(d);
+    if (!dir) { snprintf(err, errlen, "%s: cannot list: %s", d, strerror(errno)); return -1; }
+    size_t cap = 4096, used = 0;
+    char *text = malloc(cap);
+    int rc = text ? 0 : -1;
+    if (text) used = (size_t)snprintf(text, cap, "world %d\n", world);
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(dir)) != NULL) {
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "DONE") || !strcmp(e->d_name, "MANIFEST") ||
+            strstr(e->d_name, ".tmp."))
+            continue;
+        char path[4400];
+        uint32_t crc;
+        uint64_t size;
+        snprintf(path, sizeof path, "%.4000s/%.255s", d, e->d_name);
+        if ((rc = file_crc(path, &crc, &size, err, errlen)) != 0) break;
+        if (used + 300 > cap) {
+            char *grown = realloc(text, cap *= 2);
+            if (!grown) { rc = -1; break; }
+            text = grown;
+        }
+        used += (size_t)snprintf(text + used, cap - used, "%08x %" PRIu64 " %s\n", crc, size, e->d_name);
+    }
+    closedir(dir);
+    if (rc == 0 && text) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/MANIFEST", d);
+        struct iovec part = {text, used};
+        rc = write_file_atomic(path, &part, 1, err, errlen);
+    } else if (!text) {
+        snprintf(err, errlen, "out of memory");
+    }
+    free(text);
+    return rc;
+}
+
 int checkpoint_finish(const char *dir, int64_t step, int world, const char *config_text, checkpoint_app_fn app,
                       void *arg, char *err, size_t errlen) {
     char path[4200], d[4096];
+    step_dir(d, sizeof d, dir, step);
     checkpoint_path(path, sizeof path, dir, step, "config.txt");
     struct iovec cfg = {(void *)config_text, strlen(config_text)};
-    if (write_file_atomic(path, &cfg, 1, err, errlen) != 0) return -1;
-    step_dir(d, sizeof d, dir, step);
-    if (app && app(arg, d, step, world, err, errlen) != 0) return -1;
-    checkpoint_path(path, sizeof path, dir, step, "DONE");
-    char done[64];
-    int n = snprintf(done, sizeof done, "%" PRId64 "\n", step);
-    struct iovec mark = {done, (size_t)n};
-    if (write_file_atomic(path, &mark, 1, err, errlen) != 0) return -1;
+    int rc = write_file_atomic(path, &cfg, 1, err, errlen);
+    if (rc == 0 && app) rc = app(arg, d, step, world, err, errlen);
+    if (rc == 0) rc = write_manifest(d, world, err, errlen);
+    if (rc == 0) {
+        checkpoint_path(path, sizeof path, dir, step, "DONE");
+        char done[64];
+        int n = snprintf(done, sizeof done, "%" PRId64 "\n", step);
+        struct iovec mark = {done, (size_t)n};
+        rc = write_file_atomic(path, &mark, 1, err, errlen);
+    }
+    if (rc != 0) { /* a checkpoint that failed partway is removed, never left half there */
+        remove_tree(d);
+        return -1;
+    }
     prune(dir);
     return 0;
 }
 
+int checkpoint_verify(const char *dir, int64_t step, char *err, size_t errlen) {
+    char d[4096], path[4200], line[600];
+    step_dir(d, sizeof d, dir, step);
+    if (!is_complete(dir, step)) { snprintf(err, errlen, "%s: incomplete (no DONE)", d); return -1; }
+    snprintf(path, sizeof path, "%s/MANIFEST", d);
+    FILE *f = fopen(path, "r");
+    if (!f) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    int world = -1, states = 0, rc = 0, lineno = 0;
+    while (rc == 0 && fgets(line, sizeof line, f)) {
+        lineno++;
+        unsigned crc;
+        unsigned long long size;
+        char name[300];
+        if (lineno == 1) {
+            if (sscanf(line, "world %d", &world) != 1 || world < 1) {
+                snprintf(err, errlen, "%s:1: expected 'world N', found '%.60s'", path, line);
+                rc = -1;
+            }
+            continue;
+        }
+        if (sscanf(line, "%8x %llu %299s", &crc, &size, name) != 3 || strchr(name, '/')) {
+            snprintf(err, errlen, "%s:%d: expected 'crc32c size name', found '%.60s'", path, lineno, line);
+            rc = -1;
+            break;
+        }
+        char file[4400];
+        uint32_t got;
+        uint64_t got_size;
+        snprintf(file, sizeof file, "%.4000s/%.299s", d, name);
+        if ((rc = file_crc(file, &got, &got_size, err, errlen)) != 0) break;
+        if (got != crc || got_size != size) {
+            snprintf(err, errlen, "%s: checksum mismatch (CRC32C %08x, %llu bytes; the manifest says %08x, %llu bytes)",
+                     file, got, (unsigned long long)got_size, crc, size);
+            rc = -1;
+        }
+        if (!strncmp(name, "rank_", 5)) states++;
+    }
+    fclose(f);
+    if (rc == 0 && states != world) {
+        snprintf(err, errlen, "%s: %d rank states listed, expected %d", path, states, world);
+        rc = -1;
+    }
+    return rc;
+}
+
+int64_t checkpoint_latest_intact(const char *dir, char *err, size_t errlen) {
+    int64_t below = INT64_MAX;
+    char skipped[1024] = "";
+    for (;;) {
+        int64_t s = checkpoint_latest_below(dir, below, err, errlen);
+        if (s < 0) {
+            if (skipped[0]) snprintf(err, errlen, "no intact checkpoint: %s", skipped);
+            return -1;
+        }
+        char why[1024];
+        if (checkpoint_verify(dir, s, why, sizeof why) == 0) {
+            if (skipped[0]) log_msg("%s; using the checkpoint of step %lld instead", skipped, (long long)s + 1);
+            return s;
+        }
+        if (!skipped[0]) snprintf(skipped, sizeof skipped, "the checkpoint of step %lld is damaged (%.800s)", (long long)s + 1, why);
+        below = s;
+    }
+}
+
 int64_t checkpoint_latest(const char *dir, char *err, size_t errlen) {
+    return checkpoint_latest_below(dir, INT64_MAX, err, errlen);
+}
+
+int64_t checkpoint_latest_below(const char *dir, int64_t below, char *err, size_t errlen) {
     char ck[4096];
     snprintf(ck, sizeof ck, "%s/ckpt", dir);
     DIR *d = opendir(ck);
@@ -195,7 +338,7 @@ int64_t checkpoint_latest(const char *dir, char *err, size_t errlen) {
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         int64_t s;
-        if (parse_step_dir(e->d_name, &s) == 0 && s > best && is_complete(dir, s)) best = s;
+        if (parse_step_dir(e->d_name, &s) == 0 && s > best && s < below && is_complete(dir, s)) best = s;
     }
     closedir(d);
     if (best < 0) snprintf(err, errlen, "%s: no complete checkpoint (none has DONE)", ck);

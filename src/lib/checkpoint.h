@@ -24,11 +24,21 @@ int checkpoint_write_live(const char *dir, const char *job, int64_t epoch, int r
 /* The application's part of a checkpoint (deadpool.h's checkpoint callback). */
 typedef int (*checkpoint_app_fn)(void *arg, const char *step_dir, int64_t step, int world, char *err, size_t errlen);
 /* Once every rank's state file for `step` exists: writes config.txt, lets the application
- * write its files (app may be NULL), then DONE; removes older checkpoints beyond the newest two. */
+ * write its files (app may be NULL), writes MANIFEST (CRC32C of every file), then DONE;
+ * removes older checkpoints beyond the newest two. On any failure the step's directory is
+ * removed: a checkpoint is there whole or not at all. */
 int checkpoint_finish(const char *dir, int64_t step, int world, const char *config_text, checkpoint_app_fn app,
                       void *arg, char *err, size_t errlen);
-/* Newest complete checkpoint step in DIR, -1 if none (err says why when a problem was found). */
+/* Newest complete checkpoint step in DIR (DONE present; nothing read), -1 if none (err says
+ * why when a problem was found). _below: the newest one before step `below`. */
 int64_t checkpoint_latest(const char *dir, char *err, size_t errlen);
+int64_t checkpoint_latest_below(const char *dir, int64_t below, char *err, size_t errlen);
+/* Verifies every file of checkpoint `step` against its MANIFEST (CRC32C and size, every rank's
+ * state present). 0 / -1 + err naming the file. */
+int checkpoint_verify(const char *dir, int64_t step, char *err, size_t errlen);
+/* The newest checkpoint that verifies, falling back to older ones (logging which one was
+ * damaged and why). -1 + err when none does. What --resume and the --ft disk restart use. */
+int64_t checkpoint_latest_intact(const char *dir, char *err, size_t errlen);
 /* Reads and verifies rank's state file of `step`; *payload is malloc'ed. */
 int checkpoint_read_shard(const char *dir, int64_t step, int rank, SnapHeader *h, void **payload, char *err,
                           size_t errlen);

@@ -42,6 +42,13 @@ void comm_destroy(comm_t *c);
 
 int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
+/* The Redis list that `rank` waits on in the rendezvous under `prefix`. Whoever sets the abort
+ * key ends a wait at once by pushing COMM_WAKE_ABORT onto it (the key alone is seen within
+ * Redis' timer resolution, 100 ms by default). */
+#define COMM_WAKE_ABORT "abort"
+void comm_wake_key(const char *prefix, int rank, char *out, size_t len);
+/* Redis round trips the rendezvous of comm_create took (0 for size 1). */
+unsigned long comm_store_round_trips(const comm_t *c);
 
 /* In-place sum over all ranks of buf[0..n). */
 comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms);

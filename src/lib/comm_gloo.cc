@@ -3,9 +3,11 @@
 // practice (each one catches everything and turns it into a comm_status).
 //
 // Design notes
-//  * Rendezvous: gloo::rendezvous::RedisStore cannot AUTH, so RedisAuthStore below implements
-//    gloo::rendezvous::Store over hiredis directly. Keys are "<prefix>/<gloo key>"; the caller
-//    makes the prefix unique per job and epoch. Keys get a TTL so dead epochs do not pile up.
+//  * Rendezvous: gloo::rendezvous::RedisStore cannot AUTH, and Gloo's connectFullMesh costs
+//    O(N) sequential store round trips per rank, so RedisMesh below does the rendezvous over
+//    hiredis in a constant number of round trips per rank and MeshContext connects Gloo's own
+//    pairs from it. Keys are "<prefix>/..."; the caller makes the prefix unique per job and
+//    epoch. Keys get a TTL so dead epochs do not pile up.
 //  * A communicator cannot be repaired. The first failing call records its status and message;
 //    every later call returns that status at once without touching Gloo. On that first failure we
 //    also close every pair, so peers blocked on us (e.g. the ring neighbour that was waiting for
@@ -31,8 +33,12 @@
 #include <thread>
 #include <vector>
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <system_error>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
@@ -44,6 +50,7 @@
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 namespace {
@@ -62,11 +69,29 @@ struct StoreTimeout : public gloo::IoException {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-class RedisAuthStore : public gloo::rendezvous::Store {
+// The rendezvous of one communicator: every rank learns, for each peer, the address of the
+// peer's listening socket for their pair (this Gloo gives each pair its own socket), in a
+// constant number of Redis round trips per rank whatever the world size (three when no rank
+// waits; the connection's AUTH rides with the first one):
+//   publish  one pipeline: HSET <prefix>/m/<rank> with the address for every peer and the host
+//            name, INCR <prefix>/n (arrivals), TTLs;
+//   wait     until <prefix>/n reaches size: the rank that completes it pushes a wake-up onto
+//            every other rank's list <prefix>/w/<r> (one pipeline); the others wait in BLPOP on
+//            their own list, kAbortCheck at a time (Redis resolves a BLPOP timeout only at its
+//            `hz`, 10 per second by default, so such a check can take 100 ms: whoever sets the
+//            abort key also pushes onto the lists, comm_wake_key, which ends the wait at once);
+//   fetch    one pipeline: HMGET <prefix>/m/<peer> <rank> host, for every peer.
+// Every round trip first checks the abort key (EXISTS, in the same pipeline), so a closed
+// epoch ends a wait within kAbortCheck. Bytes: each rank writes and reads one address per
+// peer, O(N) per rank.
+// Gloo's own connectFullMesh instead fetches every peer's whole address list (O(N^2) bytes per
+// rank), one GET after one EXISTS per peer in rank order, polled with sleeps, and connects the
+// pairs one at a time in rank order, so a rank waits on ranks that wait on others.
+class RedisMesh {
   public:
-    RedisAuthStore(const std::string &host, int port, const char *password, const std::string &prefix,
-                   milliseconds timeout, const char *abort_key)
-        : prefix_(prefix), timeout_(timeout), abortKey_(abort_key ? abort_key : "") {
+    RedisMesh(const std::string &host, int port, const char *password, const std::string &prefix, milliseconds timeout,
+              const char *abort_key, int rank, int size)
+        : prefix_(prefix), timeout_(timeout), abortKey_(abort_key ? abort_key : ""), rank_(rank), size_(size) {
         long ms = std::max<long>(1, static_cast<long>(timeout.count()));
         struct timeval tv;
         tv.tv_sec = ms / 1000;
@@ -79,148 +104,256 @@ class RedisAuthStore : public gloo::rendezvous::Store {
             ctx_ = nullptr;
             throw StoreError(msg);
         }
-        // Bound every later command too, so a hung Redis cannot block us forever.
+        // Bound every later command too (a BLPOP waits at most kAbortCheck), so a hung Redis
+        // cannot block us forever.
         redisSetTimeout(ctx_, tv);
         // Keys outlive the rendezvous by a comfortable margin, then expire.
-        ttl_s_ = std::max<long long>(3600, 2 * (static_cast<long long>(ms) / 1000 + 1));
-        if (password != nullptr && password[0] != '\0') {
-            redisReply *r = command({"AUTH", password});
-            bool ok = r->type == REDIS_REPLY_STATUS && std::string(r->str, r->len) == "OK";
-            std::string why = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "unexpected reply";
-            freeReplyObject(r);
-            if (!ok) {
-                redisFree(ctx_);
-                ctx_ = nullptr;
-                throw StoreError("redis: AUTH refused: " + why);
-            }
-        }
+        ttl_ = std::to_string(std::max<long long>(3600, 2 * (static_cast<long long>(ms) / 1000 + 1)));
+        // AUTH goes out with the first pipeline (Redis runs it first): no round trip of its own.
+        if (password != nullptr && password[0] != '\0') auth_ = password;
     }
 
-    ~RedisAuthStore() override {
+    ~RedisMesh() {
         if (ctx_ != nullptr) redisFree(ctx_);
     }
 
-    RedisAuthStore(const RedisAuthStore &) = delete;
-    RedisAuthStore &operator=(const RedisAuthStore &) = delete;
+    RedisMesh(const RedisMesh &) = delete;
+    RedisMesh &operator=(const RedisMesh &) = delete;
 
-    void set(const std::string &key, const std::vector<char> &data) override {
-        std::string k = full(key);
-        std::string ttl = std::to_string(ttl_s_);
-        std::lock_guard<std::mutex> lock(m_);
-        redisReply *r = command({k, std::string(data.begin(), data.end()), "EX", ttl}, "SET");
-        bool ok = r->type == REDIS_REPLY_STATUS;
-        std::string why = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "";
-        freeReplyObject(r);
-        if (!ok) throw StoreError("redis: SET " + k + " failed: " + why);
+    // Publishes this rank's record: addrs[i] is our address for peer i (empty for ourselves).
+    // Returns how many ranks had published, ourselves included.
+    long long publish(const std::vector<std::vector<char>> &addrs, const std::string &hostname) {
+        std::vector<std::string> hset = {"HSET", key("m/" + std::to_string(rank_)), "host", hostname};
+        for (int i = 0; i < size_; i++) {
+            if (i == rank_) continue;
+            hset.push_back(std::to_string(i));
+            hset.push_back(std::string(addrs[i].begin(), addrs[i].end()));
+        }
+        Replies r = pipelineUnlessAborted({hset, {"EXPIRE", key("m/" + std::to_string(rank_)), ttl_},
+                                           {"INCR", key("n")}, {"EXPIRE", key("n"), ttl_}});
+        for (size_t i = 0; i < r.size(); i++)
+            if (r[i]->type == REDIS_REPLY_ERROR)
+                throw StoreError("redis: publishing the address of rank " + std::to_string(rank_) + " failed: " +
+                                 std::string(r[i]->str, r[i]->len));
+        if (r[2]->type != REDIS_REPLY_INTEGER) throw StoreError("redis: INCR of the arrivals gave no number");
+        return r[2]->integer;
     }
 
-    std::vector<char> get(const std::string &key) override {
-        throwIfAborted();
-        std::string k = full(key);
+    // The last rank to arrive wakes the others; the others wait for that.
+    void waitForAll(long long arrived) {
+        if (arrived > size_)
+            throw StoreError("rendezvous " + prefix_ + ": " + std::to_string(arrived) + " ranks joined a communicator of " +
+                             std::to_string(size_));
+        if (arrived == size_) {
+            std::vector<std::vector<std::string>> cmds;
+            for (int i = 0; i < size_; i++) {
+                if (i == rank_) continue;
+                cmds.push_back({"RPUSH", key("w/" + std::to_string(i)), "1"});
+                cmds.push_back({"EXPIRE", key("w/" + std::to_string(i)), ttl_});
+            }
+            Replies r = pipeline(cmds);
+            for (size_t i = 0; i < r.size(); i++)
+                if (r[i]->type == REDIS_REPLY_ERROR)
+                    throw StoreError("redis: waking the other ranks failed: " + std::string(r[i]->str, r[i]->len));
+            return;
+        }
         Clock::time_point deadline = Clock::now() + timeout_;
-        milliseconds backoff(1);
+        std::string mine = key("w/" + std::to_string(rank_));
         for (;;) {
-            {
-                std::lock_guard<std::mutex> lock(m_);
-                redisReply *r = command({"GET", k});
-                if (r->type == REDIS_REPLY_STRING) {
-                    std::vector<char> out(r->str, r->str + r->len);
-                    freeReplyObject(r);
-                    return out;
-                }
-                bool nil = r->type == REDIS_REPLY_NIL;
-                std::string why = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "";
-                freeReplyObject(r);
-                if (!nil) throw StoreError("redis: GET " + k + " failed: " + why);
+            Clock::time_point now = Clock::now();
+            if (now >= deadline) {
+                long long n = arrivals();
+                throw StoreTimeout("rendezvous: Timed out waiting for " + std::to_string(size_ - n) + " of " +
+                                   std::to_string(size_) + " ranks in the Redis store (" + prefix_ + ")");
             }
-            sleepOrThrow(deadline, backoff, "key " + k);
+            auto left = std::chrono::duration_cast<milliseconds>(deadline - now);
+            long wait_ms = std::max<long>(1, std::min<long>(kAbortCheck.count(), left.count()));
+            char secs[32];
+            snprintf(secs, sizeof secs, "%.3f", wait_ms / 1000.0);
+            Replies r = pipelineUnlessAborted({{"BLPOP", mine, secs}});
+            const redisReply *pop = r[0].get();
+            if (pop->type == REDIS_REPLY_ERROR)
+                throw StoreError("redis: BLPOP " + mine + " failed: " + std::string(pop->str, pop->len));
+            if (pop->type == REDIS_REPLY_ARRAY) {
+                const redisReply *v = pop->elements == 2 ? pop->element[1] : nullptr;
+                if (v != nullptr && v->type == REDIS_REPLY_STRING && std::string(v->str, v->len) == kWakeAbort)
+                    throw StoreError("rendezvous aborted: woken by " + abortKey_);
+                return; // woken: everyone has published
+            }
         }
     }
 
-    void wait(const std::vector<std::string> &keys) override { wait(keys, timeout_); }
-
-    void wait(const std::vector<std::string> &keys, const milliseconds &timeout) override {
-        throwIfAborted();
-        milliseconds t = timeout.count() > 0 ? timeout : timeout_;
-        Clock::time_point deadline = Clock::now() + t;
-        milliseconds backoff(1);
-        size_t next = 0; // keys[0..next) are known to exist
-        while (next < keys.size()) {
-            std::string k = full(keys[next]);
-            long long exists;
-            {
-                std::lock_guard<std::mutex> lock(m_);
-                redisReply *r = command({"EXISTS", k});
-                bool ok = r->type == REDIS_REPLY_INTEGER;
-                exists = ok ? r->integer : 0;
-                std::string why = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "";
-                freeReplyObject(r);
-                if (!ok) throw StoreError("redis: EXISTS " + k + " failed: " + why);
-            }
-            if (exists > 0) {
-                next++;
-                continue;
-            }
-            sleepOrThrow(deadline, backoff, "key " + k + " (" + std::to_string(keys.size() - next) +
-                                               " of " + std::to_string(keys.size()) + " keys missing)");
+    // Every peer's address for this rank, and whether the peer runs on our host.
+    void fetch(std::vector<std::vector<char>> &addrs, std::vector<std::string> &hosts) {
+        std::vector<std::vector<std::string>> cmds;
+        for (int i = 0; i < size_; i++)
+            if (i != rank_) cmds.push_back({"HMGET", key("m/" + std::to_string(i)), std::to_string(rank_), "host"});
+        Replies r = pipelineUnlessAborted(cmds);
+        addrs.assign(size_, {});
+        hosts.assign(size_, "");
+        size_t k = 0;
+        for (int i = 0; i < size_; i++) {
+            if (i == rank_) continue;
+            const redisReply *e = r[k++].get();
+            if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 || e->element[0]->type != REDIS_REPLY_STRING ||
+                e->element[1]->type != REDIS_REPLY_STRING)
+                throw StoreError("rendezvous " + prefix_ + ": rank " + std::to_string(i) + " published no address for rank " +
+                                 std::to_string(rank_));
+            addrs[i].assign(e->element[0]->str, e->element[0]->str + e->element[0]->len);
+            hosts[i].assign(e->element[1]->str, e->element[1]->len);
         }
     }
+
+    unsigned long roundTrips() const { return roundTrips_; }
 
   private:
-    std::string full(const std::string &key) const { return prefix_ + "/" + key; }
+    struct FreeReply {
+        void operator()(redisReply *r) const { freeReplyObject(r); }
+    };
+    using Reply = std::unique_ptr<redisReply, FreeReply>;
+    using Replies = std::vector<Reply>;
 
-    // The rendezvous ends early when the abort key appears (the job closed this epoch: a
-    // peer will never come, or has already left). Checked on every store access, so a late
-    // arrival does not go on to connect to peers that are gone.
-    void throwIfAborted() {
-        if (abortKey_.empty()) return;
-        std::lock_guard<std::mutex> lock(m_);
-        redisReply *r = command({"EXISTS", abortKey_});
-        bool aborted = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
-        freeReplyObject(r);
-        if (aborted) throw StoreError("rendezvous aborted: " + abortKey_ + " is set");
+    static constexpr milliseconds kAbortCheck{20};
+    static constexpr const char *kWakeAbort = COMM_WAKE_ABORT;
+
+    std::string key(const std::string &k) const { return prefix_ + "/" + k; }
+
+    long long arrivals() {
+        try {
+            Replies r = pipeline({{"GET", key("n")}});
+            if (r[0]->type == REDIS_REPLY_STRING) return std::atoll(std::string(r[0]->str, r[0]->len).c_str());
+        } catch (const StoreError &) {
+        }
+        return 0;
     }
 
-    void sleepOrThrow(Clock::time_point deadline, milliseconds &backoff, const std::string &what) {
-        throwIfAborted();
-        Clock::time_point now = Clock::now();
-        if (now >= deadline)
-            throw StoreTimeout("rendezvous: Timed out waiting for " + what + " in the Redis store");
-        milliseconds left = std::chrono::duration_cast<milliseconds>(deadline - now) + milliseconds(1);
-        std::this_thread::sleep_for(std::min(backoff, left));
-        backoff = std::min(backoff * 2, milliseconds(10));
+    // The commands preceded by a check of the abort key, in the same round trip: the
+    // rendezvous ends when the key exists (the job closed this epoch: a peer will never come,
+    // or has already left). The commands have run then too: they only touch this epoch's keys.
+    Replies pipelineUnlessAborted(const std::vector<std::vector<std::string>> &cmds) {
+        if (abortKey_.empty()) return pipeline(cmds);
+        std::vector<std::vector<std::string>> all;
+        all.push_back({"EXISTS", abortKey_});
+        all.insert(all.end(), cmds.begin(), cmds.end());
+        Replies r = pipeline(all);
+        if (r[0]->type == REDIS_REPLY_INTEGER && r[0]->integer > 0)
+            throw StoreError("rendezvous aborted: " + abortKey_ + " is set");
+        r.erase(r.begin());
+        return r;
     }
 
-    // Runs one command given as argv (binary-safe); an optional leading verb is prepended.
-    // Returns a non-NULL reply (caller frees) or throws StoreError on a connection failure.
-    redisReply *command(const std::vector<std::string> &args, const char *verb = nullptr) {
+    // Sends the commands (argv, binary-safe) together and reads every reply: one round trip.
+    // The connection's AUTH goes first on its first use. Throws StoreError on a connection
+    // failure (the context is then dropped) or a refused AUTH.
+    Replies pipeline(const std::vector<std::vector<std::string>> &cmds) {
         if (ctx_ == nullptr) throw StoreError("redis: not connected");
-        std::vector<const char *> argv;
-        std::vector<size_t> lens;
-        if (verb != nullptr) {
-            argv.push_back(verb);
-            lens.push_back(strlen(verb));
+        bool auth = !auth_.empty();
+        if (auth) {
+            const char *argv[2] = {"AUTH", auth_.c_str()};
+            size_t lens[2] = {4, auth_.size()};
+            if (redisAppendCommandArgv(ctx_, 2, argv, lens) != REDIS_OK) fail("cannot queue AUTH");
+            std::fill(auth_.begin(), auth_.end(), '\0');
+            auth_.clear();
         }
-        for (const std::string &a : args) {
-            argv.push_back(a.data());
-            lens.push_back(a.size());
+        for (const auto &args : cmds) {
+            std::vector<const char *> argv;
+            std::vector<size_t> lens;
+            for (const std::string &a : args) {
+                argv.push_back(a.data());
+                lens.push_back(a.size());
+            }
+            if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK)
+                fail("cannot queue a command");
         }
-        void *raw = redisCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data());
-        if (raw == nullptr) {
-            std::string msg = std::string("redis: connection failed: ") + (ctx_->err ? ctx_->errstr : "no reply");
-            redisFree(ctx_); // a context in error state is unusable
-            ctx_ = nullptr;
-            throw StoreError(msg);
+        roundTrips_++;
+        Replies out;
+        for (size_t i = 0; i < cmds.size() + (auth ? 1 : 0); i++) {
+            void *raw = nullptr;
+            if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) fail(ctx_->err ? ctx_->errstr : "no reply");
+            out.emplace_back(static_cast<redisReply *>(raw));
         }
-        return static_cast<redisReply *>(raw);
+        if (auth) {
+            if (out[0]->type != REDIS_REPLY_STATUS)
+                throw StoreError("redis: AUTH refused: " +
+                                 (out[0]->type == REDIS_REPLY_ERROR ? std::string(out[0]->str, out[0]->len)
+                                                                    : std::string("unexpected reply")));
+            out.erase(out.begin());
+        }
+        return out;
+    }
+
+    [[noreturn]] void fail(const std::string &why) {
+        std::string msg = "redis: connection failed: " + why;
+        redisFree(ctx_); // a context in error state is unusable
+        ctx_ = nullptr;
+        throw StoreError(msg);
     }
 
     redisContext *ctx_ = nullptr;
-    std::mutex m_;
     const std::string prefix_;
     const milliseconds timeout_;
     const std::string abortKey_;
-    long long ttl_s_ = 3600;
+    const int rank_, size_;
+    std::string ttl_ = "3600";
+    std::string auth_; // the password until the first pipeline has sent it
+    unsigned long roundTrips_ = 0;
+};
+
+// Gloo's TCP pair dials when its address is the greater one and otherwise waits for the peer
+// to dial (tcp::Pair::connect: the IP address bytes, then the port, as stored). The same
+// comparison here, so that a rank dials all its peers before it waits for any: the dials
+// complete in the kernel and the peers' event loops, so nobody waits on a rank that waits.
+bool dialsPeer(const std::vector<char> &self, const std::vector<char> &peer) {
+    gloo::transport::tcp::Address a(self), b(peer);
+    const struct sockaddr_storage &sa = a.getSockaddr(), &sb = b.getSockaddr();
+    int rv = 0;
+    if (sa.ss_family == AF_INET && sb.ss_family == AF_INET) {
+        const struct sockaddr_in *x = reinterpret_cast<const struct sockaddr_in *>(&sa);
+        const struct sockaddr_in *y = reinterpret_cast<const struct sockaddr_in *>(&sb);
+        rv = memcmp(&x->sin_addr, &y->sin_addr, sizeof(struct in_addr));
+        if (rv == 0) rv = x->sin_port - y->sin_port;
+    } else if (sa.ss_family == AF_INET6 && sb.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *x = reinterpret_cast<const struct sockaddr_in6 *>(&sa);
+        const struct sockaddr_in6 *y = reinterpret_cast<const struct sockaddr_in6 *>(&sb);
+        rv = memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(struct in6_addr));
+        if (rv == 0) rv = x->sin6_port - y->sin6_port;
+    }
+    return rv > 0;
+}
+
+// A full-mesh Gloo context built by RedisMesh: the pairs are Gloo's, only the rendezvous and
+// the order of connecting are ours. (device_ and transportContext_ are Gloo's protected
+// members, which is what its own connectFullMesh sets.)
+class MeshContext : public gloo::rendezvous::Context {
+  public:
+    MeshContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
+
+    // Returns the Redis round trips the rendezvous took.
+    unsigned long connect(RedisMesh &store, std::shared_ptr<gloo::transport::Device> &dev) {
+        auto tctx = dev->createContext(rank, size);
+        tctx->setTimeout(getTimeout());
+        std::vector<std::vector<char>> mine(size), theirs;
+        for (int i = 0; i < size; i++)
+            if (i != rank) mine[i] = tctx->createPair(i)->address().bytes();
+        char hostname[256] = "";
+        if (gethostname(hostname, sizeof hostname - 1) != 0) throw std::system_error(errno, std::system_category());
+        store.waitForAll(store.publish(mine, hostname));
+        std::vector<std::string> hosts;
+        store.fetch(theirs, hosts);
+        int localRank = 0; // as Gloo counts it: ranks below ours on our host
+        for (int i = 0; i < rank; i++)
+            if (hosts[i] == hostname) localRank++;
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < size; i++) {
+                if (i == rank || dialsPeer(mine[i], theirs[i]) != (pass == 0)) continue;
+                auto &pair = tctx->getPair(i);
+                pair->setLocalRank(localRank);
+                pair->connect(theirs[i]);
+            }
+        device_ = dev;
+        transportContext_ = std::move(tctx);
+        return store.roundTrips();
+    }
 };
 
 // Element-wise float sum for the ring: c = a + b. Fixed operand order, so the result depends
@@ -306,7 +439,8 @@ struct comm {
     int timeout_ms = 0;
     uint32_t tag = 0;
     std::shared_ptr<gloo::transport::Device> dev;
-    std::shared_ptr<gloo::rendezvous::Context> ctx; // null when size == 1
+    std::shared_ptr<MeshContext> ctx; // null when size == 1
+    unsigned long store_round_trips = 0;
     comm_status broken = COMM_OK;
     std::string last_error;
 };
@@ -359,13 +493,13 @@ comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, 
             cc->timeout_ms = timeout_ms;
             if (size > 1) {
                 milliseconds t(timeout_ms);
-                RedisAuthStore rs(store->host, store->port, store->password, prefix, t, store->abort_key);
+                RedisMesh rs(store->host, store->port, store->password, prefix, t, store->abort_key, rank, size);
                 gloo::transport::tcp::attr attr;
                 attr.hostname = (bind_host != nullptr && bind_host[0] != '\0') ? bind_host : "127.0.0.1";
                 cc->dev = gloo::transport::tcp::CreateDevice(attr);
-                cc->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+                cc->ctx = std::make_shared<MeshContext>(rank, size);
                 cc->ctx->setTimeout(t);
-                cc->ctx->connectFullMesh(rs, cc->dev);
+                cc->store_round_trips = cc->ctx->connect(rs, cc->dev);
             }
             c = cc.release();
         },
@@ -395,7 +529,12 @@ void comm_destroy(comm_t *c) {
     }
 }
 
+void comm_wake_key(const char *prefix, int rank, char *out, size_t len) {
+    if (out != nullptr && len > 0) snprintf(out, len, "%s/w/%d", prefix ? prefix : "", rank);
+}
+
 int comm_rank(const comm_t *c) { return c ? c->rank : -1; }
+unsigned long comm_store_round_trips(const comm_t *c) { return c ? c->store_round_trips : 0; }
 int comm_size(const comm_t *c) { return c ? c->size : 0; }
 
 comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms) {

@@ -37,6 +37,9 @@ static const OptSpec OPTIONS[] = {
     {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown:RANK@STEP (mid-step), or rkill:RANK@EPOCH (dies recovering); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used"},
+    {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},
+    {"bind", OPT_STR, S(bind), 0, 0, NULL, "address the metrics server listens on (default 127.0.0.1, loopback only)"},
+    {"report", OPT_INT, F(report), 0, 0, 1, NULL, "write DIR/report.html (plots of the run) when the job ends; --report alone = 1"},
     {"program", OPT_STR, S(program), 0, 0, NULL, "(internal) the training program and its arguments"},
 };
 #undef F
@@ -89,7 +92,13 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
         return -1;
     }
     FaultSpec faults[INJECT_MAX];
-    return inject_parse(c->inject, c->workers, faults, INJECT_MAX, err, errlen) < 0 ? -1 : 0;
+    if (inject_parse(c->inject, c->workers, faults, INJECT_MAX, err, errlen) < 0) return -1;
+    if (c->redis[0] && inject_netdown_rank(c->inject) >= 0) { /* redis must listen on the namespace's link */
+        snprintf(err, errlen, "--inject netdown needs the embedded redis-server: a Redis the job does not own "
+                 "(--redis %.200s) is never reconfigured", c->redis);
+        return -1;
+    }
+    return 0;
 }
 
 int job_config_serialize(const JobConfig *c, char *buf, size_t len) { return opt_serialize(TABLE, c, buf, len); }

@@ -48,6 +48,9 @@ typedef struct {
     char inject[1024];    /* faults, inject.h's grammar */
     float chaos;          /* probability per step of a random fault (kill or stop) */
     int respawn_spares;   /* the launcher starts a new local spare for each one consumed */
+    int metrics_port;     /* serve Prometheus /metrics on this port while the job runs (0 = off) */
+    char bind[256];       /* address this host listens on for the metrics server ("" = 127.0.0.1) */
+    int report;           /* 1: write DIR/report.html when the job ends */
     char program[8192];   /* PROGRAM and ARGS joined by DP_ARG_SEP; DP_BUILTIN_PROGRAM first = GPT-2 */
 } JobConfig;
 

@@ -33,6 +33,8 @@ struct ctl {
     int timeout_ms;
     char job[CTL_JOB_MAX + 1];
     char err[CTL_ERR_MAX];
+    unsigned long long round_trips, mark; /* ctl_round_trips, ctl_mark */
+    int batch_n, batch_failed, batch_multi; /* commands appended since ctl_batch_begin */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -392,6 +394,7 @@ static int ensure_connected(ctl_t *c) {
  * or when Redis answered with an error. */
 static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
     if (ensure_connected(c) != 0) return NULL;
+    c->round_trips++;
     redisReply *r = redisvCommand(c->rc, fmt, ap);
     if (!r) {
         ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
@@ -588,6 +591,7 @@ static redisReply *ctl_mget(ctl_t *c, char (*keys)[CTL_KEY_MAX], int n) {
     argv[0] = "MGET";
     for (int i = 0; i < n; i++) argv[i + 1] = keys[i];
     if (ensure_connected(c) != 0) return NULL;
+    c->round_trips++;
     redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
     if (!r || r->type != REDIS_REPLY_ARRAY || (int)r->elements != n) {
         ctl_set_error(c, "redis: MGET of %d keys failed", n);
@@ -626,12 +630,13 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_GLOO: snprintf(buf, len, "e%lld:gloo", a); break;
     case KEY_APP: snprintf(buf, len, "e%lld:app:", a); break;
     case KEY_TIMING: snprintf(buf, len, "e%lld:timing:%lld", a, b); break;
-    case KEY_INJECTED: snprintf(buf, len, "injected:%lld", a); break;
+    case KEY_INJECTED: snprintf(buf, len, "injected:%lld:%lld", a, b); break;
     case KEY_CHAOS: snprintf(buf, len, "chaos:%lld", a); break;
     case KEY_FAULT_LAST: snprintf(buf, len, "fault:last"); break;
     case KEY_LAST_STEP: snprintf(buf, len, "last_step"); break;
     case KEY_PERSIST_REQ: snprintf(buf, len, "persist:req"); break;
     case KEY_PERSISTED: snprintf(buf, len, "persisted:%lld", a); break;
+    case KEY_JOIN_STATS: snprintf(buf, len, "e%lld:join:%lld", a, b); break;
     default: snprintf(buf, len, "unknown"); break;
     }
     return buf;
@@ -735,8 +740,237 @@ int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive) {
     return 0;
 }
 
+/* --- bulk access ----------------------------------------------------------------------- */
+
+int ctl_rank_owners(ctl_t *c, int nranks, long *procs) {
+    for (int base = 0; base < nranks; base += MGET_CHUNK) {
+        int m = nranks - base < MGET_CHUNK ? nranks - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < m; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:rank:%d", c->job, base + i);
+        redisReply *r = ctl_mget(c, keys, m);
+        if (!r) return -1;
+        for (int i = 0; i < m; i++) {
+            const redisReply *e = r->element[i];
+            long v = 0;
+            if (e->type == REDIS_REPLY_STRING && (parse_long(e->str, e->len, &v) != 0 || v < 0)) v = 0;
+            procs[base + i] = v;
+        }
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
+int ctl_get_many(ctl_t *c, const char *const *suffixes, int n, char *values, size_t len, int *present) {
+    for (int base = 0; base < n; base += MGET_CHUNK) {
+        int m = n - base < MGET_CHUNK ? n - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < m; i++) make_key(c, keys[i], sizeof keys[i], suffixes[base + i]);
+        redisReply *r = ctl_mget(c, keys, m);
+        if (!r) return -1;
+        for (int i = 0; i < m; i++) {
+            const redisReply *e = r->element[i];
+            char *out = values + (size_t)(base + i) * len;
+            int ok = e->type == REDIS_REPLY_STRING && copy_checked(out, len, e->str, e->len) == 0;
+            if (!ok && len) out[0] = '\0';
+            if (present) present[base + i] = ok;
+        }
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
+/* Reads the n replies of a pipeline (always all of them, so that the connection stays in
+ * step). 0 when none was an error, else -1 with the first error in c->err; an I/O error
+ * leaves the context in error (the next call reconnects). fn, if given, sees each reply. */
+static int read_pipeline(ctl_t *c, int n, const char *what, void (*fn)(int i, const redisReply *r, void *arg), void *arg) {
+    int rc = 0;
+    c->round_trips++;
+    for (int i = 0; i < n; i++) {
+        void *reply = NULL;
+        if (redisGetReply(c->rc, &reply) != REDIS_OK || !reply) {
+            ctl_set_error(c, "redis: %s: %s", what, c->rc->errstr[0] ? c->rc->errstr : "no reply");
+            return -1;
+        }
+        redisReply *r = reply;
+        if (r->type == REDIS_REPLY_ERROR && rc == 0) {
+            ctl_set_error(c, "redis: %s: %s", what, r->str);
+            rc = -1;
+        }
+        if (fn) fn(i, r, arg);
+        freeReplyObject(r);
+    }
+    return rc;
+}
+
+typedef struct {
+    char *values;
+    size_t len;
+    int nfields;
+} ProcFields;
+
+static void copy_proc_fields(int i, const redisReply *r, void *arg) {
+    const ProcFields *pf = arg;
+    for (int f = 0; f < pf->nfields; f++) {
+        char *out = pf->values + ((size_t)i * (size_t)pf->nfields + (size_t)f) * pf->len;
+        const redisReply *e = r->type == REDIS_REPLY_ARRAY && (int)r->elements == pf->nfields ? r->element[f] : NULL;
+        if (!e || e->type != REDIS_REPLY_STRING || copy_checked(out, pf->len, e->str, e->len) != 0) out[0] = '\0';
+    }
+}
+
+int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fields, int nfields, char *values,
+                      size_t len) {
+    if (nfields < 1 || nfields > 8 || len == 0) {
+        ctl_set_error(c, "ctl_proc_get_many: %d fields, %zu-byte values", nfields, len);
+        return -1;
+    }
+    for (size_t i = 0; i < (size_t)n * (size_t)nfields; i++) values[i * len] = '\0';
+    if (n <= 0) return 0;
+    if (ensure_connected(c) != 0) return -1;
+    for (int i = 0; i < n; i++) {
+        char key[CTL_KEY_MAX];
+        const char *argv[10];
+        snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, procs[i]);
+        argv[0] = "HMGET";
+        argv[1] = key;
+        for (int f = 0; f < nfields; f++) argv[2 + f] = fields[f];
+        if (redisAppendCommandArgv(c->rc, 2 + nfields, argv, NULL) != REDIS_OK) {
+            ctl_set_error(c, "redis: HMGET: cannot queue the command");
+            redisFree(c->rc); /* drop what was queued: the next call reconnects */
+            c->rc = NULL;
+            return -1;
+        }
+    }
+    ProcFields pf = {values, len, nfields};
+    return read_pipeline(c, n, "HMGET", copy_proc_fields, &pf);
+}
+
+int ctl_batch_begin(ctl_t *c) {
+    c->batch_n = 0;
+    c->batch_failed = 0;
+    c->batch_multi = 0;
+    if (ensure_connected(c) != 0) {
+        c->batch_failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
+int ctl_batch_begin_atomic(ctl_t *c) {
+    if (ctl_batch_begin(c) != 0) return -1;
+    if (redisAppendCommand(c->rc, "MULTI") != REDIS_OK) {
+        c->batch_failed = 1;
+        return -1;
+    }
+    c->batch_multi = 1;
+    return 0;
+}
+
+/* The EXEC reply of an atomic batch: nil (aborted) or any error inside fails the batch. */
+static void check_exec(int i, const redisReply *r, void *arg) {
+    int *bad = arg, last = bad[1];
+    if (i != last) return;
+    if (r->type != REDIS_REPLY_ARRAY) { bad[0] = 1; return; }
+    for (size_t k = 0; k < r->elements; k++)
+        if (r->element[k]->type == REDIS_REPLY_ERROR) bad[0] = 1;
+}
+
+static void batch_append(ctl_t *c, const char *fmt, ...) {
+    if (c->batch_failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = redisvAppendCommand(c->rc, fmt, ap);
+    va_end(ap);
+    if (rc == REDIS_OK) c->batch_n++;
+    else c->batch_failed = 1;
+}
+
+void ctl_batch_set(ctl_t *c, const char *suffix, const char *value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    batch_append(c, "SET %s %s", key, value);
+}
+
+void ctl_batch_rank_owner(ctl_t *c, int rank, long proc_id) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    batch_append(c, "SET %s %ld", key, proc_id);
+}
+
+void ctl_batch_epoch(ctl_t *c, long epoch) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "epoch");
+    batch_append(c, "SET %s %ld", key, epoch);
+}
+
+void ctl_batch_notify(ctl_t *c, long proc_id, const char *list, long value) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
+    batch_append(c, "RPUSH %s %ld", key, value);
+}
+
+void ctl_batch_spare_remove(ctl_t *c, long proc_id) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "spares");
+    batch_append(c, "SREM %s %ld", key, proc_id);
+}
+
+void ctl_batch_push_key(ctl_t *c, const char *key, const char *value, int ttl_s) {
+    batch_append(c, "RPUSH %s %s", key, value);
+    batch_append(c, "EXPIRE %s %d", key, ttl_s);
+}
+
+int ctl_batch_end(ctl_t *c) {
+    int n = c->batch_n, failed = c->batch_failed, multi = c->batch_multi;
+    c->batch_n = 0;
+    c->batch_failed = 0;
+    c->batch_multi = 0;
+    if (multi) {
+        /* MULTI is queued: end the transaction, or discard it when a command could not be
+         * queued; either way MULTI, the commands and EXEC/DISCARD each have a reply. */
+        if (redisAppendCommand(c->rc, failed ? "DISCARD" : "EXEC") != REDIS_OK) {
+            redisFree(c->rc); /* the transaction cannot be closed: drop the connection */
+            c->rc = NULL;
+            ctl_set_error(c, "redis: transaction: cannot queue EXEC");
+            return -1;
+        }
+        int bad[2] = {0, n + 1};
+        int rc = read_pipeline(c, n + 2, "transaction", check_exec, bad);
+        if (rc == 0 && (bad[0] || failed)) {
+            ctl_set_error(c, "redis: transaction: %s", failed ? "a command could not be queued" : "not executed");
+            rc = -1;
+        }
+        return rc;
+    }
+    if (n == 0) {
+        if (failed) ctl_set_error(c, "redis: pipeline: %s", c->rc && c->rc->errstr[0] ? c->rc->errstr : "not connected");
+        return failed ? -1 : 0;
+    }
+    int rc = read_pipeline(c, n, "pipeline", NULL, NULL);
+    if (failed && rc == 0) {
+        ctl_set_error(c, "redis: pipeline: a command could not be queued");
+        rc = -1;
+    }
+    return rc;
+}
+
+int ctl_notify_many(ctl_t *c, const long *procs, int n, const char *list, long value) {
+    if (ctl_batch_begin(c) != 0) return -1;
+    for (int i = 0; i < n; i++) ctl_batch_notify(c, procs[i], list, value);
+    return ctl_batch_end(c);
+}
+
+unsigned long long ctl_round_trips(const ctl_t *c) { return c ? c->round_trips : 0; }
+void ctl_mark(ctl_t *c) { if (c) c->mark = c->round_trips; }
+unsigned long long ctl_round_trips_since_mark(const ctl_t *c) { return c ? c->round_trips - c->mark : 0; }
+
 int ctl_server_config_set(ctl_t *c, const char *param, const char *value) {
     return ctl_command_ok(c, "CONFIG SET %s %s", param, value);
+}
+
+int ctl_heartbeat_clear(ctl_t *c, long proc_id) {
+    char key[CTL_KEY_MAX];
+    snprintf(key, sizeof key, "dp:%s:hb:%ld", c->job, proc_id);
+    return ctl_command_ok(c, "DEL %s", key);
 }
 
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms) {
@@ -863,6 +1097,7 @@ int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, 
     redisAppendCommand(c->rc, "LRANGE %s 0 %d", key, max - 1);
     redisAppendCommand(c->rc, "LTRIM %s %d -1", key, max);
     redisAppendCommand(c->rc, "EXEC");
+    c->round_trips++;
     redisReply *exec = read_drain_transaction(c);
     if (!exec) return -1;
     redisReply *items = exec->element[0];
@@ -891,6 +1126,7 @@ static int delete_scan_page(ctl_t *c, const redisReply *keys) {
             argv[i + 1] = keys->element[done + i]->str;
             argvlen[i + 1] = keys->element[done + i]->len;
         }
+        c->round_trips++;
         redisReply *r = redisCommandArgv(c->rc, (int)batch + 1, argv, argvlen);
         if (!r) {
             ctl_set_error(c, "redis: DEL: %s", c->rc->errstr);

@@ -61,12 +61,13 @@ typedef enum {
     KEY_GLOO,         /* eEPOCH:gloo — prefix of the epoch's collective rendezvous */
     KEY_APP,          /* eEPOCH:app: — prefix left to an application's own collectives */
     KEY_TIMING,       /* eEPOCH:timing:RANK — "restore rebuild resnapshot resumed_wall_ms" */
-    KEY_INJECTED,     /* injected:INDEX — that --inject fault fired */
+    KEY_INJECTED,     /* injected:INDEX:PROC — that --inject fault fired (PROC 0: once per job) */
     KEY_CHAOS,        /* chaos:STEP — a --chaos fault fired at that step */
     KEY_FAULT_LAST,   /* fault:last — "kind:rank:wall_ms" of the newest injected fault */
     KEY_LAST_STEP,    /* last_step — newest step done when the coordinator decided */
     KEY_PERSIST_REQ,  /* persist:req — "epoch:step:writer_rank:failed,..." (no spare left) */
-    KEY_PERSISTED     /* persisted:STEP — set of ranks whose state of STEP is on disk */
+    KEY_PERSISTED,    /* persisted:STEP — set of ranks whose state of STEP is on disk */
+    KEY_JOIN_STATS    /* eEPOCH:join:RANK — "CTL STORE RENDEZVOUS_MS BARRIER_MS": RANK joining EPOCH */
 } ctl_key;
 
 /* The suffix of key k into buf; returns buf. */
@@ -100,6 +101,49 @@ int ctl_epoch_set(ctl_t *c, long epoch);
 int ctl_notify(ctl_t *c, long proc_id, const char *list, long value);
 long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms);
 
+/* --- bulk access: one round trip whatever the count ---------------------------------------
+ * What a recovery does per rank (owners, process facts, wake-ups, timings) costs one round
+ * trip for all ranks, not one per rank: MGET, or commands pipelined on the connection. */
+
+/* procs[r] = the owner of rank r for r in [0, nranks), 0 when unclaimed (MGET). 0 / -1. */
+int ctl_rank_owners(ctl_t *c, int nranks, long *procs);
+/* Fields of many processes' hashes in one pipeline of HMGETs: the value of fields[f] of
+ * procs[i] goes to values + (i * nfields + f) * len, "" when absent or longer than len - 1.
+ * 0 / -1. */
+int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fields, int nfields, char *values,
+                      size_t len);
+/* Plain job keys dp:{job}:{suffixes[i]} (MGET): values + i * len, "" when absent (present[i]
+ * = 0; present may be NULL). 0 / -1. */
+int ctl_get_many(ctl_t *c, const char *const *suffixes, int n, char *values, size_t len, int *present);
+/* ctl_notify for n processes, pipelined. 0 / -1 (-1 if any push failed). */
+int ctl_notify_many(ctl_t *c, const long *procs, int n, const char *list, long value);
+
+/* A pipeline: the commands appended between ctl_batch_begin and ctl_batch_end go out together
+ * and their replies are read by ctl_batch_end: one round trip. Redis runs them in order, so
+ * e.g. a decision written before the epoch counter moves is seen first by every reader.
+ * Nothing else may use the connection in between. ctl_batch_end: 0 when every command
+ * succeeded, else -1 with the first error (every reply is read either way). */
+int ctl_batch_begin(ctl_t *c);
+/* The same as one transaction (MULTI ... EXEC): no other client sees it half done, and a
+ * command Redis refuses while queueing (out of memory, say) makes it run nothing; a command
+ * that fails while running (a wrong type) does not undo the others, and ctl_batch_end says -1. */
+int ctl_batch_begin_atomic(ctl_t *c);
+void ctl_batch_set(ctl_t *c, const char *suffix, const char *value);
+void ctl_batch_rank_owner(ctl_t *c, int rank, long proc_id);
+void ctl_batch_epoch(ctl_t *c, long epoch);
+void ctl_batch_notify(ctl_t *c, long proc_id, const char *list, long value);
+void ctl_batch_spare_remove(ctl_t *c, long proc_id);
+/* RPUSH value onto the list named by a whole key (ctl_key_full), which expires in ttl_s. */
+void ctl_batch_push_key(ctl_t *c, const char *key, const char *value, int ttl_s);
+int ctl_batch_end(ctl_t *c);
+
+/* Round trips this connection has made since ctl_connect: each command, MGET or pipeline
+ * sent and waited for counts once (reconnecting does not count). ctl_mark remembers the
+ * count; ctl_round_trips_since_mark is the count since (since ctl_connect before any mark). */
+unsigned long long ctl_round_trips(const ctl_t *c);
+void ctl_mark(ctl_t *c);
+unsigned long long ctl_round_trips_since_mark(const ctl_t *c);
+
 /* alive[i] = heartbeat of procs[i] present (1) or expired (0), one round trip. 0 / -1. */
 int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive);
 
@@ -108,6 +152,9 @@ int ctl_server_config_set(ctl_t *c, const char *param, const char *value);
 
 /* Heartbeat: SET dp:{job}:hb:{proc_id} PX ttl_ms. 0 / -1. */
 int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms);
+/* Deletes the heartbeat of a process known to have exited: it is dead for every reader at
+ * once, not only once its key expires. 0 / -1. */
+int ctl_heartbeat_clear(ctl_t *c, long proc_id);
 /* 1 if the heartbeat key of proc_id is alive, 0 if expired, -1 on error. */
 int ctl_alive(ctl_t *c, long proc_id);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "comm.h"
 #include "config.h"
 #include "decide.h"
 #include "events.h"
@@ -36,6 +37,7 @@ struct Coordinator {
     int have_members;
     long procs[RECOVERY_MAX_RANKS];
     pid_t pids[RECOVERY_MAX_RANKS]; /* 0 when the member is not on this host */
+    char departed[RECOVERY_MAX_RANKS]; /* the member's process exited on purpose */
     Pending pending[MAX_PENDING];
     int npending;
     double first_pending_ms;
@@ -45,8 +47,17 @@ struct Coordinator {
     double waiting_spare_since; /* no-spare fallback in progress, 0 = no */
     int fenced;              /* the current epoch is closed */
     char message[2048];
+    int unrestorable;        /* a rank's state could not be restored: the job stops */
+    int spares_lost;         /* spares gone (exited, or silent) since the last tick */
+    double last_liveness_ok;      /* when a liveness query last answered */
+    double silence_ignored_until; /* after a Redis outage, heartbeats get time to come back */
     DecideInput in;          /* the inputs of the next decision (large: kept off the stack) */
     Decision decision;
+    /* Redis round trips the coordinator made for the failure being handled, from its detection
+     * to the published decision (the launcher's own traffic on the shared connection, such as
+     * draining events, is not counted): reported in the `decision` event. */
+    unsigned long long rtt_failure, rtt_tick0;
+    int rtt_counting;
 };
 
 Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms) {
@@ -72,24 +83,45 @@ const char *coord_message(const Coordinator *c) { return c->message; }
 long coord_epoch(const Coordinator *c) { return c->epoch; }
 void coord_progress(Coordinator *c, int step) { if (step > c->last_step) c->last_step = step; }
 
-/* The pid of proc when it runs on this host, else 0. */
-static pid_t local_pid(Coordinator *c, long proc) {
-    char host[256], pid[32];
-    if (ctl_proc_get(c->ctl, proc, "host", host, sizeof host) != 0 || strcmp(host, c->my_host) != 0) return 0;
-    if (ctl_proc_get(c->ctl, proc, "pid", pid, sizeof pid) != 0) return 0;
-    return (pid_t)atoi(pid);
+/* pids[i] = the pid of procs[i] when it runs on this host, else 0: one round trip for all. */
+#define HOST_FIELD_MAX 256
+static void local_pids(Coordinator *c, const long *procs, int n, pid_t *pids) {
+    static const char *const fields[] = {"host", "pid"};
+    char (*v)[HOST_FIELD_MAX] = n > 0 ? malloc(sizeof *v * 2 * (size_t)n) : NULL;
+    for (int i = 0; i < n; i++) pids[i] = 0;
+    if (!v || ctl_proc_get_many(c->ctl, procs, n, fields, 2, v[0], HOST_FIELD_MAX) != 0) {
+        free(v);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v[2 * i], c->my_host)) pids[i] = (pid_t)atoi(v[2 * i + 1]);
+    free(v);
 }
 
-/* Epoch 0's members are whoever claimed the ranks; known once every rank is claimed. */
+/* Epoch 0's members are whoever claimed the ranks; known once every rank is claimed. Two
+ * round trips whatever the world: the owners (MGET), then their hosts and pids (pipelined). */
 static int load_members(Coordinator *c) {
-    for (int r = 0; r < c->cfg->workers; r++) {
-        long proc = ctl_rank_owner(c->ctl, r);
-        if (proc <= 0) return -1;
-        c->procs[r] = proc;
-    }
-    for (int r = 0; r < c->cfg->workers; r++) c->pids[r] = local_pid(c, c->procs[r]);
+    long procs[RECOVERY_MAX_RANKS];
+    if (ctl_rank_owners(c->ctl, c->cfg->workers, procs) != 0) return -1;
+    for (int r = 0; r < c->cfg->workers; r++)
+        if (procs[r] <= 0) return -1;
+    memcpy(c->procs, procs, sizeof(long) * (size_t)c->cfg->workers);
+    local_pids(c, c->procs, c->cfg->workers, c->pids);
     c->have_members = 1;
     return 0;
+}
+
+/* Round-trip accounting of the failure being handled (see rtt_failure). */
+static void rtt_begin(Coordinator *c) { c->rtt_tick0 = ctl_round_trips(c->ctl); }
+static void rtt_end(Coordinator *c) {
+    if (c->rtt_counting) c->rtt_failure += ctl_round_trips(c->ctl) - c->rtt_tick0;
+    c->rtt_tick0 = ctl_round_trips(c->ctl);
+}
+static void rtt_start_counting(Coordinator *c) {
+    if (!c->rtt_counting) {
+        c->rtt_counting = 1;
+        c->rtt_failure = 0;
+    }
 }
 
 static int pending_has(const Coordinator *c, int rank) {
@@ -114,6 +146,7 @@ static int64_t failure_time(Coordinator *c, int rank, const char *kind, int64_t 
 
 static void add_failure(Coordinator *c, int rank, const char *kind) {
     if (pending_has(c, rank) || c->npending >= MAX_PENDING) return;
+    rtt_start_counting(c);
     Pending *p = &c->pending[c->npending++];
     p->rank = rank;
     snprintf(p->kind, sizeof p->kind, "%s", kind);
@@ -125,23 +158,41 @@ static void add_failure(Coordinator *c, int rank, const char *kind) {
 
 static void spare_lost(Coordinator *c, long proc) {
     ctl_spare_remove(c->ctl, proc);
+    c->spares_lost++; /* the launcher may replace it */
     event_emit(c->ctl, c->t0_wall_ms, "spare_lost", "\"proc\":%ld", proc);
     log_msg("spare %ld is gone", proc);
 }
 
+static void child_exited(Coordinator *c, pid_t pid, int status);
+
 void coord_child_exited(Coordinator *c, pid_t pid, int status) {
+    rtt_begin(c);
+    child_exited(c, pid, status);
+    rtt_end(c);
+}
+
+static void child_exited(Coordinator *c, pid_t pid, int status) {
     if (!c->have_members) return;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (code == DP_EXIT_DONE || code == DP_EXIT_STOPPED || code == DP_EXIT_FENCED) return;
+    int failed = !(code == DP_EXIT_DONE || code == DP_EXIT_STOPPED || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT);
+    /* A known exit counts before any heartbeat key expires: the process is dead for every
+     * liveness check from now on (a holder killed a moment ago is not "alive"). */
     for (int r = 0; r < c->cfg->workers; r++) {
         if (c->pids[r] != pid) continue;
-        add_failure(c, r, "crash");
+        ctl_heartbeat_clear(c->ctl, c->procs[r]);
+        if (failed) add_failure(c, r, "crash");
+        else c->departed[r] = 1; /* left on purpose (done, stopped, fenced): its silence is no failure */
         return;
     }
     long spares[DP_MAX_RANKS];
+    pid_t spids[DP_MAX_RANKS];
     int n = ctl_spare_list(c->ctl, spares, DP_MAX_RANKS);
+    if (n > 0) local_pids(c, spares, n, spids);
     for (int i = 0; i < n; i++)
-        if (local_pid(c, spares[i]) == pid) spare_lost(c, spares[i]);
+        if (spids[i] == pid) {
+            ctl_heartbeat_clear(c->ctl, spares[i]);
+            if (failed) spare_lost(c, spares[i]);
+        }
 }
 
 void coord_comm_failure(Coordinator *c, long epoch) {
@@ -168,8 +219,17 @@ static const char *silent_kind(pid_t pid) {
 static void check_liveness(Coordinator *c) {
     int alive[RECOVERY_MAX_RANKS];
     if (ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) != 0) return;
+    /* Our last view of Redis is older than half a heartbeat's life (Redis stalled or
+     * restarted, or this query itself waited that long): keys may have expired while nobody
+     * could refresh them, which says nothing about the processes. Give them one detect
+     * timeout to heartbeat again before silence counts. */
+    double now = now_ms();
+    if (c->last_liveness_ok > 0 && now - c->last_liveness_ok > c->cfg->detect_timeout_ms / 2)
+        c->silence_ignored_until = now + c->cfg->detect_timeout_ms;
+    c->last_liveness_ok = now;
+    if (now < c->silence_ignored_until) return;
     for (int r = 0; r < c->cfg->workers; r++)
-        if (!alive[r]) add_failure(c, r, silent_kind(c->pids[r]));
+        if (!alive[r] && !c->departed[r]) add_failure(c, r, silent_kind(c->pids[r]));
     long spares[DP_MAX_RANKS];
     int n = ctl_spare_list(c->ctl, spares, DP_MAX_RANKS);
     if (n <= 0) return;
@@ -242,23 +302,30 @@ static void gather_input(Coordinator *c, int suspicion_due) {
 }
 
 /* Publishes decision d (a swap or a rebuild) and moves the coordinator to its epoch. */
+/* Publishing is one round trip (decision_publish); the bookkeeping that no member waits for
+ * (the newest step, the spares' pool, the events) comes after it. */
 static void decide(Coordinator *c, Decision *d) {
-    char last[32];
-    snprintf(last, sizeof last, "%d", c->last_step);
-    char key[32];
-    ctl_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last);
     d->t_decide_ms = wall_ms();
-    for (int i = 0; i < d->nfailed; i++) {
-        ctl_spare_remove(c->ctl, d->failed[i].spare_proc);
-        event_emit(c->ctl, c->t0_wall_ms, "failure", "\"rank\":%d,\"proc\":%ld,\"kind\":\"%s\",\"epoch\":%ld",
-                   d->failed[i].rank, d->failed[i].old_proc, d->failed[i].kind, c->epoch);
-    }
     if (decision_publish(c->ctl, d) != 0) {
         log_msg("publishing the decision failed: %s", ctl_last_error(c->ctl));
         return;
     }
-    event_emit(c->ctl, c->t0_wall_ms, "decision", "\"epoch\":%ld,\"rollback_step\":%lld,\"failed\":%d", d->epoch,
-               d->rollback + 1, d->nfailed);
+    rtt_end(c);
+    unsigned long long rtt = c->rtt_failure;
+    c->rtt_counting = 0;
+    char last[32], key[32];
+    snprintf(last, sizeof last, "%d", c->last_step);
+    if (ctl_batch_begin(c->ctl) == 0) {
+        ctl_batch_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last);
+        for (int i = 0; i < d->nfailed; i++) ctl_batch_spare_remove(c->ctl, d->failed[i].spare_proc);
+        if (ctl_batch_end(c->ctl) != 0) log_msg("recording the decision's step and spares: %s", ctl_last_error(c->ctl));
+    }
+    for (int i = 0; i < d->nfailed; i++)
+        event_emit(c->ctl, c->t0_wall_ms, "failure", "\"rank\":%d,\"proc\":%ld,\"kind\":\"%s\",\"epoch\":%ld",
+                   d->failed[i].rank, d->failed[i].old_proc, d->failed[i].kind, c->epoch);
+    event_emit(c->ctl, c->t0_wall_ms, "decision",
+               "\"epoch\":%ld,\"rollback_step\":%lld,\"failed\":%d,\"world\":%d,\"redis_round_trips\":%llu",
+               d->epoch, d->rollback + 1, d->nfailed, d->world, rtt);
     for (int i = 0; i < d->nfailed; i++) {
         log_msg("epoch %ld: spare %ld takes rank %d; rolling back to step %lld", d->epoch, d->failed[i].spare_proc,
                 d->failed[i].rank, d->rollback + 1);
@@ -269,7 +336,14 @@ static void decide(Coordinator *c, Decision *d) {
     c->epoch = d->epoch;
     c->rollback = d->rollback;
     memcpy(c->procs, d->procs, sizeof(long) * (size_t)d->world);
-    for (int i = 0; i < d->nfailed; i++) c->pids[d->failed[i].rank] = local_pid(c, d->failed[i].spare_proc);
+    long spares[RECOVERY_MAX_RANKS];
+    pid_t spids[RECOVERY_MAX_RANKS];
+    for (int i = 0; i < d->nfailed; i++) spares[i] = d->failed[i].spare_proc;
+    local_pids(c, spares, d->nfailed, spids);
+    for (int i = 0; i < d->nfailed; i++) {
+        c->pids[d->failed[i].rank] = spids[i];
+        c->departed[d->failed[i].rank] = 0;
+    }
     c->npending = 0;
     c->suspicion_ms = 0;
     c->waiting_spare_since = 0;
@@ -282,8 +356,25 @@ static void decide(Coordinator *c, Decision *d) {
  * members still do (see snapshot.h), so the decision need not wait for them. */
 static void close_epoch(Coordinator *c) {
     if (c->fenced) return;
-    fence_epoch(c->ctl, c->epoch);
-    for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], "abort", c->epoch + 1); /* 0 means nothing */
+    char key[64];
+    /* One round trip: the fence first, then every member's wake-up (0 means nothing), and
+     * every rank waiting in the epoch's rendezvous (a failure during a recovery) is woken. */
+    if (ctl_batch_begin(c->ctl) == 0) {
+        char prefix[256], wake[300];
+        ctl_batch_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_FENCED, c->epoch, 0), "1");
+        for (int r = 0; r < c->cfg->workers; r++) ctl_batch_notify(c->ctl, c->procs[r], "abort", c->epoch + 1);
+        ctl_key_full(c->ctl, prefix, sizeof prefix, KEY_GLOO, c->epoch, 0);
+        for (int r = 0; r < c->cfg->workers; r++) {
+            comm_wake_key(prefix, r, wake, sizeof wake);
+            ctl_batch_push_key(c->ctl, wake, COMM_WAKE_ABORT, 3600);
+        }
+    }
+    if (ctl_batch_end(c->ctl) != 0) {
+        /* Redis trouble: the fence alone is what makes the epoch closed; try it on its own. */
+        log_msg("closing epoch %ld: %s", c->epoch, ctl_last_error(c->ctl));
+        fence_epoch(c->ctl, c->epoch);
+        ctl_notify_many(c->ctl, c->procs, c->cfg->workers, "abort", c->epoch + 1);
+    }
     c->fenced = 1;
 }
 
@@ -299,7 +390,7 @@ static void persist_for_fallback(Coordinator *c, long long g) {
     for (int i = 0; i < c->npending && used < sizeof req; i++)
         used += (size_t)snprintf(req + used, sizeof req - used, "%s%d", i ? "," : "", c->pending[i].rank);
     ctl_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_PERSIST_REQ, 0, 0), req);
-    for (int r = 0; r < c->cfg->workers; r++) ctl_notify(c->ctl, c->procs[r], "notice", -1);
+    ctl_notify_many(c->ctl, c->procs, c->cfg->workers, "notice", -1);
 }
 
 /* No live spare for every failed rank: persist generation g once, then wait --spare-wait
@@ -325,8 +416,38 @@ int coord_tick_due_ms(const Coordinator *c) {
     return due < 1 ? 1 : due;
 }
 
+void coord_join_failed(Coordinator *c, long epoch, int rank, int restore_failed, const char *why) {
+    if (!restore_failed || epoch != c->epoch || c->unrestorable) return;
+    /* The new process of `rank` verified every copy it could reach and none was usable: the
+     * next spare would get the same decision and fail alike. Stop instead, saying where the
+     * newest intact state is. */
+    char err[256];
+    int64_t ck = checkpoint_latest(c->cfg->out, err, sizeof err);
+    int n = snprintf(c->message, sizeof c->message,
+                     "rank %d's state of step %lld could not be restored (%.600s), so it is lost from memory; ", rank,
+                     c->rollback + 1, why);
+    if (ck >= 0)
+        snprintf(c->message + n, sizeof c->message - (size_t)n,
+                 "continue from the checkpoint of step %lld with `deadpool run --resume %.700s`", (long long)ck + 1, c->cfg->out);
+    else
+        snprintf(c->message + n, sizeof c->message - (size_t)n,
+                 "no checkpoint exists (--replicas 2 or --persist-every K would have kept one)");
+    c->unrestorable = 1;
+}
+
+static coord_state tick(Coordinator *c, int *spares_used);
+
 coord_state coord_tick(Coordinator *c, int *spares_used) {
-    *spares_used = 0;
+    rtt_begin(c);
+    coord_state s = tick(c, spares_used);
+    rtt_end(c);
+    return s;
+}
+
+static coord_state tick(Coordinator *c, int *spares_used) {
+    *spares_used = c->spares_lost; /* lost spares are replaced like used ones */
+    c->spares_lost = 0;
+    if (c->unrestorable) return COORD_FAILED;
     if (!c->have_members && load_members(c) != 0) return COORD_RUNNING;
     double now = now_ms();
     if (now - c->last_liveness_ms >= LIVENESS_PERIOD_MS) {
@@ -336,6 +457,7 @@ coord_state coord_tick(Coordinator *c, int *spares_used) {
     /* A failed collective with no failed member, for long enough: rebuild the communicator. */
     int suspicion_due = c->npending == 0 && c->suspicion_ms > 0 && now - c->suspicion_ms > 1.5 * c->cfg->detect_timeout_ms;
     if (c->npending == 0 && !suspicion_due) return COORD_RUNNING;
+    rtt_start_counting(c);
     /* Close the epoch at once, then batch failures that come close together into one decision. */
     close_epoch(c);
     if (c->npending > 0 && now - c->first_pending_ms < BATCH_MS) return COORD_RUNNING;
@@ -349,7 +471,7 @@ coord_state coord_tick(Coordinator *c, int *spares_used) {
     case DECIDE_REBUILD: {
         int used = c->decision.nfailed;
         decide(c, &c->decision);
-        *spares_used = used;
+        *spares_used += used;
         return COORD_RUNNING;
     }
     case DECIDE_NO_SPARE:

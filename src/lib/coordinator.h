@@ -30,11 +30,15 @@ void coord_free(Coordinator *c);
 void coord_child_exited(Coordinator *c, pid_t pid, int status);
 /* A member reported a failed collective in `epoch`. */
 void coord_comm_failure(Coordinator *c, long epoch);
+/* A process failed to join `epoch` as `rank`; restore_failed: no verified copy of the rank's
+ * state was reachable (the job then stops with a message), else a member was missing (the
+ * coordinator decides again anyway). */
+void coord_join_failed(Coordinator *c, long epoch, int rank, int restore_failed, const char *why);
 /* The newest step the job completed (from the metrics). */
 void coord_progress(Coordinator *c, int step);
 
-/* Periodic work: liveness checks and decisions. *spares_used counts spares consumed since the
- * last call (the launcher may start replacements). */
+/* Periodic work: liveness checks and decisions. *spares_used counts spares consumed or lost
+ * since the last call (the launcher may start replacements: the pool stays at --spares). */
 coord_state coord_tick(Coordinator *c, int *spares_used);
 /* How soon coord_tick wants to run again, in ms: short while a failure is being handled,
  * otherwise when the next liveness check is due. */

@@ -4,9 +4,10 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const KINDS[] = {"kill", "stop", "netdown", "rkill"};
+static const char *const KINDS[] = {"kill", "stop", "netdown", "rkill", "corrupt"};
+#define NKINDS (int)(sizeof KINDS / sizeof KINDS[0])
 
-const char *fault_kind_name(fault_kind k) { return (unsigned)k < 4 ? KINDS[k] : "?"; }
+const char *fault_kind_name(fault_kind k) { return (int)k < NKINDS ? KINDS[k] : "?"; }
 
 int inject_parse(const char *list, int workers, FaultSpec *out, int max, char *err, size_t errlen) {
     const char *at = list;
@@ -15,10 +16,10 @@ int inject_parse(const char *list, int workers, FaultSpec *out, int max, char *e
         char kind[16];
         int rank, when, used = 0, k = -1;
         if (sscanf(at, "%15[a-z]:%d@%d%n", kind, &rank, &when, &used) == 3)
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < NKINDS; i++)
                 if (!strcmp(kind, KINDS[i])) k = i;
         if (k < 0 || rank < 0 || when < (k == FAULT_RKILL ? 1 : 1)) {
-            snprintf(err, errlen, "--inject: expected kill|stop|netdown:RANK@STEP or rkill:RANK@EPOCH, found '%.60s'", at);
+            snprintf(err, errlen, "--inject: expected kill|stop|netdown|corrupt:RANK@STEP or rkill:RANK@EPOCH, found '%.60s'", at);
             return -1;
         }
         if (rank >= workers) {

@@ -2,6 +2,8 @@
  *
  *   LIST  := FAULT ("," FAULT)*
  *   FAULT := ("kill" | "stop" | "netdown") ":" RANK "@" STEP   fires mid-step STEP (1-based)
+ *          | "corrupt" ":" RANK "@" STEP                       mid-step STEP, every holder of
+ *                                                              RANK's replicas damages them
  *          | "rkill" ":" RANK "@" EPOCH                        the process taking RANK dies
  *                                                              while it recovers into EPOCH
  * Each fault fires once per job (the runtime marks it fired in Redis by its index). */
@@ -12,7 +14,7 @@
 
 #define INJECT_MAX 64
 
-typedef enum { FAULT_KILL = 0, FAULT_STOP = 1, FAULT_NETDOWN = 2, FAULT_RKILL = 3 } fault_kind;
+typedef enum { FAULT_KILL = 0, FAULT_STOP = 1, FAULT_NETDOWN = 2, FAULT_RKILL = 3, FAULT_CORRUPT = 4 } fault_kind;
 
 typedef struct {
     fault_kind kind;

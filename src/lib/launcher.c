@@ -2,11 +2,14 @@
 #include "launcher.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -19,11 +22,14 @@
 #include "coordinator.h"
 #include "events.h"
 #include "inject.h"
+#include "metrics_http.h"
 #include "netns.h"
+#include "replica.h"
 #include "runtime.h"
 #include "util.h"
 
 #define MAX_CHILDREN 4096
+#define ETA_WINDOW 32 /* steps the ETA is measured over */
 
 typedef struct {
     pid_t pid;
@@ -60,8 +66,16 @@ typedef struct {
     int nchildren;
     int last_step;
     float last_loss;
+    LiveMetrics live;       /* what the progress line and /metrics report */
+    MetricsServer *metrics_srv; /* --metrics-port; NULL = off */
+    double spares_checked_ms;   /* when the spare pool was last counted */
+    double eta_step[ETA_WINDOW], eta_t[ETA_WINDOW]; /* the newest steps and their times, a ring */
+    int eta_n;
     int failed;             /* the job cannot continue */
     int job_done;           /* rank 0 said every rank finished: the job is done */
+    int lock_fd;            /* flock on OUT/.lock, held while the job runs */
+    int redis_lost;         /* the control plane is gone: workers persist and stop by themselves */
+    double redis_failing_since; /* first failed drain of a run of failures, 0 = reachable */
     Coordinator *coord;
     NetNs netns;            /* --inject netdown: one rank runs behind a link we can cut */
     long netdown_epoch;     /* the link went down in this epoch; -1 = up */
@@ -107,8 +121,17 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) { snprintf(err, errlen, "job config too large"); return -1; }
     if (!L->t0_wall_ms) L->t0_wall_ms = wall_ms();
     snprintf(t0, sizeof t0, "%lld", (long long)L->t0_wall_ms);
-    if (ctl_config_set(L->ctl, "config", text) != 0 || ctl_config_set(L->ctl, "t0_ms", t0) != 0 ||
-        ctl_state_set(L->ctl, "running") != 0) {
+    /* The replica channel's secret: fresh for every incarnation, kept only in the job's Redis
+     * hash (beside, never inside, the "config" text that checkpoints copy to disk). */
+    char secret[REPLICA_SECRET_HEX_LEN + 1];
+    if (replica_secret_new(secret, sizeof secret) != 0) {
+        snprintf(err, errlen, "cannot draw the job's secret (libsodium)");
+        return -1;
+    }
+    int published = ctl_config_set(L->ctl, "secret", secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
+                    ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0;
+    explicit_bzero(secret, sizeof secret);
+    if (!published) {
         snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
         return -1;
     }
@@ -119,6 +142,14 @@ static int open_outputs(Launcher *L, char *err, size_t errlen) {
     char path[1200];
     if (mkdir_p(L->cfg->out) != 0) {
         snprintf(err, errlen, "--out %.900s: cannot create directory: %s", L->cfg->out, strerror(errno));
+        return -1;
+    }
+    /* One job per output directory: a second one would interleave its files with ours. */
+    snprintf(path, sizeof path, "%s/.lock", L->cfg->out);
+    L->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (L->lock_fd < 0 || flock(L->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        snprintf(err, errlen, "--out %.900s is in use by another running job (locked %s)", L->cfg->out,
+                 L->lock_fd < 0 ? strerror(errno) : ".lock");
         return -1;
     }
     /* A resumed job continues its predecessor's logs. */
@@ -174,6 +205,7 @@ static int setup_netns(Launcher *L, char *err, size_t errlen) {
     L->netdown_epoch = -1;
     int rank = inject_netdown_rank(L->cfg->inject);
     if (rank < 0) return 0;
+
     if (rank >= L->cfg->workers) { snprintf(err, errlen, "--inject netdown:%d: no such rank", rank); return -1; }
     if (netns_create(&L->netns, L->job, rank, err, errlen) != 0) return -1;
     char bind[80];
@@ -232,6 +264,155 @@ static int json_number(const char *json, const char *key, double *out) {
     return 0;
 }
 
+/* A string member of one of our own flat JSON lines into out ("" when absent). */
+static void json_text(const char *json, const char *key, char *out, size_t len) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *at = strstr(json, pat);
+    out[0] = 0;
+    if (at) snprintf(out, len, "%.*s", (int)strcspn(at + strlen(pat), "\""), at + strlen(pat));
+}
+
+/* Seconds until the last step at the pace of the newest ETA_WINDOW steps (a rollback starts
+ * the window again); -1 while unknown. */
+static double update_eta(Launcher *L, double step, double t) {
+    if (L->eta_n > 0 && step <= L->eta_step[(L->eta_n - 1) % ETA_WINDOW]) L->eta_n = 0;
+    L->eta_step[L->eta_n % ETA_WINDOW] = step;
+    L->eta_t[L->eta_n % ETA_WINDOW] = t;
+    L->eta_n = L->eta_n < 1 << 30 ? L->eta_n + 1 : ETA_WINDOW + L->eta_n % ETA_WINDOW + 1;
+    if (L->eta_n < 2) return -1;
+    int old = L->eta_n <= ETA_WINDOW ? 0 : L->eta_n % ETA_WINDOW;
+    double ds = step - L->eta_step[old], dt = t - L->eta_t[old], left = L->cfg->steps - step;
+    if (ds <= 0 || dt < 0) return -1;
+    return left > 0 ? left * dt / ds : 0;
+}
+
+static void eta_text(double s, char *out, size_t len) {
+    if (s < 0 || s != s) snprintf(out, len, "--:--");
+    else if (s > 359999) snprintf(out, len, ">99h");
+    else if (s < 3600) snprintf(out, len, "%d:%02d", (int)s / 60, (int)s % 60);
+    else snprintf(out, len, "%d:%02d:%02d", (int)s / 3600, (int)s / 60 % 60, (int)s % 60);
+}
+
+/* The progress line of one step, and the step's numbers for /metrics. */
+static void observe_metric(Launcher *L, const char *json, double step, double loss, double ms, double tps, double t) {
+    LiveMetrics *m = &L->live;
+    double committed = -1, epoch = m->epoch, wait = 0, lr = NAN, gn = NAN;
+    json_number(json, "committed_step", &committed);
+    json_number(json, "epoch", &epoch);
+    json_number(json, "snapshot_wait_ms", &wait);
+    json_number(json, "lr", &lr);
+    json_number(json, "grad_norm", &gn);
+    m->step = step;
+    m->loss = loss;
+    m->step_ms = ms;
+    m->tokens_per_s = tps;
+    m->t = t;
+    m->committed_step = committed;
+    m->epoch = epoch;
+    m->snapshot_wait_ms = wait;
+    m->lr = lr;
+    m->grad_norm = gn;
+    m->snapshot_wait_ms_total += wait;
+    m->steps_reported += 1;
+    m->eta_s = update_eta(L, step, t);
+    char eta[16], spares[16], comm[24];
+    eta_text(m->eta_s, eta, sizeof eta);
+    if (m->spares_available >= 0) snprintf(spares, sizeof spares, "%d", (int)m->spares_available);
+    else snprintf(spares, sizeof spares, "?");
+    if (committed >= 1) snprintf(comm, sizeof comm, "%d", (int)committed);
+    else snprintf(comm, sizeof comm, "-");
+    printf("step %5d/%d | loss %.4f | %8.0f tok/s | %8.1f ms/step | committed %5s | spares %s | ETA %s | %7.1f s\n",
+           (int)step, L->cfg->steps, loss, tps, ms, comm, spares, eta, t);
+}
+
+/* One line per recovery with its phases (the timeline of the `recovered` event), and the
+ * recovery's numbers for /metrics. */
+static void observe_recovery(Launcher *L, const char *json) {
+    LiveMetrics *m = &L->live;
+    static const char *const keys[] = {"detect_ms", "decide_ms", "restore_ms", "rebuild_ms", "resnapshot_ms"};
+    static const char *const names[] = {"detect", "decide", "restore", "rebuild", "re-snapshot"};
+    double rank = -1, spare = -1, rollback = 0, total = NAN, first = NAN, recomputed = 0;
+    char kind[32], mode[32], line[1024];
+    json_text(json, "failure_kind", kind, sizeof kind);
+    json_text(json, "mode", mode, sizeof mode);
+    json_number(json, "rank", &rank);
+    json_number(json, "spare", &spare);
+    json_number(json, "rollback_step", &rollback);
+    json_number(json, "total_ms", &total);
+    json_number(json, "first_step_done_ms", &first);
+    json_number(json, "steps_recomputed", &recomputed);
+    live_kind_add(m->recoveries, kind);
+    m->last_recovery_ms = total;
+    m->steps_recomputed_total += recomputed > 0 ? recomputed : 0;
+    int n = snprintf(line, sizeof line, "[deadpool] recovery of rank %d (%s", (int)rank, kind[0] ? kind : "?");
+    if (!strcmp(mode, "restart")) n += snprintf(line + n, sizeof line - (size_t)n, ", whole job restarted from disk");
+    else if (spare >= 0) n += snprintf(line + n, sizeof line - (size_t)n, ", spare %d", (int)spare);
+    n += snprintf(line + n, sizeof line - (size_t)n, "):");
+    const char *sep = " ";
+    for (int i = 0; i < 5; i++) {
+        double v = NAN;
+        json_number(json, keys[i], &v);
+        m->last_recovery_phase_ms[i] = v;
+        if (v != v || (size_t)n >= sizeof line) continue;
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.1f", sep, names[i], v);
+        sep = " + ";
+    }
+    m->last_recovery_phase_ms[LIVE_PHASES - 1] = first == first && total == total ? first - total : NAN;
+    if ((size_t)n < sizeof line)
+        snprintf(line + n, sizeof line - (size_t)n, "%s-> resumed after %.0f ms, first step done at %.0f ms; rolled "
+                 "back to step %d, %d step%s recomputed", *sep == ' ' && sep[1] == '+' ? " ms " : " ", total, first,
+                 (int)rollback, (int)recomputed, recomputed == 1 ? "" : "s");
+    printf("%s\n", line);
+    fflush(stdout);
+}
+
+/* Events that change what /metrics or the progress line report. */
+static void observe_event(Launcher *L, const char *json) {
+    LiveMetrics *m = &L->live;
+    char kind[32];
+    if (strstr(json, "\"event\":\"failure\"") || strstr(json, "\"event\":\"restart\"")) {
+        json_text(json, "kind", kind, sizeof kind);
+        live_kind_add(m->failures, kind);
+    } else if (strstr(json, "\"event\":\"recovered\"")) {
+        observe_recovery(L, json);
+    } else if (strstr(json, "\"event\":\"snapshot_stats\"")) {
+        double copied = 0, replicated = 0, captures = 0;
+        json_number(json, "bytes_copied", &copied);
+        json_number(json, "bytes_replicated", &replicated);
+        json_number(json, "captures", &captures);
+        m->snapshot_bytes_copied += copied;
+        m->snapshot_bytes_replicated += replicated;
+        m->snapshot_generations += captures;
+    }
+    if (strstr(json, "\"event\":\"spare_") || strstr(json, "\"event\":\"decision\"")) L->spares_checked_ms = 0;
+}
+
+/* Counts the spare pool now and then (one Redis round trip) and hands /metrics the newest numbers. */
+static void publish_live(Launcher *L) {
+    double now = now_ms();
+    if (L->ctl && now - L->spares_checked_ms >= 250) {
+        long n = ctl_spare_count(L->ctl);
+        if (n >= 0) L->live.spares_available = (double)n;
+        L->spares_checked_ms = now;
+    }
+    metrics_server_publish(L->metrics_srv, &L->live);
+}
+
+/* --report: `deadpool report OUT`, in a process of its own, once the logs are closed. */
+static void write_report(Launcher *L) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(L->self_path, L->self_path, "report", L->cfg->out, (char *)NULL);
+        fprintf(stderr, "[deadpool] cannot run %s report: %s\n", L->self_path, strerror(errno));
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        log_msg("--report: no report was written (see above; `deadpool report %s` tries again)", L->cfg->out);
+}
+
 static void on_metric(const char *json, void *arg) {
     Launcher *L = arg;
     fprintf(L->metrics, "%s\n", json);
@@ -256,8 +437,7 @@ static void on_metric(const char *json, void *arg) {
         printf("[deadpool] restarted the whole job from the checkpoint of step %lld: training resumed %lld ms after "
                "the failure\n", r->checkpoint + 1, resumed);
     }
-    printf("step %5d/%d | loss %.4f | %8.0f tok/s | %8.1f ms/step | %7.1f s\n", (int)step, L->cfg->steps, loss,
-           tps, ms, t);
+    observe_metric(L, json, step, loss, ms, tps, t);
     fflush(stdout);
 }
 
@@ -266,22 +446,51 @@ static void on_event(const char *json, void *arg) {
     fprintf(L->events, "%s\n", json);
     fflush(L->events);
     if (strstr(json, "\"event\":\"error\"")) log_msg("worker reported: %s", json);
+    observe_event(L, json);
     if (strstr(json, "\"event\":\"job_done\"")) L->job_done = 1;
+    if (strstr(json, "\"event\":\"diverged\"")) { /* the job cannot go on: say why and stop */
+        const char *msg = strstr(json, "\"message\":\"");
+        log_msg("%.*s", msg ? (int)strcspn(msg + 11, "\"") : 0, msg ? msg + 11 : "");
+        L->failed = 1;
+    }
     if (strstr(json, "\"event\":\"fault_injected\"") && strstr(json, "\"kind\":\"netdown\"")) {
         L->netns.link_down = 1;
         L->netdown_epoch = L->coord ? coord_epoch(L->coord) : 0;
     }
-    double epoch;
+    double epoch, rank;
     if (strstr(json, "\"event\":\"comm_failure\"") && json_number(json, "epoch", &epoch) == 0 && L->coord)
         coord_comm_failure(L->coord, (long)epoch);
+    if (strstr(json, "\"event\":\"join_failed\"") && json_number(json, "epoch", &epoch) == 0 &&
+        json_number(json, "rank", &rank) == 0 && L->coord) {
+        const char *msg = strstr(json, "\"message\":\"");
+        char why[700] = "";
+        if (msg) snprintf(why, sizeof why, "%.*s", (int)strcspn(msg + 11, "\""), msg + 11);
+        coord_join_failed(L->coord, (long)epoch, (int)rank, strstr(json, "\"phase\":\"restore\"") != NULL, why);
+    }
+}
+
+static void control_plane_lost(Launcher *L, const char *why) {
+    L->redis_lost = 1;
+    log_msg("the control plane is lost (%s): no failure can be handled any more; the workers keep their "
+            "committed state on disk and stop", why);
 }
 
 static void drain_outputs(Launcher *L) {
-    while (ctl_drain(L->ctl, "events", 256, on_event, L) > 0) {
+    int n;
+    while ((n = ctl_drain(L->ctl, "events", 256, on_event, L)) > 0) {
+    }
+    /* Redis unreachable for longer than a failure takes to detect: the control plane is lost
+     * (the embedded server's exit says so at once; an external one only through this). */
+    if (n < 0 && !L->redis_lost) {
+        if (L->redis_failing_since == 0) L->redis_failing_since = now_ms();
+        else if (now_ms() - L->redis_failing_since > L->cfg->detect_timeout_ms) control_plane_lost(L, ctl_last_error(L->ctl));
+    } else if (n >= 0) {
+        L->redis_failing_since = 0;
     }
     while (ctl_drain(L->ctl, "metrics", 256, on_metric, L) > 0) {
     }
     fflush(L->metrics);
+    publish_live(L);
 }
 
 static Child *find_child(Launcher *L, pid_t pid) {
@@ -302,6 +511,13 @@ static int reap_children(Launcher *L) {
     int status;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         Child *c = find_child(L, pid);
+        if (!c && pid == L->server.pid) { /* the embedded redis-server died */
+            char how[64], why[128];
+            describe_exit(status, how, sizeof how);
+            snprintf(why, sizeof why, "the embedded redis-server, pid %d, %s", (int)pid, how);
+            L->server.pid = 0;
+            control_plane_lost(L, why);
+        }
         if (!c) continue;
         c->exited = 1;
         c->status = status;
@@ -309,9 +525,12 @@ static int reap_children(Launcher *L) {
         char how[64];
         describe_exit(status, how, sizeof how);
         event_emit(L->ctl, L->t0_wall_ms, "process_exit", "\"pid\":%d,\"status\":\"%s\"", (int)pid, how);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == 1) {
+        if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_BAD_JOB) {
             log_msg("process %d stopped on a bad job (see the message above)", (int)pid);
             L->failed = 1; /* a configuration problem: every replacement would fail alike */
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_OUTPUT) {
+            log_msg("process %d trained every step but could not write its output (see the message above)", (int)pid);
+            L->failed = 1; /* not a crash: a spare would not write it any better */
         } else {
             coord_child_exited(L->coord, pid, status);
         }
@@ -371,7 +590,7 @@ static int restart_from_disk(Launcher *L) {
     r->last_step = L->last_step;
     ctl_state_set(L->ctl, "failed");
     kill_all_children(L);
-    r->checkpoint = checkpoint_latest(L->run_cfg.out, err, sizeof err);
+    r->checkpoint = checkpoint_latest_intact(L->run_cfg.out, err, sizeof err);
     if (r->checkpoint >= 0) {
         snprintf(L->run_cfg.resume, sizeof L->run_cfg.resume, "%s", L->run_cfg.out);
         L->run_cfg.resume_step = (int)r->checkpoint;
@@ -396,10 +615,16 @@ static int restart_from_disk(Launcher *L) {
 }
 
 static void supervise(Launcher *L) {
-    while (!stop_signal && !L->failed && !L->job_done) {
+    while (!stop_signal && !L->failed && !L->job_done && !L->redis_lost) {
         /* Exits first: a crash is known the moment waitpid says so. */
         if (reap_children(L) == 0) {
-            log_msg("every process has exited before the job finished");
+            char err[256];
+            int64_t ck = checkpoint_latest(L->run_cfg.out, err, sizeof err);
+            if (ck >= 0)
+                log_msg("every process has exited before the job finished; the newest checkpoint is of step %lld: "
+                        "continue with `deadpool run --resume %s`", (long long)ck + 1, L->run_cfg.out);
+            else
+                log_msg("every process has exited before the job finished");
             L->failed = 1;
             break;
         }
@@ -437,6 +662,8 @@ int launcher_run(const JobConfig *cfg) {
     memset(&L, 0, sizeof L);
     L.cfg = cfg;
     L.run_cfg = *cfg;
+    L.lock_fd = -1;
+    L.last_step = cfg->resume_step + 1; /* resuming a finished job has no step left to run */
     char err[1024];
     int rc = 1;
     signal(SIGPIPE, SIG_IGN);
@@ -451,6 +678,16 @@ int launcher_run(const JobConfig *cfg) {
      * keep the default one. */
     if (setpriority(PRIO_PROCESS, 0, -5) != 0) { /* not permitted: run at the default priority */ }
 
+    live_metrics_init(&L.live);
+    snprintf(L.live.job, sizeof L.live.job, "%s", L.job);
+    L.live.workers = cfg->workers;
+    L.live.spares_configured = cfg->spares;
+    L.live.steps_target = cfg->steps;
+    /* --metrics-port first: an address in use stops the job before it starts anything. */
+    if (cfg->metrics_port > 0 && !(L.metrics_srv = metrics_server_start(cfg->bind, cfg->metrics_port, err, sizeof err))) {
+        log_msg("--metrics-port: %s", err);
+        return 1;
+    }
     if (open_outputs(&L, err, sizeof err) != 0 || start_control_plane(&L, err, sizeof err) != 0 ||
         setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0) {
         log_msg("%s", err);
@@ -465,6 +702,16 @@ int launcher_run(const JobConfig *cfg) {
     static const char *const ft_names[] = {"deadpool", "disk", "none"};
     event_emit(L.ctl, L.t0_wall_ms, "start", "\"job\":\"%s\",\"workers\":%d,\"spares\":%d,\"program\":\"%s\",\"steps\":%d,\"seed\":%llu",
                L.job, cfg->workers, cfg->spares, program_esc, cfg->steps, (unsigned long long)cfg->seed);
+    if (L.metrics_srv) {
+        const char *host = cfg->bind[0] ? cfg->bind : "127.0.0.1";
+        int v6 = strchr(host, ':') != NULL;
+        char host_esc[600];
+        json_escape(host, host_esc, sizeof host_esc);
+        log_msg("metrics: http://%s%s%s:%d/metrics (Prometheus text format)", v6 ? "[" : "", host, v6 ? "]" : "",
+                metrics_server_port(L.metrics_srv));
+        event_emit(L.ctl, L.t0_wall_ms, "metrics_server", "\"bind\":\"%s\",\"port\":%d", host_esc,
+                   metrics_server_port(L.metrics_srv));
+    }
     log_msg("job %s: %d workers + %d spares, %d steps, out %s, ft %s, program: %s", L.job, cfg->workers, cfg->spares,
             cfg->steps, cfg->out, ft_names[cfg->ft], program);
     if (cfg->resume_step >= 0) {
@@ -479,7 +726,33 @@ int launcher_run(const JobConfig *cfg) {
         supervise(&L);
     }
 
-    const char *state = stop_signal ? "stopping" : L.failed ? "failed" : "done";
+    const char *state = stop_signal ? "stopping" : L.failed || L.redis_lost ? "failed" : "done";
+    if (L.redis_lost) {
+        /* The workers see the loss within the detect timeout, write their committed state
+         * and leave; give them that long (plus a blocked collective's timeout), then stop them. */
+        stop_children(&L, 3 * cfg->detect_timeout_ms + job_comm_timeout_ms(cfg) + 20000);
+        /* Lost after the last step: every rank finished (exit 0) without the means to say so. */
+        int done = 0;
+        for (int i = 0; i < L.nchildren; i++)
+            if (L.children[i].exited && WIFEXITED(L.children[i].status) && WEXITSTATUS(L.children[i].status) == 0) done++;
+        if (done >= cfg->workers) {
+            log_msg("the control plane was lost after every rank had finished: the job is done");
+            L.redis_lost = 0;
+            L.last_step = cfg->steps;
+            goto finished;
+        }
+        char err[1024];
+        int64_t ck = checkpoint_latest_intact(cfg->out, err, sizeof err);
+        if (ck >= 0)
+            log_msg("the state of step %lld is in %s/ckpt: continue with `deadpool run --resume %s`", (long long)ck + 1,
+                    cfg->out, cfg->out);
+        else
+            log_msg("no checkpoint could be completed without the control plane: %s", err);
+        fprintf(L.events, "{\"event\":\"control_plane_lost\",\"t\":%.3f,\"checkpoint_step\":%lld}\n",
+                (double)(wall_ms() - L.t0_wall_ms) / 1e3, (long long)ck + 1);
+        L.failed = 1;
+    }
+finished:
     ctl_state_set(L.ctl, state);
     /* After a failure nothing useful is left to finish: survivors may be blocked in a
      * collective with the dead rank, so they get SIGTERM at once. */
@@ -500,7 +773,10 @@ int launcher_run(const JobConfig *cfg) {
                L.last_step, cpu_s);
     drain_outputs(&L);
     rc = stop_signal ? 130 : ok ? 0 : 1;
+    L.live.finished = 1;
+    metrics_server_publish(L.metrics_srv, &L.live);
 out:
+    metrics_server_stop(L.metrics_srv); /* NULL when off */
     forget_children(&L);
     netns_destroy(&L.netns);
     coord_free(L.coord);
@@ -508,6 +784,8 @@ out:
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);
     if (L.events) fclose(L.events);
+    if (L.lock_fd >= 0) close(L.lock_fd);
     if (L.metrics) fclose(L.metrics);
+    if (cfg->report && L.t0_wall_ms) write_report(&L); /* only when this job wrote the logs */
     return rc;
 }

@@ -174,22 +174,28 @@ bad:
     return -1;
 }
 
+/* One transaction, so one round trip whatever the world: all of it happens or none of it,
+ * in order (the decision and the new owners are in place before the epoch counter moves, and
+ * the members are woken last). */
 int decision_publish(ctl_t *c, const Decision *d) {
     char *text = malloc(DECISION_TEXT_MAX), key[64]; /* 128 KiB: not on a thread's stack */
-    int rc = text && decision_format(d, text, DECISION_TEXT_MAX) == 0 &&
-             ctl_set(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, d->epoch, 0), text) == 0;
+    if (!text || decision_format(d, text, DECISION_TEXT_MAX) != 0 || ctl_batch_begin_atomic(c) != 0) {
+        free(text);
+        return -1;
+    }
+    ctl_batch_set(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, d->epoch, 0), text);
+    for (int i = 0; i < d->nfailed; i++) ctl_batch_rank_owner(c, d->failed[i].rank, d->failed[i].spare_proc);
+    ctl_batch_epoch(c, d->epoch);
+    for (int r = 0; r < d->world; r++) ctl_batch_notify(c, d->procs[r], "notice", d->epoch);
+    int rc = ctl_batch_end(c);
     free(text);
-    if (!rc) return -1;
-    for (int i = 0; i < d->nfailed; i++)
-        if (ctl_set_rank_owner(c, d->failed[i].rank, d->failed[i].spare_proc) != 0) return -1;
-    if (ctl_epoch_set(c, d->epoch) != 0) return -1;
-    for (int r = 0; r < d->world; r++) ctl_notify(c, d->procs[r], "notice", d->epoch);
-    return 0;
+    return rc;
 }
 
 int decision_read(ctl_t *c, long epoch, Decision *d) {
     char *text = malloc(DECISION_TEXT_MAX), key[64], err[256];
     int rc = -1;
+    ctl_mark(c); /* a join's round trips count from reading its decision (KEY_JOIN_STATS) */
     if (text && ctl_get(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, epoch, 0), text, DECISION_TEXT_MAX) == 0) {
         rc = decision_parse(text, d, err, sizeof err);
         if (rc != 0) log_msg("decision of epoch %ld refused: %s", epoch, err);

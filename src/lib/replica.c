@@ -1,29 +1,67 @@
 /* replica.c — the replication channel: a holder keeps other ranks' per-iteration snapshots in
  * host memory (two generations per owner rank) and serves them back over TCP.
  *
- * Wire protocol. One TCP connection carries any number of requests, one after the other.
- * Integers are in host byte order (every DeadPool host is x86-64, little endian) and the
- * SnapHeader travels as its 88 raw bytes (no padding, checked below).
- *   PUT  request: 'P' (REPLICA_REQ_PUT), SnapHeader, then header.length payload bytes.
+ * Wire protocol. One TCP connection carries a handshake, then any number of requests, one
+ * after the other. Integers are in host byte order (every DeadPool host is x86-64, little
+ * endian) and the SnapHeader travels as its 88 raw bytes (no padding, checked below).
+ * K is the channel key: the launcher draws the job's secret (32 random bytes) and stores it in
+ * the job's Redis config hash (readable only with the Redis password, which never appears on
+ * a command line); every process derives K = crypto_kdf_derive_from_key(id 1, context
+ * "DPrepl01", secret). MAC(k, m) is libsodium's crypto_auth (HMAC-SHA-512-256, 32 bytes),
+ * always checked in constant time (crypto_auth_verify). No cryptography is made here.
+ *
+ * Handshake, once per connection (connections are long-lived: one per owner and holder):
+ *   holder -> client: "DPR1", Nh (32 random bytes)
+ *   client -> holder: Nc (32 random bytes), MAC(K, "DPrepl01 client" || Nh || Nc)
+ *   holder -> client: MAC(K, "DPrepl01 holder" || Nh || Nc)
+ * The holder verifies the client's proof before it reads another byte and closes the
+ * connection when it fails or does not arrive within HANDSHAKE_MS (at most MAX_HANDSHAKING
+ * connections are in this state at once; more wait in the listen backlog); the client drops a holder whose proof fails, so a
+ * process squatting a dead holder's port cannot serve a recovering spare forged state.
+ * Both ends then use the session key Ks = MAC(K, "DPrepl01 session" || Nh || Nc).
+ *
+ * Messages. Every request and every reply below is followed by a 32-byte tag
+ * MAC(Ks, dir || seq || message): dir is 'C' from the client, 'H' from the holder, seq (uint64)
+ * counts the messages sent so far in that direction on this connection, so a message cannot be
+ * replayed, reordered or moved to another connection. A message whose tag fails ends the
+ * connection before anything is acted on. Covered by tags: request types, SnapHeaders (so the
+ * payload's length and CRC32C), GET's arguments, PULL's PullSource, every status and GET's reply
+ * header. Not covered: the payload bytes, which travel after the tagged header and are checked
+ * only against its CRC32C. That stops accidents, and everybody who cannot inject into an
+ * established TCP stream (on one machine that takes root), but not an active man-in-the-middle
+ * on the network who rewrites segments so the CRC still matches: a MAC over every payload
+ * would cost a pass over 31 MiB per step and holder. Nothing is encrypted.
+ *   PUT  request: 'P' (REPLICA_REQ_PUT), SnapHeader, tag; then header.length payload bytes.
  *        reply:    int32 status, REPLICA_OK or REPLICA_REFUSED.
  *   GET  request: 'G' (REPLICA_REQ_GET), char job[40] (NUL-padded), int32 rank,
  *                 int64 max_step (< 0: newest).
- *        reply:    int32 status; when REPLICA_OK, then SnapHeader and header.length bytes.
- *                  Otherwise REPLICA_NOT_FOUND or REPLICA_CORRUPT and nothing more.
+ *        reply:    int32 status (+ SnapHeader when REPLICA_OK), tag; then, when REPLICA_OK,
+ *                  header.length bytes. Otherwise REPLICA_NOT_FOUND or REPLICA_CORRUPT.
  *   PULL request: 'L' (REPLICA_REQ_PULL), SnapHeader, then a PullSource (below): where in
  *        which process on this machine the payload lies.
  *        reply:    int32 status: REPLICA_OK, REPLICA_REFUSED (bad header) or REPLICA_NO_PULL
  *                  (another machine or pid namespace, not permitted, or the bytes read did
  *                  not match the header's CRC): the sender then PUTs the same generation.
+ *        The holder pulls only from the process at the other end of this very connection:
+ *        it asks the kernel's socket diagnostics (NETLINK_SOCK_DIAG, what `ss` uses) for the
+ *        inode of the peer's socket and requires that /proc/PID/fd of the named pid holds it,
+ *        and process_vm_readv makes its own permission check on top. So a client can only
+ *        have its own memory read: PULL is no oracle into other processes. When the peer
+ *        cannot be found (another network namespace) the answer is NO_PULL: TCP it is.
  *   RESERVE request: 'R' (REPLICA_REQ_RESERVE), SnapHeader (step unused): the owner's
  *        payload size, sent once when its snapshot engine starts.
- *        reply:    int32 status, REPLICA_OK or REPLICA_REFUSED (bad header).
+ *        reply:    int32 status, REPLICA_OK or REPLICA_REFUSED (bad header, over budget).
  *        The holder allocates both of that owner's slots and faults their pages in before
  *        answering; slots holding a generation, or in use, are left alone.
  *        Same-machine replication this way (PULL) costs one copy (process_vm_readv, checksummed
  *        chunk by chunk while the chunk is in cache) instead of a send and a receive through
  *        the kernel's socket buffers. The sender blocks until the verdict, so its buffer does
  *        not change under the read.
+ * Bounds. A header is accepted only for this job, its world size (the job's real one, given
+ * at start) and a rank below it, from an epoch that is not fenced; every slot's bytes count
+ * against the holder's budget (replica_server_set_max_bytes, default half the physical
+ * memory or of the cgroup's limit), and a PUT, PULL or RESERVE that would exceed it is refused. Owners exist only for
+ * real ranks, so nobody can make a holder allocate for made-up ones.
  * A PUT whose header is already unacceptable (bad header checksum, other job, absurd rank or
  * length, no slot free in time, no memory) is refused before its payload: the holder sends
  * REPLICA_REFUSED, half-closes, discards input for a moment and closes, so the sender stops
@@ -54,14 +92,19 @@
 #include "checksum.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -86,6 +129,9 @@ _Static_assert(offsetof(SnapHeader, header_crc) == 84, "header_crc must be the l
 #define SERVER_STALL_MS 30000 /* the holder drops a transfer with no progress for this long */
 #define SLOT_WAIT_MS 30000    /* a PUT waits at most this long for a free slot */
 #define REFUSE_DRAIN_MS 2000  /* after an early refusal, input is discarded this long */
+#define HANDSHAKE_MS 5000     /* a client must have proved the key within this */
+#define MAX_HANDSHAKING 64    /* connections not yet authenticated; more wait to be accepted */
+#define MAX_CONNS 4096        /* connections in all; more wait to be accepted */
 #define IO_CHUNK (4u << 20)   /* bytes per send/recv call */
 #define PULL_CHUNK (256u << 10) /* bytes per process_vm_readv: checksummed while still in L2 */
 
@@ -98,6 +144,21 @@ typedef struct {
     uint64_t addr;
 } PullSource;
 _Static_assert(sizeof(PullSource) == 64, "PullSource travels as 64 raw bytes");
+
+#define NONCE_BYTES 32
+#define TAG_BYTES crypto_auth_BYTES
+#define HELLO_MAGIC "DPR1"
+#define MSG_MAX (1 + sizeof(SnapHeader) + sizeof(PullSource)) /* the longest tagged message (PULL) */
+_Static_assert(sizeof(int32_t) + sizeof(SnapHeader) <= MSG_MAX, "GET's reply fits a message buffer");
+_Static_assert(REPLICA_KEY_BYTES == crypto_auth_KEYBYTES, "the channel key is a crypto_auth key");
+_Static_assert(REPLICA_KEY_BYTES == crypto_kdf_KEYBYTES, "the job secret is a crypto_kdf key");
+
+/* One end of an authenticated connection: the session key and the message counters. */
+typedef struct {
+    unsigned char ks[crypto_auth_KEYBYTES];
+    uint64_t tx_seq, rx_seq;
+    char tx_dir, rx_dir; /* 'C' client, 'H' holder */
+} Session;
 
 /* ------------------------------------------------------------------------------------- */
 /* snapshot header                                                                        */
@@ -126,6 +187,7 @@ const char *replica_status_str(replica_status s) {
     case REPLICA_NOT_FOUND: return "no such generation";
     case REPLICA_CORRUPT: return "checksum mismatch on received data";
     case REPLICA_NO_PULL: return "the holder cannot read this process's memory";
+    case REPLICA_AUTH: return "the peer did not prove it holds the job's key";
     }
     return "unknown replica status";
 }
@@ -221,11 +283,6 @@ static int recv_all(int fd, void *buf, size_t n, io_bound *b, uint32_t *crc) {
     return 0;
 }
 
-static int send_status(int fd, replica_status st, io_bound *b) {
-    int32_t v = (int32_t)st;
-    return send_all(fd, &v, sizeof v, b);
-}
-
 /* Replication is request/response with small control messages: no Nagle delays. Keepalive
  * lets the kernel notice a peer host that disappeared while a connection sat idle. */
 static void tune_socket(int fd) {
@@ -233,6 +290,136 @@ static void tune_socket(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
 }
+
+/* ------------------------------------------------------------------------------------- */
+/* the job key, the handshake and tagged messages (libsodium)                             */
+/* ------------------------------------------------------------------------------------- */
+
+int replica_secret_new(char *hex, size_t len) {
+    unsigned char bin[crypto_kdf_KEYBYTES];
+    if (!hex || len < 2 * sizeof bin + 1 || sodium_init() < 0) return -1;
+    crypto_kdf_keygen(bin); /* randombytes_buf: the kernel's getrandom */
+    sodium_bin2hex(hex, len, bin, sizeof bin);
+    sodium_memzero(bin, sizeof bin);
+    return 0;
+}
+
+int replica_key_derive(const char *secret_hex, unsigned char key[REPLICA_KEY_BYTES]) {
+    unsigned char bin[crypto_kdf_KEYBYTES];
+    size_t got = 0;
+    const char *end = NULL;
+    if (!secret_hex || !key || sodium_init() < 0) return -1;
+    int rc = sodium_hex2bin(bin, sizeof bin, secret_hex, strlen(secret_hex), NULL, &got, &end) == 0 &&
+                     got == sizeof bin && end && *end == '\0'
+                 ? crypto_kdf_derive_from_key(key, REPLICA_KEY_BYTES, 1, "DPrepl01", bin)
+                 : -1;
+    sodium_memzero(bin, sizeof bin);
+    return rc == 0 ? 0 : -1;
+}
+
+/* label || nh || nc into in (room for 32 + 2 nonces): what the handshake's proofs MAC. */
+static size_t label_input(unsigned char *in, const char *label, const unsigned char nh[NONCE_BYTES],
+                          const unsigned char nc[NONCE_BYTES]) {
+    size_t n = strlen(label);
+    memcpy(in, label, n);
+    memcpy(in + n, nh, NONCE_BYTES);
+    memcpy(in + n + NONCE_BYTES, nc, NONCE_BYTES);
+    return n + 2 * NONCE_BYTES;
+}
+
+/* MAC(key, label || a || b), the handshake's proofs and session key (see the file comment). */
+static void mac_label(unsigned char out[TAG_BYTES], const unsigned char *key, const char *label,
+                      const unsigned char nh[NONCE_BYTES], const unsigned char nc[NONCE_BYTES]) {
+    unsigned char in[32 + 2 * NONCE_BYTES];
+    crypto_auth(out, in, label_input(in, label, nh, nc), key);
+}
+
+static int verify_label(const unsigned char tag[TAG_BYTES], const unsigned char *key, const char *label,
+                        const unsigned char nh[NONCE_BYTES], const unsigned char nc[NONCE_BYTES]) {
+    unsigned char in[32 + 2 * NONCE_BYTES];
+    return crypto_auth_verify(tag, in, label_input(in, label, nh, nc), key);
+}
+
+static void session_init(Session *ss, const unsigned char *key, const unsigned char nh[NONCE_BYTES],
+                         const unsigned char nc[NONCE_BYTES], int holder) {
+    mac_label(ss->ks, key, "DPrepl01 session", nh, nc);
+    ss->tx_seq = ss->rx_seq = 0;
+    ss->tx_dir = holder ? 'H' : 'C';
+    ss->rx_dir = holder ? 'C' : 'H';
+}
+
+/* dir || seq || msg: what a message's tag covers. Its length. */
+static size_t tag_input(unsigned char *in, char dir, uint64_t seq, const void *msg, size_t len) {
+    in[0] = (unsigned char)dir;
+    memcpy(in + 1, &seq, sizeof seq);
+    memcpy(in + 1 + sizeof seq, msg, len);
+    return 1 + sizeof seq + len;
+}
+
+/* Sends msg[0..len) and its tag. 0, or -1. */
+static int send_msg(int fd, Session *ss, const void *msg, size_t len, io_bound *b) {
+    unsigned char in[1 + 8 + MSG_MAX], out[MSG_MAX + TAG_BYTES];
+    if (len > MSG_MAX) return -1;
+    size_t n = tag_input(in, ss->tx_dir, ss->tx_seq++, msg, len);
+    memcpy(out, msg, len);
+    crypto_auth(out + len, in, n, ss->ks);
+    return send_all(fd, out, len + TAG_BYTES, b);
+}
+
+/* Checks the tag that follows msg[0..len) (already received): reads it and verifies. 0, or -1
+ * (I/O, or a tag that does not match: the stream cannot be trusted any more). */
+static int recv_tag(int fd, Session *ss, const void *msg, size_t len, io_bound *b) {
+    unsigned char in[1 + 8 + MSG_MAX], tag[TAG_BYTES];
+    if (len > MSG_MAX || recv_all(fd, tag, sizeof tag, b, NULL) != 0) return -1;
+    size_t n = tag_input(in, ss->rx_dir, ss->rx_seq++, msg, len);
+    return crypto_auth_verify(tag, in, n, ss->ks) == 0 ? 0 : -1;
+}
+
+/* The holder's side of the handshake. 0, or -1: the connection must be closed. */
+static int handshake_holder(int fd, const unsigned char *key, Session *ss) {
+    unsigned char hello[4 + NONCE_BYTES], answer[NONCE_BYTES + TAG_BYTES], proof[TAG_BYTES];
+    io_bound b = bound_total(HANDSHAKE_MS);
+    memcpy(hello, HELLO_MAGIC, 4);
+    randombytes_buf(hello + 4, NONCE_BYTES);
+    if (send_all(fd, hello, sizeof hello, &b) != 0 || recv_all(fd, answer, sizeof answer, &b, NULL) != 0) return -1;
+    const unsigned char *nh = hello + 4, *nc = answer;
+    if (verify_label(answer + NONCE_BYTES, key, "DPrepl01 client", nh, nc) != 0) return -1;
+    mac_label(proof, key, "DPrepl01 holder", nh, nc);
+    if (send_all(fd, proof, sizeof proof, &b) != 0) return -1;
+    session_init(ss, key, nh, nc, 1);
+    return 0;
+}
+
+/* The client's side. REPLICA_OK, REPLICA_IO (+ err) or REPLICA_AUTH (+ err). */
+static replica_status handshake_client(int fd, const unsigned char *key, Session *ss, io_bound *b, char *err,
+                                       size_t errlen) {
+    unsigned char hello[4 + NONCE_BYTES], answer[NONCE_BYTES + TAG_BYTES], proof[TAG_BYTES];
+    if (recv_all(fd, hello, sizeof hello, b, NULL) != 0) {
+        set_err(err, errlen, "replica: no handshake from the holder in time");
+        return REPLICA_IO;
+    }
+    if (memcmp(hello, HELLO_MAGIC, 4) != 0) {
+        set_err(err, errlen, "replica: the peer is not a DeadPool replica holder");
+        return REPLICA_AUTH;
+    }
+    const unsigned char *nh = hello + 4, *nc = answer;
+    randombytes_buf(answer, NONCE_BYTES);
+    mac_label(answer + NONCE_BYTES, key, "DPrepl01 client", nh, nc);
+    if (send_all(fd, answer, sizeof answer, b) != 0 || recv_all(fd, proof, sizeof proof, b, NULL) != 0) {
+        set_err(err, errlen, "replica: the holder closed the connection during the handshake (another job's key?)");
+        return REPLICA_IO;
+    }
+    if (verify_label(proof, key, "DPrepl01 holder", nh, nc) != 0) {
+        set_err(err, errlen, "replica: the holder failed to prove it holds the job's key");
+        return REPLICA_AUTH;
+    }
+    session_init(ss, key, nh, nc, 0);
+    return REPLICA_OK;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* PULL sources                                                                           */
+/* ------------------------------------------------------------------------------------- */
 
 /* This process as a PULL source: 0, or -1 when the kernel does not say (no /proc). */
 static int pull_identity(PullSource *me) {
@@ -263,6 +450,91 @@ static int pull_bytes(const PullSource *src, unsigned char *dst, uint64_t len, u
     return 0;
 }
 
+/* The inode of the TCP socket with local address src and remote address dst (in the
+ * caller's network namespace), asking the kernel's socket diagnostics for exactly that
+ * connection. 0 when there is none or the kernel does not say. */
+static unsigned long diag_inode(int family, const void *src, const void *dst, size_t alen, uint16_t sport_be,
+                                uint16_t dport_be) {
+    struct {
+        struct nlmsghdr nlh;
+        struct inet_diag_req_v2 r;
+    } req;
+    memset(&req, 0, sizeof req);
+    req.nlh.nlmsg_len = sizeof req;
+    req.nlh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.nlh.nlmsg_flags = NLM_F_REQUEST;
+    req.r.sdiag_family = (uint8_t)family;
+    req.r.sdiag_protocol = IPPROTO_TCP;
+    req.r.idiag_states = 1u << TCP_ESTABLISHED;
+    req.r.id.idiag_sport = sport_be;
+    req.r.id.idiag_dport = dport_be;
+    memcpy(req.r.id.idiag_src, src, alen);
+    memcpy(req.r.id.idiag_dst, dst, alen);
+    req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    int nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (nl < 0) return 0;
+    struct timeval tv = {.tv_sec = 1};
+    setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+    unsigned long inode = 0;
+    long buf[2048 / sizeof(long)]; /* aligned for nlmsghdr */
+    if (sendto(nl, &req, sizeof req, 0, (struct sockaddr *)&kernel, sizeof kernel) == (ssize_t)sizeof req) {
+        ssize_t n = recv(nl, buf, sizeof buf, 0);
+        for (struct nlmsghdr *h = (struct nlmsghdr *)buf; n > 0 && NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+            if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY || h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg))) break;
+            const struct inet_diag_msg *m = NLMSG_DATA(h);
+            /* exactly the connection asked for (the kernel also finds listeners by port) */
+            if (m->idiag_state == TCP_ESTABLISHED && m->id.idiag_sport == sport_be && m->id.idiag_dport == dport_be &&
+                !memcmp(m->id.idiag_src, src, alen) && !memcmp(m->id.idiag_dst, dst, alen))
+                inode = m->idiag_inode;
+            break;
+        }
+    }
+    close(nl);
+    return inode;
+}
+
+/* The inode of the socket at the other end of the TCP connection fd, when that end is in
+ * our network namespace; 0 otherwise. */
+static unsigned long peer_socket_inode(int fd) {
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof me, pl = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 ||
+        me.ss_family != peer.ss_family)
+        return 0;
+    if (me.ss_family == AF_INET) { /* the peer's socket: local = its address, remote = ours */
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&me, *p = (const struct sockaddr_in *)&peer;
+        return diag_inode(AF_INET, &p->sin_addr, &a->sin_addr, 4, p->sin_port, a->sin_port);
+    }
+    if (me.ss_family != AF_INET6) return 0;
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&me, *p = (const struct sockaddr_in6 *)&peer;
+    unsigned long inode = diag_inode(AF_INET6, &p->sin6_addr, &a->sin6_addr, 16, p->sin6_port, a->sin6_port);
+    if (!inode && IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) && IN6_IS_ADDR_V4MAPPED(&p->sin6_addr)) /* an IPv4 client */
+        inode = diag_inode(AF_INET, p->sin6_addr.s6_addr + 12, a->sin6_addr.s6_addr + 12, 4, p->sin6_port, a->sin6_port);
+    return inode;
+}
+
+/* 1 if process pid has the socket `inode` among its open files. */
+static int process_has_socket(int64_t pid, unsigned long inode) {
+    char dir[64], want[64], link[64];
+    if (pid <= 0 || pid > INT_MAX || inode == 0) return 0;
+    snprintf(dir, sizeof dir, "/proc/%lld/fd", (long long)pid);
+    snprintf(want, sizeof want, "socket:[%lu]", inode);
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int found = 0;
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        ssize_t n = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+        if (n > 0) {
+            link[n] = 0;
+            found = strcmp(link, want) == 0;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
 /* ------------------------------------------------------------------------------------- */
 /* holder state                                                                           */
 /* ------------------------------------------------------------------------------------- */
@@ -288,6 +560,10 @@ typedef struct Conn {
     int done;   /* the thread has finished and may be joined */
     pthread_t thread;
     struct Conn *next;
+    /* the connection thread's own */
+    Session ss;
+    int64_t peer_pid;   /* a pid proved to be the process at the other end (PULL), 0 none */
+    int peer_warned;    /* a PULL naming another process was logged */
 } Conn;
 
 struct ReplicaServer {
@@ -295,12 +571,17 @@ struct ReplicaServer {
     int wake[2]; /* pipe: a byte in wake[0] tells the accept thread to stop */
     int port;
     char job[JOB_LEN];
+    int world;                               /* the job's ranks: headers must say exactly this */
+    unsigned char key[REPLICA_KEY_BYTES];    /* the channel key (never changes after start) */
     pthread_t accept_thread;
 
     pthread_mutex_t mu; /* everything below */
     pthread_cond_t slot_cv; /* a slot stopped being busy/pinned, or the server is stopping */
     int stopping;
     Conn *conns;
+    int n_conns, n_handshaking;
+    uint64_t max_bytes;  /* budget: the most bytes all slots together may hold */
+    uint64_t held_bytes; /* bytes allocated in slots (their caps) */
     Owner **owners;
     int n_owners, cap_owners;
     uint64_t next_seq;
@@ -308,6 +589,7 @@ struct ReplicaServer {
     double put_cpu_ms; /* CPU time spent in PUTs and PULLs */
     PullSource self;   /* this process as a PULL source would name it */
     int self_known;    /* self is valid: PULLs are possible at all */
+    int corrupt_rank;  /* fault injection: this rank's stored bytes turn bad when read (-1 none) */
 };
 
 /* Under s->mu. The owner entry for rank, created when `create` (NULL if absent / no memory). */
@@ -386,15 +668,30 @@ static void slot_finish_put(ReplicaServer *s, Slot *sl, const SnapHeader *h) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Makes a busy slot's buffer hold at least len bytes. Called without the lock: a busy slot
- * belongs to its PUT alone. The old bytes are dead, so free + malloc rather than realloc,
- * which would copy them. 0, or -1 without memory (the slot is then left empty). */
-static int slot_reserve(Slot *sl, size_t len) {
+/* Makes a busy slot's buffer hold at least len bytes, within the holder's budget. Called
+ * without the lock: a busy slot belongs to its PUT alone (its cap and data too). The old bytes
+ * are dead, so free + malloc rather than realloc, which would copy them. 0, or -1 over budget
+ * (the slot is left as it was) or without memory (the slot is then left empty). */
+static int slot_reserve(ReplicaServer *s, Slot *sl, size_t len) {
     if (sl->cap >= len) return 0;
+    pthread_mutex_lock(&s->mu);
+    int fits = s->held_bytes - sl->cap + len <= s->max_bytes;
+    if (fits) s->held_bytes = s->held_bytes - sl->cap + len; /* counted before it is allocated */
+    pthread_mutex_unlock(&s->mu);
+    if (!fits) {
+        log_msg("replica: refused a slot of %zu bytes: the holder's budget of %llu bytes would be exceeded", len,
+                (unsigned long long)s->max_bytes);
+        return -1;
+    }
     free(sl->data);
     sl->cap = 0;
     sl->data = alloc_huge(len);
-    if (!sl->data) return -1;
+    if (!sl->data) {
+        pthread_mutex_lock(&s->mu);
+        s->held_bytes -= len;
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
     sl->cap = len;
     return 0;
 }
@@ -425,6 +722,7 @@ static replica_status find_verified(ReplicaServer *s, int rank, int64_t max_step
         Slot *sl = &o->slot[idx];
         SnapHeader hh = sl->h;
         sl->readers++; /* pinned: no PUT reuses it while we read it without the lock */
+        if (rank == s->corrupt_rank && hh.length > 0) sl->data[hh.length / 2] ^= 0x10; /* --inject corrupt */
         pthread_mutex_unlock(&s->mu);
 
         unsigned char *out = NULL;
@@ -463,9 +761,15 @@ static replica_status find_verified(ReplicaServer *s, int rank, int64_t max_step
 
 replica_status replica_server_lookup(ReplicaServer *s, int rank, int64_t max_step, SnapHeader *h, void **payload) {
     *payload = NULL;
-    if (!s || rank < 0 || rank > REPLICA_MAX_RANK) return REPLICA_NOT_FOUND;
+    if (!s || rank < 0 || rank >= s->world) return REPLICA_NOT_FOUND;
     replica_status st = find_verified(s, rank, max_step, 1, h, payload, NULL);
     return st == REPLICA_IO ? REPLICA_NOT_FOUND : st; /* out of memory: nothing to hand out */
+}
+
+void replica_server_corrupt_rank(ReplicaServer *s, int rank) {
+    pthread_mutex_lock(&s->mu);
+    s->corrupt_rank = rank;
+    pthread_mutex_unlock(&s->mu);
 }
 
 int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t offset) {
@@ -488,27 +792,48 @@ int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t
 /* holder: serving one connection                                                         */
 /* ------------------------------------------------------------------------------------- */
 
+/* Sends a status (and, for GET, the header after it) as one tagged reply. 0, or -1. */
+static int send_reply(Conn *c, replica_status st, const SnapHeader *h, io_bound *b) {
+    unsigned char msg[sizeof(int32_t) + sizeof(SnapHeader)];
+    int32_t v = (int32_t)st;
+    memcpy(msg, &v, sizeof v);
+    if (h) memcpy(msg + sizeof v, h, sizeof *h);
+    return send_msg(c->fd, &c->ss, msg, sizeof v + (h ? sizeof *h : 0), b);
+}
+
+/* Reads the rest of a request whose type byte is req[0]: req[1..len), then its tag. 0, or -1
+ * (I/O, or a tag that fails: the connection is closed without acting on it). */
+static int recv_request(Conn *c, unsigned char *req, size_t len, io_bound *b) {
+    if (recv_all(c->fd, req + 1, len - 1, b, NULL) != 0) return -1;
+    if (recv_tag(c->fd, &c->ss, req, len, b) == 0) return 0;
+    log_msg("replica: a request with a bad MAC; connection closed");
+    return -1;
+}
+
 /* Refuses a PUT before its payload: the verdict, a half-close, then input is discarded for
  * a moment so the sender reads the verdict instead of a connection reset. */
-static void refuse_early(int fd) {
+static void refuse_early(Conn *c) {
     io_bound b = bound_stall(REFUSE_DRAIN_MS);
-    if (send_status(fd, REPLICA_REFUSED, &b) != 0) return;
-    shutdown(fd, SHUT_WR);
+    if (send_reply(c, REPLICA_REFUSED, NULL, &b) != 0) return;
+    shutdown(c->fd, SHUT_WR);
     b = bound_total(REFUSE_DRAIN_MS);
     char sink[65536];
-    while (wait_fd(fd, POLLIN, &b) > 0) {
-        ssize_t r = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    while (wait_fd(c->fd, POLLIN, &b) > 0) {
+        ssize_t r = recv(c->fd, sink, sizeof sink, MSG_DONTWAIT);
         if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK)) return;
     }
 }
 
 /* What makes a PUT header unacceptable to this holder, or NULL. */
-static const char *put_header_problem(const ReplicaServer *s, const SnapHeader *h) {
+static const char *put_header_problem(ReplicaServer *s, const SnapHeader *h) {
     const char *bad = snap_header_check(h);
     if (bad) return bad;
     if (strncmp(h->job, s->job, sizeof h->job) != 0) return "snapshot of another job";
-    if (h->rank > REPLICA_MAX_RANK) return "rank out of range";
-    if (h->length > REPLICA_MAX_PAYLOAD) return "payload too large";
+    if (h->world != s->world) return "world size is not the job's"; /* and rank < world: checked above */
+    pthread_mutex_lock(&s->mu);
+    uint64_t budget = s->max_bytes;
+    pthread_mutex_unlock(&s->mu);
+    if (h->length > budget) return "payload larger than the holder's budget";
     if (h->epoch < __atomic_load_n(&s->min_epoch, __ATOMIC_ACQUIRE)) return "snapshot from a fenced epoch";
     return NULL;
 }
@@ -517,8 +842,14 @@ void replica_server_set_min_epoch(ReplicaServer *s, int64_t epoch) {
     __atomic_store_n(&s->min_epoch, epoch, __ATOMIC_RELEASE);
 }
 
+void replica_server_set_max_bytes(ReplicaServer *s, uint64_t bytes) {
+    pthread_mutex_lock(&s->mu);
+    s->max_bytes = bytes;
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* The slot a new generation of h->rank goes into, marked busy with room for its payload, or
- * NULL (no slot free in time, no memory, stopping). */
+ * NULL (no slot free in time, over budget, no memory, stopping). */
 static Slot *take_put_slot(ReplicaServer *s, const SnapHeader *h) {
     pthread_mutex_lock(&s->mu);
     Owner *o = owner_find(s, h->rank, 1);
@@ -531,39 +862,67 @@ static Slot *take_put_slot(ReplicaServer *s, const SnapHeader *h) {
     sl->valid = 0; /* from here on its old contents are gone */
     sl->busy = 1;
     pthread_mutex_unlock(&s->mu);
-    if (slot_reserve(sl, h->length) != 0) {
+    if (slot_reserve(s, sl, h->length) != 0) {
         slot_finish_put(s, sl, NULL);
         return NULL;
     }
     return sl;
 }
 
+/* Whether pid is the process at the other end of this connection (see the file comment).
+ * Remembered for the connection once proved. */
+static int pull_source_is_peer(Conn *c, int64_t pid) {
+    if (c->peer_pid > 0 && c->peer_pid == pid) return 1;
+    unsigned long inode = peer_socket_inode(c->fd);
+    if (inode && process_has_socket(pid, inode)) {
+        c->peer_pid = pid;
+        return 1;
+    }
+    if (!c->peer_warned) {
+        c->peer_warned = 1;
+        if (inode)
+            log_msg("replica: refused to pull from process %lld: it is not the one at the other end of the connection",
+                    (long long)pid);
+        else
+            log_msg("replica: cannot tell which process is at the other end of a connection (another network "
+                    "namespace?): its snapshots come over TCP");
+    }
+    return 0;
+}
+
 /* One PULL (the type byte already read). 1 to keep serving the connection, 0 to close it. */
-static int serve_pull(ReplicaServer *s, int fd) {
+static int serve_pull(ReplicaServer *s, Conn *c) {
+    unsigned char req[1 + sizeof(SnapHeader) + sizeof(PullSource)] = {REPLICA_REQ_PULL};
     SnapHeader h;
     PullSource src;
     io_bound b = bound_stall(SERVER_STALL_MS);
-    if (recv_all(fd, &h, sizeof h, &b, NULL) != 0 || recv_all(fd, &src, sizeof src, &b, NULL) != 0) return 0;
-    if (put_header_problem(s, &h)) return send_status(fd, REPLICA_REFUSED, &b) == 0;
+    if (recv_request(c, req, sizeof req, &b) != 0) return 0;
+    memcpy(&h, req + 1, sizeof h);
+    memcpy(&src, req + 1 + sizeof h, sizeof src);
+    if (put_header_problem(s, &h)) return send_reply(c, REPLICA_REFUSED, NULL, &b) == 0;
     src.boot_id[sizeof src.boot_id - 1] = 0;
-    if (!s->self_known || strcmp(s->self.boot_id, src.boot_id) != 0 || s->self.pidns != src.pidns)
-        return send_status(fd, REPLICA_NO_PULL, &b) == 0;
+    if (!s->self_known || strcmp(s->self.boot_id, src.boot_id) != 0 || s->self.pidns != src.pidns ||
+        !pull_source_is_peer(c, src.pid))
+        return send_reply(c, REPLICA_NO_PULL, NULL, &b) == 0;
     Slot *sl = take_put_slot(s, &h);
-    if (!sl) return send_status(fd, REPLICA_REFUSED, &b) == 0;
+    if (!sl) return send_reply(c, REPLICA_REFUSED, NULL, &b) == 0;
     uint32_t crc = 0;
     int good = pull_bytes(&src, sl->data, h.length, &crc) == 0 && crc == h.crc;
     slot_finish_put(s, sl, good ? &h : NULL);
-    return send_status(fd, good ? REPLICA_OK : REPLICA_NO_PULL, &b) == 0;
+    return send_reply(c, good ? REPLICA_OK : REPLICA_NO_PULL, NULL, &b) == 0;
 }
 
 /* One RESERVE (the type byte already read). 1 to keep serving the connection, 0 to close it.
  * A slot is only taken while it is free in every sense (no generation, no PUT, no reader),
  * and marked busy meanwhile, so a PUT arriving during the page faults waits for it. */
-static int serve_reserve(ReplicaServer *s, int fd) {
+static int serve_reserve(ReplicaServer *s, Conn *c) {
+    unsigned char req[1 + sizeof(SnapHeader)] = {REPLICA_REQ_RESERVE};
     SnapHeader h;
     io_bound b = bound_stall(SERVER_STALL_MS);
-    if (recv_all(fd, &h, sizeof h, &b, NULL) != 0) return 0;
-    if (put_header_problem(s, &h)) return send_status(fd, REPLICA_REFUSED, &b) == 0;
+    if (recv_request(c, req, sizeof req, &b) != 0) return 0;
+    memcpy(&h, req + 1, sizeof h);
+    if (put_header_problem(s, &h)) return send_reply(c, REPLICA_REFUSED, NULL, &b) == 0;
+    int refused = 0;
     for (int i = 0; i < 2; i++) {
         pthread_mutex_lock(&s->mu);
         Owner *o = owner_find(s, h.rank, 1);
@@ -572,65 +931,64 @@ static int serve_reserve(ReplicaServer *s, int fd) {
         if (take) sl->busy = 1;
         pthread_mutex_unlock(&s->mu);
         if (!take) continue;
-        if (slot_reserve(sl, h.length) == 0) prefault(sl->data, h.length);
+        if (slot_reserve(s, sl, h.length) == 0) prefault(sl->data, h.length);
+        else refused = 1;
         slot_finish_put(s, sl, NULL);
     }
     b = bound_stall(SERVER_STALL_MS);
-    return send_status(fd, REPLICA_OK, &b) == 0;
+    return send_reply(c, refused ? REPLICA_REFUSED : REPLICA_OK, NULL, &b) == 0;
 }
 
 /* One PUT (the type byte already read). 1 to keep serving the connection, 0 to close it. */
-static int serve_put(ReplicaServer *s, int fd) {
+static int serve_put(ReplicaServer *s, Conn *c) {
+    unsigned char req[1 + sizeof(SnapHeader)] = {REPLICA_REQ_PUT};
     SnapHeader h;
     io_bound b = bound_stall(SERVER_STALL_MS);
-    if (recv_all(fd, &h, sizeof h, &b, NULL) != 0) return 0;
+    if (recv_request(c, req, sizeof req, &b) != 0) return 0;
+    memcpy(&h, req + 1, sizeof h);
     if (put_header_problem(s, &h)) {
-        refuse_early(fd);
+        refuse_early(c);
         return 0;
     }
 
     Slot *sl = take_put_slot(s, &h);
     if (!sl) {
-        refuse_early(fd);
+        refuse_early(c);
         return 0;
     }
     uint32_t crc = 0;
     b = bound_stall(SERVER_STALL_MS);
-    if (recv_all(fd, sl->data, h.length, &b, &crc) != 0) {
+    if (recv_all(c->fd, sl->data, h.length, &b, &crc) != 0) {
         slot_finish_put(s, sl, NULL); /* sender gone mid-payload: the other slot is untouched */
         return 0;
     }
     int good = crc == h.crc;
     slot_finish_put(s, sl, good ? &h : NULL);
-    return send_status(fd, good ? REPLICA_OK : REPLICA_REFUSED, &b) == 0;
+    return send_reply(c, good ? REPLICA_OK : REPLICA_REFUSED, NULL, &b) == 0;
 }
 
 /* One GET (the type byte already read). 1 to keep serving the connection, 0 to close it. */
-static int serve_get(ReplicaServer *s, int fd) {
-    unsigned char req[GET_REQ_LEN];
+static int serve_get(ReplicaServer *s, Conn *c) {
+    unsigned char req[1 + GET_REQ_LEN] = {REPLICA_REQ_GET};
     io_bound b = bound_stall(SERVER_STALL_MS);
-    if (recv_all(fd, req, sizeof req, &b, NULL) != 0) return 0;
+    if (recv_request(c, req, sizeof req, &b) != 0) return 0;
     char job[JOB_LEN];
     int32_t rank;
     int64_t max_step;
-    memcpy(job, req, JOB_LEN);
-    memcpy(&rank, req + JOB_LEN, sizeof rank);
-    memcpy(&max_step, req + JOB_LEN + sizeof rank, sizeof max_step);
+    memcpy(job, req + 1, JOB_LEN);
+    memcpy(&rank, req + 1 + JOB_LEN, sizeof rank);
+    memcpy(&max_step, req + 1 + JOB_LEN + sizeof rank, sizeof max_step);
 
     SnapHeader h;
     Slot *sl = NULL;
     replica_status st = REPLICA_NOT_FOUND;
     int job_ok = memchr(job, '\0', sizeof job) && strncmp(job, s->job, sizeof job) == 0;
-    if (job_ok && rank >= 0 && rank <= REPLICA_MAX_RANK) st = find_verified(s, rank, max_step, 0, &h, NULL, &sl);
-    if (st != REPLICA_OK) return send_status(fd, st, &b) == 0;
+    if (job_ok && rank >= 0 && rank < s->world) st = find_verified(s, rank, max_step, 0, &h, NULL, &sl);
+    if (st != REPLICA_OK) return send_reply(c, st, NULL, &b) == 0;
 
     /* Sent straight from the pinned slot: no second copy of a possibly huge payload. A PUT
      * that needs this slot waits until the send ends (bounded by the stall limit). */
-    unsigned char head[sizeof(int32_t) + sizeof(SnapHeader)];
-    int32_t ok = REPLICA_OK;
-    memcpy(head, &ok, sizeof ok);
-    memcpy(head + sizeof ok, &h, sizeof h);
-    int rc = send_all(fd, head, sizeof head, &b) == 0 && send_all(fd, sl->data, h.length, &b) == 0;
+    int rc = send_reply(c, REPLICA_OK, &h, &b) == 0 && send_all(c->fd, sl->data, h.length, &b) == 0;
     slot_unpin(s, sl);
     return rc;
 }
@@ -639,16 +997,21 @@ static void *conn_main(void *arg) {
     Conn *c = arg;
     pthread_setname_np(pthread_self(), "dp-holder");
     ReplicaServer *s = c->srv;
-    for (;;) {
+    /* Nothing is read from a connection before it proved it holds the job's key. */
+    int authenticated = handshake_holder(c->fd, s->key, &c->ss) == 0;
+    pthread_mutex_lock(&s->mu);
+    s->n_handshaking--;
+    pthread_mutex_unlock(&s->mu);
+    while (authenticated) {
         unsigned char type;
         io_bound idle = bound_none(); /* an idle connection may wait for its next request */
         if (recv_all(c->fd, &type, 1, &idle, NULL) != 0) break;
         int keep = 0;
         double cpu0 = thread_cpu_ms();
-        if (type == REPLICA_REQ_PUT) keep = serve_put(s, c->fd);
-        else if (type == REPLICA_REQ_GET) keep = serve_get(s, c->fd);
-        else if (type == REPLICA_REQ_PULL) keep = serve_pull(s, c->fd);
-        else if (type == REPLICA_REQ_RESERVE) keep = serve_reserve(s, c->fd);
+        if (type == REPLICA_REQ_PUT) keep = serve_put(s, c);
+        else if (type == REPLICA_REQ_GET) keep = serve_get(s, c);
+        else if (type == REPLICA_REQ_PULL) keep = serve_pull(s, c);
+        else if (type == REPLICA_REQ_RESERVE) keep = serve_reserve(s, c);
         if (type == REPLICA_REQ_PUT || type == REPLICA_REQ_PULL) {
             double used = thread_cpu_ms() - cpu0;
             pthread_mutex_lock(&s->mu);
@@ -657,6 +1020,7 @@ static void *conn_main(void *arg) {
         }
         if (!keep) break; /* unknown request type: the stream cannot be trusted */
     }
+    sodium_memzero(&c->ss, sizeof c->ss);
     pthread_mutex_lock(&s->mu);
     c->done = 1;
     pthread_mutex_unlock(&s->mu);
@@ -684,6 +1048,7 @@ static void reap_done_conns(ReplicaServer *s) {
             *pp = c->next;
             c->next = done;
             done = c;
+            s->n_conns--;
         } else {
             pp = &c->next;
         }
@@ -705,6 +1070,8 @@ static void start_conn(ReplicaServer *s, int fd) {
     if (ok) {
         c->next = s->conns;
         s->conns = c;
+        s->n_conns++;
+        s->n_handshaking++;
     }
     pthread_mutex_unlock(&s->mu);
     if (!ok) {
@@ -717,9 +1084,16 @@ static void *accept_main(void *arg) {
     ReplicaServer *s = arg;
     pthread_setname_np(pthread_self(), "dp-holder-acc");
     for (;;) {
-        struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
+        /* At the limits (connections still shaking hands, connections in all), new ones wait
+         * in the listen backlog rather than being closed on: a burst of legitimate clients
+         * (every owner at an epoch's start) is only delayed, and nobody who floods the port
+         * without the key holds more than MAX_HANDSHAKING threads for HANDSHAKE_MS each. */
+        pthread_mutex_lock(&s->mu);
+        int full = s->n_handshaking >= MAX_HANDSHAKING || s->n_conns >= MAX_CONNS;
+        pthread_mutex_unlock(&s->mu);
+        struct pollfd p[2] = {{.fd = full ? -1 : s->listen_fd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
         /* the timeout only paces the reaping of finished connection threads */
-        int r = poll(p, 2, 1000);
+        int r = poll(p, 2, full ? 5 : 1000);
         if (r < 0 && errno != EINTR) break;
         if (p[1].revents) break;
         reap_done_conns(s);
@@ -790,9 +1164,32 @@ static void free_owners(ReplicaServer *s) {
     free(s->owners);
 }
 
-ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, char *err, size_t errlen) {
+/* Half the memory this process may use (the physical memory, or the memory limit of its
+ * cgroup when that is lower): the default budget of a holder's slots. */
+static uint64_t default_max_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t mem = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 2 * REPLICA_MAX_PAYLOAD;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r"); /* cgroup v2; "max" when unlimited */
+    unsigned long long limit;
+    if (f) {
+        if (fscanf(f, "%llu", &limit) == 1 && limit > 0 && limit < mem) mem = limit;
+        fclose(f);
+    }
+    return mem / 2;
+}
+
+ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, int world,
+                                    const unsigned char key[REPLICA_KEY_BYTES], char *err, size_t errlen) {
     if (!job || !*job) {
         set_err(err, errlen, "replica server: empty job name");
+        return NULL;
+    }
+    if (world < 1 || world > REPLICA_MAX_RANK) {
+        set_err(err, errlen, "replica server: world size %d out of range", world);
+        return NULL;
+    }
+    if (!key || sodium_init() < 0) {
+        set_err(err, errlen, "replica server: no channel key, or libsodium cannot start");
         return NULL;
     }
     if (port < 0 || port > 65535) {
@@ -805,8 +1202,12 @@ ReplicaServer *replica_server_start(const char *bind_host, int port, const char 
         return NULL;
     }
     s->self_known = pull_identity(&s->self) == 0;
+    s->corrupt_rank = -1;
     /* Truncated exactly as snprintf into SnapHeader.job truncates it, so names compare equal. */
     snprintf(s->job, sizeof s->job, "%s", job);
+    s->world = world;
+    memcpy(s->key, key, REPLICA_KEY_BYTES);
+    s->max_bytes = default_max_bytes();
     s->wake[0] = s->wake[1] = -1;
     s->listen_fd = listen_on(bind_host, port, err, errlen);
     if (s->listen_fd < 0) goto fail;
@@ -832,11 +1233,14 @@ fail:
     if (s->listen_fd >= 0) close(s->listen_fd);
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
+    sodium_memzero(s->key, sizeof s->key);
     free(s);
     return NULL;
 }
 
 int replica_server_port(const ReplicaServer *s) { return s ? s->port : -1; }
+
+const unsigned char *replica_server_key(const ReplicaServer *s) { return s ? s->key : NULL; }
 
 double replica_server_cpu_ms(ReplicaServer *s) {
     pthread_mutex_lock(&s->mu);
@@ -871,6 +1275,7 @@ void replica_server_stop(ReplicaServer *s) {
     free_owners(s);
     pthread_cond_destroy(&s->slot_cv);
     pthread_mutex_destroy(&s->mu);
+    sodium_memzero(s->key, sizeof s->key);
     free(s);
 }
 
@@ -885,6 +1290,8 @@ struct ReplicaConn {
     int pull;        /* try PULL first; cleared for good when the holder cannot pull */
     int last_pulled; /* the last successful put was a PULL */
     PullSource me;
+    unsigned char key[REPLICA_KEY_BYTES];
+    Session ss;      /* of the connection fd */
 };
 
 /* Connects to host:port within the bound. fd (non-blocking, tuned), or -1 + err. Name
@@ -930,9 +1337,28 @@ static int connect_bounded(const char *host, int port, io_bound *b, char *err, s
     return fd;
 }
 
-ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull, char *err, size_t errlen) {
+/* Connects c to its holder and authenticates, within the bound: REPLICA_OK (c->fd set),
+ * REPLICA_IO or REPLICA_AUTH (+ err; c->fd stays -1). */
+static replica_status conn_open(ReplicaConn *c, io_bound *b, char *err, size_t errlen) {
+    int fd = connect_bounded(c->host, c->port, b, err, errlen);
+    if (fd < 0) return REPLICA_IO;
+    replica_status st = handshake_client(fd, c->key, &c->ss, b, err, errlen);
+    if (st != REPLICA_OK) {
+        close(fd);
+        return st;
+    }
+    c->fd = fd;
+    return REPLICA_OK;
+}
+
+ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull,
+                             const unsigned char key[REPLICA_KEY_BYTES], char *err, size_t errlen) {
     if (!host || strlen(host) >= sizeof(((ReplicaConn *)0)->host) || port <= 0 || port > 65535) {
         set_err(err, errlen, "replica: bad holder address %s:%d", host ? host : "(null)", port);
+        return NULL;
+    }
+    if (!key || sodium_init() < 0) {
+        set_err(err, errlen, "replica: no channel key, or libsodium cannot start");
         return NULL;
     }
     ReplicaConn *c = calloc(1, sizeof *c);
@@ -942,13 +1368,15 @@ ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int all
     }
     snprintf(c->host, sizeof c->host, "%s", host);
     c->port = port;
+    c->fd = -1;
+    memcpy(c->key, key, REPLICA_KEY_BYTES);
     c->pull = allow_pull && pull_identity(&c->me) == 0;
     /* Where the kernel restricts reading a process to its ancestors (Yama ptrace_scope 1),
      * let our holders, which are siblings, read us. */
     if (c->pull) prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     io_bound b = bound_total(timeout_ms);
-    c->fd = connect_bounded(host, port, &b, err, errlen);
-    if (c->fd < 0) {
+    if (conn_open(c, &b, err, errlen) != REPLICA_OK) {
+        sodium_memzero(c->key, sizeof c->key);
         free(c);
         return NULL;
     }
@@ -958,6 +1386,7 @@ ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int all
 void replica_close(ReplicaConn *c) {
     if (!c) return;
     if (c->fd >= 0) close(c->fd);
+    sodium_memzero(c, sizeof *c);
     free(c);
 }
 
@@ -967,24 +1396,47 @@ static void conn_drop(ReplicaConn *c) {
     c->fd = -1;
 }
 
-/* Makes sure there is a usable connection. An idle connection the holder has closed reads
- * as "ready" (EOF), and nothing else may arrive between requests, so a readable socket is
- * replaced before use. 0, or -1. */
-static int conn_ready(ReplicaConn *c, io_bound *b) {
+/* Makes sure there is a usable, authenticated connection. An idle connection the holder has
+ * closed reads as "ready" (EOF), and nothing else may arrive between requests, so a readable
+ * socket is replaced before use. REPLICA_OK, REPLICA_IO or REPLICA_AUTH. */
+static replica_status conn_ready(ReplicaConn *c, io_bound *b) {
     if (c->fd >= 0) {
         struct pollfd p = {.fd = c->fd, .events = POLLIN};
         if (poll(&p, 1, 0) != 0) conn_drop(c);
     }
-    if (c->fd < 0) c->fd = connect_bounded(c->host, c->port, b, NULL, 0);
-    return c->fd >= 0 ? 0 : -1;
+    if (c->fd >= 0) return REPLICA_OK;
+    char err[256];
+    replica_status st = conn_open(c, b, err, sizeof err);
+    if (st == REPLICA_AUTH) log_msg("%s (%s:%d)", err, c->host, c->port);
+    return st;
 }
 
-/* Sends a whole request and reads the holder's int32 status. OK and `keeps` (a second
- * status after which the connection stays usable) are returned as they are; after anything
- * else the connection is dropped: REFUSED, or IO for a broken or nonsensical reply. */
+/* Reads a tagged reply: int32 status, and when it is REPLICA_OK and h is given, the header
+ * after it. 0, or -1 (I/O, or a tag that fails). */
+static int recv_reply(ReplicaConn *c, int32_t *st, SnapHeader *h, io_bound *b) {
+    unsigned char msg[sizeof(int32_t) + sizeof(SnapHeader)];
+    size_t len = sizeof *st;
+    if (recv_all(c->fd, msg, sizeof *st, b, NULL) != 0) return -1;
+    memcpy(st, msg, sizeof *st);
+    if (*st == REPLICA_OK && h) {
+        if (recv_all(c->fd, msg + len, sizeof *h, b, NULL) != 0) return -1;
+        len += sizeof *h;
+    }
+    if (recv_tag(c->fd, &c->ss, msg, len, b) != 0) {
+        log_msg("replica: a reply with a bad MAC from %s:%d; connection dropped", c->host, c->port);
+        return -1;
+    }
+    if (h && *st == REPLICA_OK) memcpy(h, msg + sizeof *st, sizeof *h);
+    return 0;
+}
+
+/* Sends a whole request (type byte first) with its tag and reads the holder's status. OK and
+ * `keeps` (a second status after which the connection stays usable) are returned as they
+ * are; after anything else the connection is dropped: REFUSED, or IO for a broken or
+ * nonsensical reply. */
 static replica_status request_status(ReplicaConn *c, const void *req, size_t len, replica_status keeps, io_bound *b) {
     int32_t st;
-    if (send_all(c->fd, req, len, b) != 0 || recv_all(c->fd, &st, sizeof st, b, NULL) != 0) {
+    if (send_msg(c->fd, &c->ss, req, len, b) != 0 || recv_reply(c, &st, NULL, b) != 0) {
         conn_drop(c);
         return REPLICA_IO;
     }
@@ -1007,7 +1459,8 @@ static replica_status put_by_pull(ReplicaConn *c, const SnapHeader *h, const voi
 replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_ms) {
     if (!c || !h) return REPLICA_IO;
     io_bound b = bound_total(timeout_ms);
-    if (conn_ready(c, &b) != 0) return REPLICA_IO;
+    replica_status ready = conn_ready(c, &b);
+    if (ready != REPLICA_OK) return ready;
     unsigned char req[1 + sizeof(SnapHeader)];
     req[0] = REPLICA_REQ_RESERVE;
     memcpy(req + 1, h, sizeof *h);
@@ -1019,7 +1472,8 @@ int replica_last_put_pulled(const ReplicaConn *c) { return c && c->last_pulled; 
 replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms) {
     if (!c || !h || (h->length > 0 && !payload)) return REPLICA_IO;
     io_bound b = bound_total(timeout_ms);
-    if (conn_ready(c, &b) != 0) return REPLICA_IO;
+    replica_status ready = conn_ready(c, &b);
+    if (ready != REPLICA_OK) return ready;
     c->last_pulled = 0;
     if (c->pull && h->length > 0) {
         replica_status st = put_by_pull(c, h, payload, &b);
@@ -1033,11 +1487,11 @@ replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payl
     unsigned char head[1 + sizeof(SnapHeader)];
     head[0] = REPLICA_REQ_PUT;
     memcpy(head + 1, h, sizeof *h);
-    int sent = send_bytes(c->fd, head, sizeof head, &b, 1);
+    int sent = send_msg(c->fd, &c->ss, head, sizeof head, &b) == 0 ? 0 : -1;
     if (sent == 0) sent = send_bytes(c->fd, payload, h->length, &b, 1);
     int32_t st;
     /* sent == 1: the holder answered early (a refusal) before taking the whole payload */
-    if (sent < 0 || recv_all(c->fd, &st, sizeof st, &b, NULL) != 0) {
+    if (sent < 0 || recv_reply(c, &st, NULL, &b) != 0) {
         conn_drop(c);
         return REPLICA_IO;
     }
@@ -1051,7 +1505,8 @@ replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t ma
     if (payload) *payload = NULL;
     if (!c || !job || !h || !payload) return REPLICA_IO;
     io_bound b = bound_total(timeout_ms);
-    if (conn_ready(c, &b) != 0) return REPLICA_IO;
+    replica_status ready = conn_ready(c, &b);
+    if (ready != REPLICA_OK) return ready;
 
     unsigned char req[1 + GET_REQ_LEN];
     memset(req, 0, sizeof req);
@@ -1061,7 +1516,8 @@ replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t ma
     memcpy(req + 1 + JOB_LEN, &r32, sizeof r32);
     memcpy(req + 1 + JOB_LEN + sizeof r32, &max_step, sizeof max_step);
     int32_t st;
-    if (send_all(c->fd, req, sizeof req, &b) != 0 || recv_all(c->fd, &st, sizeof st, &b, NULL) != 0) {
+    SnapHeader got;
+    if (send_msg(c->fd, &c->ss, req, sizeof req, &b) != 0 || recv_reply(c, &st, &got, &b) != 0) {
         conn_drop(c);
         return REPLICA_IO;
     }
@@ -1071,11 +1527,6 @@ replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t ma
         return REPLICA_IO;
     }
 
-    SnapHeader got;
-    if (recv_all(c->fd, &got, sizeof got, &b, NULL) != 0) {
-        conn_drop(c);
-        return REPLICA_IO;
-    }
     /* A header that fails its checks, or is not what was asked for, makes the length
      * untrustworthy: the rest of the stream cannot be parsed. */
     if (snap_header_check(&got) || got.rank != rank || strncmp(got.job, (char *)req + 1, JOB_LEN) != 0 ||

@@ -5,7 +5,12 @@
  * connection), separate from the training collectives, so replication never blocks them.
  * A holder keeps two slots per (owner rank): a PUT is received into the slot that does not
  * hold the newest verified generation, and becomes visible only after its CRC32C checks out,
- * so a sender that dies mid-transfer never damages the previous generation. */
+ * so a sender that dies mid-transfer never damages the previous generation.
+ *
+ * The channel is authenticated: every connection starts with a mutual challenge-response
+ * under a key derived from the job's secret (libsodium), and every request and reply carries
+ * a MAC; a holder keeps only ranks of the job and only as many bytes as its budget allows,
+ * and pulls only from the process at the other end of the connection (replica.c). */
 #ifndef DEADPOOL_REPLICA_H
 #define DEADPOOL_REPLICA_H
 
@@ -34,20 +39,42 @@ void snap_header_seal(SnapHeader *h);
 /* NULL if the header is well formed and its header_crc matches, else what is wrong. */
 const char *snap_header_check(const SnapHeader *h);
 
+/* The channel key: every process of a job derives the same one from the job's secret. */
+#define REPLICA_KEY_BYTES 32
+/* The job secret as text: 32 random bytes in hex. */
+#define REPLICA_SECRET_HEX_LEN 64
+
+/* A fresh job secret (32 bytes from the kernel's CSPRNG) as 64 hex digits into hex (len >= 65).
+ * 0, or -1 (buffer too small, libsodium unusable). */
+int replica_secret_new(char *hex, size_t len);
+/* The channel key of the job whose secret is secret_hex: crypto_kdf_derive_from_key with
+ * context "DPrepl01". 0, or -1 when the secret is not 64 hex digits. */
+int replica_key_derive(const char *secret_hex, unsigned char key[REPLICA_KEY_BYTES]);
+
 typedef enum {
     REPLICA_OK = 0,
     REPLICA_IO = -1,        /* connection failed, closed or timed out */
     REPLICA_REFUSED = -2,   /* the holder refused the PUT: checksum or header mismatch */
     REPLICA_NOT_FOUND = -3, /* the holder has no such generation */
     REPLICA_CORRUPT = -4,   /* data received on GET failed its checksum */
-    REPLICA_NO_PULL = -5    /* the holder cannot read the sender's memory: send the bytes */
+    REPLICA_NO_PULL = -5,   /* the holder cannot read the sender's memory: send the bytes */
+    REPLICA_AUTH = -6       /* the peer did not prove it holds the job's key */
 } replica_status;
 
 typedef struct ReplicaServer ReplicaServer;
 
-/* Listens on bind_host:port (port 0 = any free port) for job `job`. NULL + err on failure. */
-ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, char *err, size_t errlen);
+/* Listens on bind_host:port (port 0 = any free port) for job `job` of `world` ranks, serving
+ * only clients that prove they hold `key` (copied). Snapshots of another world size or of a
+ * rank >= world are refused. NULL + err on failure. */
+ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, int world,
+                                    const unsigned char key[REPLICA_KEY_BYTES], char *err, size_t errlen);
 int replica_server_port(const ReplicaServer *s);
+/* The key the server was started with, for this process's own client connections. */
+const unsigned char *replica_server_key(const ReplicaServer *s);
+/* The most bytes all slots together may hold (default: half the physical memory, or of the
+ * cgroup's memory limit when lower). A PUT, PULL or RESERVE that would need more is refused.
+ * Slots already allocated stay. */
+void replica_server_set_max_bytes(ReplicaServer *s, uint64_t bytes);
 /* Fencing: from now on, PUTs of snapshots taken in an epoch < epoch are refused. */
 void replica_server_set_min_epoch(ReplicaServer *s, int64_t epoch);
 /* CPU time the holder's threads have spent taking in replicas (PUT and PULL; not RESERVE), ms. */
@@ -59,6 +86,10 @@ void replica_server_stop(ReplicaServer *s);
  * when the stored bytes of every such generation failed their re-verification (a memory
  * fault: those generations are dropped). GET answers the same way. */
 replica_status replica_server_lookup(ReplicaServer *s, int rank, int64_t max_step, SnapHeader *h, void **payload);
+/* Fault injection (--inject corrupt:RANK@STEP): from now on every generation of `rank` this
+ * holder has or gets turns bad when it is read, as a memory fault would make it (its CRC no
+ * longer matches: GET answers REPLICA_CORRUPT). */
+void replica_server_corrupt_rank(ReplicaServer *s, int rank);
 /* For tests only: flips one bit of the stored payload of rank's valid generation `step`, as a
  * memory fault would. 0, or -1 when there is no such generation or byte. */
 int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t offset);
@@ -74,12 +105,13 @@ int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t
  * whole call (connect, send, receive); values <= 0 mean 1 ms. */
 typedef struct ReplicaConn ReplicaConn;
 
-/* Connects to a holder, bounded by timeout_ms. NULL + err. With allow_pull, a holder on the
- * same machine copies a PUT's payload straight out of this process's memory
- * (process_vm_readv: one copy instead of a send and a receive through the kernel); the
- * holder still verifies the bytes it took, and a holder elsewhere, or one that is not
- * allowed to read us, gets them over TCP. */
-ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull, char *err, size_t errlen);
+/* Connects to a holder and runs the handshake (both sides prove they hold `key`, which is
+ * copied), bounded by timeout_ms. NULL + err. With allow_pull, a holder on the same machine
+ * copies a PUT's payload straight out of this process's memory (process_vm_readv: one copy
+ * instead of a send and a receive through the kernel); the holder still verifies the bytes
+ * it took, and a holder elsewhere, or one that is not allowed to read us, gets them over TCP. */
+ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull,
+                             const unsigned char key[REPLICA_KEY_BYTES], char *err, size_t errlen);
 void replica_close(ReplicaConn *c);
 
 /* Replicates one generation and waits for the holder's verdict (bounded by timeout_ms).
@@ -88,7 +120,8 @@ replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payl
 /* Tells the holder that h->rank's generations will be h->length bytes (h->step is unused),
  * so it allocates both slots and faults their pages in now, ahead of the first PUT, rather
  * than during the first two while training runs. Slots that hold a generation are left
- * alone. Advisory: a failure only means the first PUTs pay for the page faults. */
+ * alone. REPLICA_REFUSED for a header the holder would not take, or slots beyond its budget.
+ * Advisory: a failure only means the first PUTs pay for the page faults. */
 replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_ms);
 /* 1 if the last successful replica_put on c was pulled by the holder, 0 if it went over TCP. */
 int replica_last_put_pulled(const ReplicaConn *c);

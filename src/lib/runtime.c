@@ -7,6 +7,7 @@
 #include "deadpool.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -49,6 +50,7 @@ struct dp {
     atomic_int hb_stop;
     atomic_int job_over;      /* the launcher set the job's state to stopping/done/failed */
     atomic_int abort_step;    /* the coordinator closed our epoch: abandon the step in flight */
+    atomic_int control_lost;  /* redis unreachable for longer than the detect timeout */
     atomic_long cur_epoch;
     char err[1024];           /* dp_last_error */
     /* membership */
@@ -74,6 +76,7 @@ struct dp {
     dp_region app_regions[GEN_MAX_REGIONS];
     SnapRegion snap_regions[GEN_MAX_REGIONS + 1];
     Decision decision;        /* the one being followed (large: not on the stack) */
+    const char *join_phase;   /* where join_epoch is: "restore", "rendezvous" (join_failed says) */
 };
 
 /* --- small helpers ------------------------------------------------------------------- */
@@ -149,11 +152,25 @@ static void *heartbeat_loop(void *arg) {
     ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
     if (!c) { log_msg("heartbeat: %s", err); return NULL; }
     int period = dp->cfg.detect_timeout_ms / 4, failing = 0;
+    double last_ok = now_ms();
     while (!atomic_load(&dp->hb_stop)) {
         int ok = ctl_heartbeat(c, dp->proc_id, dp->cfg.detect_timeout_ms) == 0;
         if (!ok && !failing) log_msg("heartbeat failed: %s", ctl_last_error(c));
         if (ok && failing) log_msg("heartbeat restored");
         failing = !ok;
+        /* Unreachable for longer than a failure takes to detect (this call failed, or answered
+         * only after such a gap: a stalled Redis): nothing could be detected, decided or fenced
+         * meanwhile, and every process sees the same gap. Stop the loop and keep what is
+         * committed (dp_recover). A process that was itself stopped finds a newer epoch
+         * instead: it has been replaced, and leaves fenced. */
+        double gap = now_ms() - last_ok;
+        if (ok) last_ok = now_ms();
+        if (gap > dp->cfg.detect_timeout_ms && !atomic_load(&dp->control_lost) &&
+            !(ok && ctl_epoch(c) > atomic_load(&dp->cur_epoch))) {
+            log_msg("the control plane (redis) was unreachable for %d ms: stopping with the committed state", (int)gap);
+            atomic_store(&dp->control_lost, 1);
+            atomic_store(&dp->abort_step, 1);
+        }
         char state[32];
         if (ctl_state_get(c, state, sizeof state) == 0 && strcmp(state, "running") != 0)
             atomic_store(&dp->job_over, 1);
@@ -193,9 +210,21 @@ static int claim_rank(dp_t *dp, int wanted) {
     return -1;
 }
 
-/* Every process holds replicas: start the server and tell the job where it is. */
+/* Every process holds replicas: start the server and tell the job where it is. The replica
+ * channel's key is derived from the job's secret, which only the job's Redis holds (the
+ * launcher drew it); it is never logged, and the server keeps the only copy of the key. */
 static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
-    dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, err, errlen);
+    char secret[REPLICA_SECRET_HEX_LEN + 2];
+    unsigned char key[REPLICA_KEY_BYTES];
+    int keyed = ctl_config_get(dp->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, key) == 0;
+    explicit_bzero(secret, sizeof secret);
+    if (!keyed) {
+        snprintf(err, errlen, "job '%s' has no valid replica channel secret in redis (published by an older "
+                 "deadpool?)", dp->job);
+        return -1;
+    }
+    dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, dp->cfg.workers, key, err, errlen);
+    explicit_bzero(key, sizeof key);
     if (!dp->replicas) return -1;
     char addr[300], host[256] = "", pid[32];
     snprintf(addr, sizeof addr, "%s:%d", dp->bind_host, replica_server_port(dp->replicas));
@@ -361,8 +390,14 @@ static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_ep
         int n = holders_parse(list, holders, HOLDERS_MAX);
         for (int i = 0; i < n; i++) {
             char err[256];
-            ReplicaConn *c = replica_connect(holders[i].host, holders[i].port, 1000, 0, err, sizeof err);
-            if (!c) continue;
+            /* Connecting includes the holder's proof of the job's key, so it waits for the
+             * holder's threads like the GET does: the same bound, not a bare TCP connect's. */
+            ReplicaConn *c = replica_connect(holders[i].host, holders[i].port, job_comm_timeout_ms(&dp->cfg), 0,
+                                             replica_server_key(dp->replicas), err, sizeof err);
+            if (!c) {
+                log_msg("rank %d's holder %s:%d: %s", rank, holders[i].host, holders[i].port, err);
+                continue;
+            }
             replica_status st = replica_get(c, dp->job, rank, step, h, payload, job_comm_timeout_ms(&dp->cfg));
             replica_close(c);
             if (st == REPLICA_OK && h->step == step) return 0;
@@ -532,46 +567,107 @@ static void answer_persist_request(dp_t *dp) {
 
 /* --- replica placement and snapshots ------------------------------------------------- */
 
-/* Reads the replica server address of proc. 0 / -1. */
-static int holder_address(dp_t *dp, long proc, Holder *h, char *host, size_t hostlen) {
-    char addr[300];
-    if (ctl_proc_get(dp->ctl, proc, "replica", addr, sizeof addr) != 0) return -1;
-    char *colon = strrchr(addr, ':');
-    if (!colon) return -1;
-    *colon = 0;
-    h->proc = proc;
-    snprintf(h->host, sizeof h->host, "%.255s", addr);
-    h->port = atoi(colon + 1);
-    if (ctl_proc_get(dp->ctl, proc, "host", host, hostlen) != 0) host[0] = 0;
-    return 0;
+/* A process's replica server address and host never change (a process id names one process),
+ * so they are cached for the life of this process: a recovery looks up the new member only,
+ * and a spare taking a rank looks up everyone in one round trip. */
+typedef struct {
+    long proc;
+    Holder h;
+    char host[256];
+} ProcFacts;
+
+static struct {
+    pthread_mutex_t lock;
+    char job[64];
+    ProcFacts *v;
+    int n, cap;
+} proc_facts_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* Facts of procs[0..n) into out (out[i].proc = 0 when proc i has registered no replica
+ * server), the unknown ones fetched in one round trip. 0 / -1 (Redis unreachable). */
+static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
+    static const char *const fields[] = {"replica", "host"};
+    pthread_mutex_lock(&proc_facts_cache.lock);
+    if (strcmp(proc_facts_cache.job, dp->job) != 0) { /* another job in this process */
+        snprintf(proc_facts_cache.job, sizeof proc_facts_cache.job, "%s", dp->job);
+        proc_facts_cache.n = 0;
+    }
+    long *missing = malloc(sizeof *missing * (size_t)(n > 0 ? n : 1));
+    int *where = malloc(sizeof *where * (size_t)(n > 0 ? n : 1)), m = 0, rc = 0;
+    if (!missing || !where) rc = -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        out[i].proc = 0;
+        for (int k = 0; k < proc_facts_cache.n; k++)
+            if (proc_facts_cache.v[k].proc == procs[i]) { out[i] = proc_facts_cache.v[k]; break; }
+        if (!out[i].proc && procs[i] > 0) { missing[m] = procs[i]; where[m++] = i; }
+    }
+    char (*v)[300] = m > 0 && rc == 0 ? malloc(sizeof *v * 2 * (size_t)m) : NULL;
+    if (m > 0 && (!v || ctl_proc_get_many(dp->ctl, missing, m, fields, 2, v[0], sizeof v[0]) != 0)) rc = -1;
+    for (int j = 0; j < m && rc == 0; j++) {
+        ProcFacts *f = &out[where[j]];
+        char *colon = strrchr(v[2 * j], ':');
+        if (!colon) continue; /* not registered (yet) */
+        *colon = 0;
+        f->proc = missing[j];
+        f->h.proc = missing[j];
+        snprintf(f->h.host, sizeof f->h.host, "%.255s", v[2 * j]);
+        f->h.port = atoi(colon + 1);
+        snprintf(f->host, sizeof f->host, "%s", v[2 * j + 1]);
+        if (proc_facts_cache.n == proc_facts_cache.cap) {
+            int cap = proc_facts_cache.cap ? 2 * proc_facts_cache.cap : 64;
+            ProcFacts *grown = realloc(proc_facts_cache.v, sizeof *grown * (size_t)cap);
+            if (!grown) continue; /* not cached: looked up again next time */
+            proc_facts_cache.v = grown;
+            proc_facts_cache.cap = cap;
+        }
+        proc_facts_cache.v[proc_facts_cache.n++] = *f;
+    }
+    pthread_mutex_unlock(&proc_facts_cache.lock);
+    free(v);
+    free(missing);
+    free(where);
+    return rc;
 }
 
-/* Ring buddies rank+1, rank+2, ... preferring holders on another host than ours. */
+/* Ring buddies rank+1, rank+2, ... preferring holders on another host than ours. At most two
+ * round trips whatever the world: the owners (from the decision being joined, else one MGET)
+ * and the facts of the processes not cached yet. */
 static int ring_holders(dp_t *dp, int want, Holder *out) {
-    char my_host[256] = "", host[256];
+    char my_host[256] = "";
     gethostname(my_host, sizeof my_host - 1);
-    int n = 0;
-    for (int pass = 0; pass < 2 && n < want; pass++) {
-        for (int j = 1; j < dp->cfg.workers && n < want; j++) {
-            long proc = ctl_rank_owner(dp->ctl, (dp->rank + j) % dp->cfg.workers);
-            Holder h;
-            if (proc <= 0 || holder_address(dp, proc, &h, host, sizeof host) != 0) continue;
-            if ((strcmp(host, my_host) != 0) == (pass == 0)) out[n++] = h;
-        }
-    }
+    int world = dp->cfg.workers, m = world - 1, n = 0;
+    long *owners = malloc(sizeof *owners * (size_t)world), *ring = malloc(sizeof *ring * (size_t)(m > 0 ? m : 1));
+    ProcFacts *f = malloc(sizeof *f * (size_t)(m > 0 ? m : 1));
+    int ok = owners && ring && f;
+    if (ok && dp->epoch > 0 && dp->decision.epoch == dp->epoch && dp->decision.world == world)
+        memcpy(owners, dp->decision.procs, sizeof *owners * (size_t)world);
+    else if (ok)
+        ok = ctl_rank_owners(dp->ctl, world, owners) == 0;
+    for (int j = 1; ok && j < world; j++) ring[j - 1] = owners[(dp->rank + j) % world];
+    if (ok) ok = proc_facts(dp, ring, m, f) == 0;
+    for (int pass = 0; ok && pass < 2 && n < want; pass++)
+        for (int j = 0; j < m && n < want; j++)
+            if (f[j].proc > 0 && (strcmp(f[j].host, my_host) != 0) == (pass == 0)) out[n++] = f[j].h;
+    free(owners);
+    free(ring);
+    free(f);
     return n;
 }
 
 /* Spares (sorted by process id) rank, rank+1, ... mod S; waits for enough spares to register. */
 static int spare_holders(dp_t *dp, int want, Holder *out) {
-    long ids[DP_MAX_RANKS];
+    long ids[DP_MAX_RANKS], chosen[HOLDERS_MAX] = {0};
     int n = 0;
     double deadline = now_ms() + dp->cfg.start_timeout_ms;
     while ((n = ctl_spare_list(dp->ctl, ids, DP_MAX_RANKS)) < want && now_ms() < deadline) sleep_ms(10);
-    if (n < want) return -1;
-    char host[256];
-    for (int j = 0; j < want; j++)
-        if (holder_address(dp, ids[(dp->rank + j) % n], &out[j], host, sizeof host) != 0) return -1;
+    if (n < want || want > HOLDERS_MAX) return -1;
+    ProcFacts f[HOLDERS_MAX];
+    for (int j = 0; j < want; j++) chosen[j] = ids[(dp->rank + j) % n];
+    if (proc_facts(dp, chosen, want, f) != 0) return -1;
+    for (int j = 0; j < want; j++) {
+        if (!f[j].proc) return -1;
+        out[j] = f[j].h;
+    }
     return want;
 }
 
@@ -579,7 +675,8 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     Holder holders[HOLDERS_MAX];
     ReplicaTarget targets[HOLDERS_MAX];
     int want = dp->cfg.replicas, n;
-    if (dp->cfg.replica_placement == PLACE_SPARES) {
+    /* One worker has no ring peer: its replica goes to a spare (a lone rank must survive too). */
+    if (dp->cfg.replica_placement == PLACE_SPARES || (dp->cfg.workers == 1 && dp->cfg.spares > 0)) {
         n = spare_holders(dp, want, holders);
         if (n < 0) { snprintf(err, errlen, "--replica-placement spares: fewer than %d spares registered", want); return -1; }
     } else {
@@ -604,7 +701,8 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     for (int i = 0; i < nr; i++) hint += dp->snap_regions[i].len;
     SnapshotConfig sc = {.job = dp->job, .epoch = dp->epoch, .rank = dp->rank, .world = dp->cfg.workers,
                          .bytes_hint = hint, .targets = targets, .ntargets = n, .timeout_ms = job_comm_timeout_ms(&dp->cfg),
-                         .allow_pull = dp->cfg.replica_transport == TRANSPORT_AUTO, .on_commit = on_commit, .arg = dp};
+                         .allow_pull = dp->cfg.replica_transport == TRANSPORT_AUTO,
+                         .key = replica_server_key(dp->replicas), .on_commit = on_commit, .arg = dp};
     dp->snap = snapshot_create(&sc, err, errlen);
     return dp->snap ? 0 : -1;
 }
@@ -631,9 +729,17 @@ static void maybe_inject(dp_t *dp, int64_t step) {
     char k[32];
     for (int i = 0; i < dp->nfaults; i++) {
         const FaultSpec *f = &dp->faults[i];
-        if (f->kind != FAULT_RKILL && f->rank == dp->rank && f->at == step + 1 &&
-            ctl_set_nx(dp->ctl, key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1)
+        if (f->kind == FAULT_CORRUPT) {
+            /* Every process may hold the rank's replicas: each damages its own copies, once. */
+            if (f->at == step + 1 && ctl_set_nx(dp->ctl, key(k, sizeof k, KEY_INJECTED, i, dp->proc_id), "1") == 1) {
+                replica_server_corrupt_rank(dp->replicas, f->rank);
+                event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"corrupt\",\"rank\":%d,\"holder\":%ld,"
+                           "\"step\":%lld", f->rank, dp->proc_id, (long long)step + 1);
+            }
+        } else if (f->kind != FAULT_RKILL && f->rank == dp->rank && f->at == step + 1 &&
+                   ctl_set_nx(dp->ctl, key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1) {
             fire_fault(dp, f->kind, step);
+        }
     }
     if (dp->cfg.chaos > 0.0f) {
         uint64_t h = rng_hash4(dp->cfg.seed, (uint64_t)step, 0xC4A05ULL, 0);
@@ -662,8 +768,24 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
     ctl_key_full(dp->ctl, prefix, sizeof prefix, KEY_GLOO, dp->epoch, 0);
     ctl_key_full(dp->ctl, fence, sizeof fence, KEY_FENCED, dp->epoch, 0); /* see fence_epoch */
     comm_store_addr store = {dp->addr.host, dp->addr.port, dp->addr.password[0] ? dp->addr.password : NULL, fence};
+    double t0 = now_ms();
     dp->comm = comm_create(&store, prefix, dp->rank, dp->cfg.workers, dp->bind_host, timeout_ms, err, errlen);
-    return dp->comm ? 0 : -1;
+    if (!dp->comm) return -1;
+    double t1 = now_ms();
+    /* Ranks leave the rendezvous at different times (a full mesh of N ranks on few cores takes
+     * a while); the first collective must not spend its short timeout waiting for the last one
+     * to finish connecting. So everyone meets here, under the rendezvous' own bound. */
+    if (comm_barrier(dp->comm, timeout_ms) != COMM_OK) {
+        snprintf(err, errlen, "the first barrier of epoch %ld failed: %s", dp->epoch, comm_last_error(dp->comm));
+        return -1;
+    }
+    if (dp->epoch > 0) { /* what this join cost, for the `recovered` event (report_recovery) */
+        char k[64], v[128];
+        snprintf(v, sizeof v, "%llu %lu %.3f %.3f", ctl_round_trips_since_mark(dp->ctl) + 1,
+                 comm_store_round_trips(dp->comm), t1 - t0, now_ms() - t1);
+        ctl_set(dp->ctl, key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
+    }
+    return 0;
 }
 
 /* Becomes the rank `d` says in epoch d->epoch: restore, rebuild, resnapshot. 0, or -1 + err. */
@@ -685,7 +807,9 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     dp->role = was_member && dp->role != DP_ROLE_SPARE ? DP_ROLE_SURVIVOR : DP_ROLE_RECOVERED;
     set_role_log(dp);
     replica_server_set_min_epoch(dp->replicas, d->epoch);
+    dp->join_phase = "restore";
     if (restore_generation(dp, dp->restore_src, d->rollback, err, errlen) != 0) return -1;
+    dp->join_phase = "rendezvous";
     log_msg("restored step %lld in %.1f ms", d->rollback + 1, now_ms() - t0);
     maybe_inject_in_recovery(dp);
     double t1 = now_ms();
@@ -719,7 +843,7 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
 static long wait_for_decision(dp_t *dp, int timeout_ms) {
     double deadline = now_ms() + timeout_ms;
     while (now_ms() < deadline) {
-        if (atomic_load(&dp->job_over)) return 0;
+        if (atomic_load(&dp->job_over) || atomic_load(&dp->control_lost)) return 0;
         long e = ctl_epoch(dp->ctl);
         if (e > dp->epoch) return e;
         if (dp->rank >= 0) answer_persist_request(dp);
@@ -737,8 +861,11 @@ static dp_status follow_decisions(dp_t *dp, Decision *d, char *err, size_t errle
         char esc[2048];
         log_msg("joining epoch %ld failed: %s", dp->epoch, err);
         json_escape(err, esc, sizeof esc);
-        event_emit(dp->ctl, dp->t0_wall_ms, "join_failed", "\"rank\":%d,\"epoch\":%ld,\"message\":\"%s\"", dp->rank,
-                   dp->epoch, esc);
+        /* phase "restore": this rank's state is unreachable (the coordinator stops the job
+         * rather than hand the next spare the same hopeless decision); otherwise a member
+         * is missing and the coordinator decides again. */
+        event_emit(dp->ctl, dp->t0_wall_ms, "join_failed", "\"rank\":%d,\"epoch\":%ld,\"phase\":\"%s\",\"message\":\"%s\"",
+                   dp->rank, dp->epoch, dp->join_phase, esc);
         comm_destroy(dp->comm);
         dp->comm = NULL;
         long e = wait_for_decision(dp, dp->cfg.spare_wait * 1000 + 4 * dp->cfg.detect_timeout_ms + 30000);
@@ -793,15 +920,30 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
-    while (!atomic_load(&dp->job_over)) {
-        ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100);
+    double last = now_ms();
+    int rejoin = 0;
+    while (!atomic_load(&dp->job_over) && !atomic_load(&dp->control_lost)) {
+        if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
+        /* A gap longer than the detect timeout: this spare was stopped (or starved) and the
+         * coordinator has dropped it from the pool. Back and warm, it joins again. */
+        if (now_ms() - last > dp->cfg.detect_timeout_ms) rejoin = 1;
+        last = now_ms();
         long e = ctl_epoch(dp->ctl);
-        if (e <= seen) continue;
-        seen = e;
-        if (decision_read(dp->ctl, e, d) != 0 || decision_rank_of(d, dp->proc_id) < 0) continue;
-        log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
-        ctl_spare_remove(dp->ctl, dp->proc_id);
-        return follow_decisions(dp, d, err, errlen);
+        if (e > seen) {
+            seen = e;
+            if (decision_read(dp->ctl, e, d) == 0 && decision_rank_of(d, dp->proc_id) >= 0) {
+                log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
+                ctl_spare_remove(dp->ctl, dp->proc_id);
+                return follow_decisions(dp, d, err, errlen);
+            }
+        }
+        if (rejoin && ctl_heartbeat(dp->ctl, dp->proc_id, dp->cfg.detect_timeout_ms) == 0 &&
+            ctl_spare_add(dp->ctl, dp->proc_id) == 0) {
+            log_msg("back after a silence longer than %d ms: rejoining the spare pool", dp->cfg.detect_timeout_ms);
+            event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d,\"rejoined\":1", dp->proc_id,
+                       (int)getpid());
+            rejoin = 0;
+        }
     }
     ctl_spare_remove(dp->ctl, dp->proc_id);
     return DP_STOPPED;
@@ -877,35 +1019,55 @@ static void push_metrics(dp_t *dp, int64_t step, const dp_metrics *m, double ste
 static void report_recovery(dp_t *dp) {
     Decision *d = &dp->decision; /* the epoch's own: it is what we joined */
     if (decision_read(dp->ctl, dp->epoch, d) != 0) return;
-    /* The slowest member sets each phase; training resumed when the last member did. */
-    double restore = 0, rebuild = 0, resnap = 0;
+    /* The slowest member sets each phase; training resumed when the last member did. Every
+     * member's timing and join costs, and the newest step, in one MGET (per 256 keys). */
+    double restore = 0, rebuild = 0, resnap = 0, rendezvous = 0, barrier = 0;
     long long resumed = 0;
-    char k[64], value[128];
-    for (int r = 0; r < dp->cfg.workers; r++) {
+    unsigned long long rtt_max = 0, rtt_total = 0;
+    int world = dp->cfg.workers, nk = 2 * world + 1;
+    char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
+    const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
+    if (!names || !values || !suffixes) { free(names); free(values); free(suffixes); return; }
+    for (int r = 0; r < world; r++) {
+        suffixes[r] = key(names[r], sizeof names[r], KEY_TIMING, dp->epoch, r);
+        suffixes[world + r] = key(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, dp->epoch, r);
+    }
+    suffixes[2 * world] = key(names[2 * world], sizeof names[2 * world], KEY_LAST_STEP, 0, 0);
+    if (ctl_get_many(dp->ctl, suffixes, nk, values[0], sizeof values[0], NULL) != 0)
+        for (int i = 0; i < nk; i++) values[i][0] = 0;
+    for (int r = 0; r < world; r++) {
         double a, b, c;
         long long w;
-        if (ctl_get(dp->ctl, key(k, sizeof k, KEY_TIMING, dp->epoch, r), value, sizeof value) == 0 &&
-            sscanf(value, "%lf %lf %lf %lld", &a, &b, &c, &w) == 4) {
+        unsigned long long rc, rs;
+        if (sscanf(values[r], "%lf %lf %lf %lld", &a, &b, &c, &w) == 4) {
             if (a > restore) restore = a;
             if (b > rebuild) rebuild = b;
             if (c > resnap) resnap = c;
             if (w > resumed) resumed = w;
         }
+        if (sscanf(values[world + r], "%llu %llu %lf %lf", &rc, &rs, &a, &b) == 4) {
+            if (rc + rs > rtt_max) rtt_max = rc + rs;
+            rtt_total += rc + rs;
+            if (a > rendezvous) rendezvous = a;
+            if (b > barrier) barrier = b;
+        }
     }
-    char last[32] = "0";
-    ctl_get(dp->ctl, key(k, sizeof k, KEY_LAST_STEP, 0, 0), last, sizeof last);
+    char last[32];
+    snprintf(last, sizeof last, "%s", values[2 * world][0] ? values[2 * world] : "0");
+    free(names);
+    free(values);
+    free(suffixes);
     long long total = resumed - d->t_fail_ms, first_step = wall_ms() - d->t_fail_ms;
     for (int i = 0; i < d->nfailed; i++) {
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
                    "\"epoch\":%ld,\"rank\":%d,\"spare\":%ld,\"failure_kind\":\"%s\",\"rollback_step\":%lld,"
                    "\"detect_ms\":%lld,\"decide_ms\":%lld,\"restore_ms\":%.1f,\"rebuild_ms\":%.1f,\"resnapshot_ms\":%.1f,"
-                   "\"total_ms\":%lld,\"first_step_done_ms\":%lld,\"steps_recomputed\":%lld",
+                   "\"total_ms\":%lld,\"first_step_done_ms\":%lld,\"steps_recomputed\":%lld,\"world\":%d,"
+                   "\"rendezvous_ms\":%.1f,\"barrier_ms\":%.1f,\"join_round_trips_max\":%llu,\"join_round_trips_total\":%llu",
                    dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
                    (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
-                   rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1));
-        printf("[deadpool] recovered rank %d (%s) with spare %ld: training resumed %lld ms after the failure, "
-               "rolled back to step %lld\n", d->failed[i].rank, d->failed[i].kind, d->failed[i].spare_proc, total,
-               d->rollback + 1);
+                   rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1), world, rendezvous, barrier,
+                   rtt_max, rtt_total);
     }
     if (d->nfailed == 0)
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
@@ -913,8 +1075,47 @@ static void report_recovery(dp_t *dp) {
                    dp->epoch, d->rollback + 1, total);
 }
 
+/* The step's loss or gradient norm is not finite: its state is never committed. Every rank
+ * sees the same (reduced) values, so every rank comes here: each persists its newest
+ * committed generation, and once all have (a barrier), rank 0 tells the job why it stops and
+ * where the last good state is. No restart: a NaN that would recur cannot loop. */
+static dp_status diverged(dp_t *dp, int64_t step, const dp_metrics *m) {
+    long long good = -1;
+    if (dp->snap) {
+        snapshot_drain(dp->snap, job_comm_timeout_ms(&dp->cfg));
+        good = snapshot_committed(dp->snap);
+        SnapHeader h;
+        void *payload = NULL;
+        if (good >= 0 && snapshot_local_copy(dp->snap, good, &h, &payload) == 0) {
+            persist_generation(dp, dp->ctl, &h, payload);
+            free(payload);
+        }
+    } else if (dp->cfg.ft == FT_DISK) {
+        good = dp->last_disk_step - 1;
+    }
+    comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)); /* every rank's state is on disk */
+    if (dp->rank == 0) {
+        char msg[2400];
+        if (good >= 0)
+            snprintf(msg, sizeof msg, "step %lld: loss %g, gradient norm %g: training diverged and nothing after step %lld "
+                     "was committed. The state of step %lld is in %.700s/ckpt; continue with `deadpool run --resume %.700s` "
+                     "and, say, a smaller learning rate", (long long)step + 1, m->loss, m->grad_norm, good + 1, good + 1,
+                     dp->cfg.out, dp->cfg.out);
+        else
+            snprintf(msg, sizeof msg, "step %lld: loss %g, gradient norm %g: training diverged before any state was committed",
+                     (long long)step + 1, m->loss, m->grad_norm);
+        char esc[5000];
+        json_escape(msg, esc, sizeof esc);
+        event_emit(dp->ctl, dp->t0_wall_ms, "diverged", "\"step\":%lld,\"good_step\":%lld,\"message\":\"%s\"",
+                   (long long)step + 1, good + 1, esc);
+    }
+    snprintf(dp->err, sizeof dp->err, "training diverged at step %lld", (long long)step + 1);
+    return DP_STOPPED;
+}
+
 dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra_len, const dp_metrics *m) {
     dp_status st = DP_OK;
+    if (m && (!isfinite(m->loss) || !isfinite(m->grad_norm))) return diverged(dp, step, m);
     if (dp->snap && (step + 1) % dp->cfg.snapshot_every == 0) {
         snapshot_wait_previous(dp->snap, NULL); /* the head buffer is the thread's until then */
         int n = gather_regions(dp, step, extra, extra_len);
@@ -940,10 +1141,64 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
     return DP_OK;
 }
 
+/* Without a control plane nobody can decide a recovery: every rank writes the generations in
+ * its ping-pong buffers to disk (the newest one every rank committed is among them, see
+ * snapshot.h), and rank 0 completes the newest step all ranks wrote (a shared filesystem:
+ * one machine, or --out on shared storage). Bounded; no Redis involved. */
+static void persist_without_control(dp_t *dp) {
+    Snapshot *s = dp->snap ? dp->snap : dp->restore_src;
+    if (!s) return;
+    snapshot_drain(s, job_comm_timeout_ms(&dp->cfg));
+    int64_t newest = snapshot_committed(s), g[2] = {newest, newest - dp->cfg.snapshot_every};
+    char err[1024];
+    for (int i = 0; i < 2; i++) {
+        SnapHeader h;
+        void *payload = NULL;
+        if (g[i] < 0 || snapshot_local_copy(s, g[i], &h, &payload) != 0) continue;
+        SnapRegion all = {payload, h.length};
+        if (checkpoint_write_shard(dp->cfg.out, &h, &all, 1, err, sizeof err) != 0) log_msg("persist: %s", err);
+        free(payload);
+    }
+    if (dp->rank != 0) return;
+    double deadline = now_ms() + 2.0 * dp->cfg.detect_timeout_ms + 10000;
+    for (;;) {
+        for (int i = 0; i < 2; i++) {
+            int all = g[i] >= 0;
+            for (int r = 0; r < dp->cfg.workers && all; r++) {
+                char name[32], path[4200];
+                snprintf(name, sizeof name, "rank_%05d.state", r);
+                checkpoint_path(path, sizeof path, dp->cfg.out, g[i], name);
+                all = access(path, F_OK) == 0;
+            }
+            if (!all) continue;
+            if (checkpoint_finish(dp->cfg.out, g[i], dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, err, sizeof err) == 0)
+                log_msg("the control plane is lost: the state of step %lld is in %s/ckpt; continue with `deadpool run "
+                        "--resume %s`", (long long)g[i] + 1, dp->cfg.out, dp->cfg.out);
+            else
+                log_msg("the control plane is lost and the checkpoint of step %lld failed: %s", (long long)g[i] + 1, err);
+            return;
+        }
+        if (now_ms() > deadline) {
+            log_msg("the control plane is lost and not every rank's state reached %s/ckpt in time", dp->cfg.out);
+            return;
+        }
+        sleep_ms(50);
+    }
+}
+
 dp_status dp_recover(dp_t *dp, char *err, size_t errlen) {
     comm_destroy(dp->comm);
     dp->comm = NULL;
+    if (atomic_load(&dp->control_lost)) {
+        persist_without_control(dp);
+        snprintf(err, errlen, "the control plane (redis) is lost");
+        return DP_STOPPED;
+    }
     long e = wait_for_decision(dp, dp->cfg.spare_wait * 1000 + 4 * dp->cfg.detect_timeout_ms + 30000);
+    if (e == 0 && atomic_load(&dp->control_lost)) {
+        persist_without_control(dp);
+        snprintf(err, errlen, "the control plane (redis) is lost");
+    }
     if (e == 0) return DP_STOPPED;
     Decision *d = &dp->decision;
     if (e < 0 || decision_read(dp->ctl, e, d) != 0) {
@@ -1010,7 +1265,9 @@ int dp_finish(dp_t *dp, dp_status how) {
     int rc = how == DP_OK ? DP_EXIT_DONE
            : how == DP_STOPPED ? DP_EXIT_STOPPED
            : how == DP_FENCED ? DP_EXIT_FENCED
-           : dp->joined ? DP_EXIT_FAILED : DP_EXIT_BAD_JOB;
+           : !dp->joined ? DP_EXIT_BAD_JOB
+           : how == DP_ERR && dp->next_step >= dp->cfg.steps ? DP_EXIT_OUTPUT /* trained, then failed to write */
+           : DP_EXIT_FAILED;
     if (dp->snap) {
         snapshot_drain(dp->snap, job_comm_timeout_ms(&dp->cfg));
         report_snapshot_stats(dp);

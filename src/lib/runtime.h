@@ -14,7 +14,9 @@ typedef enum {
     DP_EXIT_BAD_JOB = 1, /* bad configuration: a replacement would fail alike */
     DP_EXIT_FAILED = 2,  /* training failed and no recovery decision came */
     DP_EXIT_STOPPED = 3, /* stopped by the job (Ctrl-C, or the job ended elsewhere) */
-    DP_EXIT_FENCED = 4   /* a newer epoch replaced this process (it hung or was cut off) */
+    DP_EXIT_FENCED = 4,  /* a newer epoch replaced this process (it hung or was cut off) */
+    DP_EXIT_OUTPUT = 5   /* every step done, but the program could not write its output: not a
+                          * crash (no spare is swapped in); its own message says what was kept */
 } dp_exit;
 
 #define DP_ENV_REDIS "DEADPOOL_REDIS"       /* redis://HOST:PORT of the job's control plane */

@@ -19,6 +19,7 @@ typedef struct {
 struct Snapshot {
     SnapshotConfig cfg;
     char job[40];
+    unsigned char key[REPLICA_KEY_BYTES]; /* cfg.key points here */
     SnapRegion *regions;    /* the live regions of the next generation */
     int nregions, regions_cap;
     ReplicaTarget *targets;
@@ -69,8 +70,8 @@ static void copy_regions(Snapshot *s, Slot *slot) {
 static ReplicaConn *target_conn(Snapshot *s, int i) {
     if (!s->conns[i]) {
         char err[256];
-        s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, s->cfg.allow_pull, err,
-                                       sizeof err);
+        s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, s->cfg.allow_pull,
+                                      s->key, err, sizeof err);
     }
     return s->conns[i];
 }
@@ -197,6 +198,7 @@ static void free_memory(Snapshot *s) {
     free(s->regions);
     free(s->targets);
     free(s->conns);
+    explicit_bzero(s->key, sizeof s->key);
     free(s);
 }
 
@@ -226,6 +228,13 @@ Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen) {
     s->cfg = *cfg;
     snprintf(s->job, sizeof s->job, "%s", cfg->job);
     s->cfg.job = s->job;
+    if (cfg->ntargets > 0 && !cfg->key) {
+        snprintf(err, errlen, "snapshots: replica holders given without the job's channel key");
+        free(s);
+        return NULL;
+    }
+    if (cfg->key) memcpy(s->key, cfg->key, sizeof s->key);
+    s->cfg.key = s->key;
     s->regions_cap = cfg->nregions > 0 ? cfg->nregions : 1;
     s->regions = calloc((size_t)s->regions_cap, sizeof *s->regions);
     s->targets = calloc((size_t)cfg->ntargets + 1, sizeof *s->targets);

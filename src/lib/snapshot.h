@@ -42,6 +42,7 @@ typedef struct {
     int ntargets;
     int timeout_ms;               /* bound on connecting to / sending to a holder */
     int allow_pull;               /* holders on this machine may copy straight from our memory */
+    const unsigned char *key;     /* the job's channel key (REPLICA_KEY_BYTES, copied); needed with targets */
     /* Called on the snapshot thread after generation `h->step` commits, with the local copy. */
     void (*on_commit)(const SnapHeader *h, const void *payload, void *arg);
     void *arg;

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# e2e_harden.sh — failure paths outside the hot-swap: each ends in recovery or in a clear stop
+# that keeps what was committed, never in a hang, a livelock or a silently wrong model.
+source "$(dirname "$0")/lib_e2e.sh"
+BASE=(--model tiny --steps 30 --seed 21)
+
+# Non-finite options are refused when parsed.
+"$DP" run --lr nan >"$WORK/nan.out" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q -- "--lr: expected a finite number" "$WORK/nan.out" && ok "non_finite_option_refused" \
+  || notok "non_finite_option_refused" "rc $rc $(cat "$WORK/nan.out")"
+
+# A step whose loss is not finite is never committed: the job stops, the last good state on disk.
+run_job "$WORK/div" 120 --workers 2 --spares 1 --model tiny --steps 30 --lr 10; rc=$?
+good=$(ls "$WORK/div/ckpt" 2>/dev/null | tail -1)
+if [ $rc -ne 0 ] && grep -q "training diverged" "$WORK/div.log" && grep -q '"event":"diverged"' "$WORK/div/events.jsonl" \
+   && [ -n "$good" ] && [ -f "$WORK/div/ckpt/$good/DONE" ] && [ ! -f "$WORK/div/model.bin" ] && no_leftovers "$WORK/div"; then
+  ok "diverged_stops_with_last_good_state ($good)"
+else notok "diverged_stops_with_last_good_state" "rc $rc ckpt '$good'" "$(tail -3 "$WORK/div.log")"; fi
+
+# One rank and one spare: the lone rank's replica lives on the spare, so its crash is survived.
+run_job "$WORK/ref1" 120 --workers 1 --spares 0 "${BASE[@]}"; rc=$?
+run_job "$WORK/lone" 120 --workers 1 --spares 1 "${BASE[@]}" --inject kill:0@12; rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q '"event":"recovered"' "$WORK/lone/events.jsonl" \
+   && cmp -s "$WORK/ref1/model.bin" "$WORK/lone/model.bin"; then ok "one_worker_one_spare_survives_a_kill"
+else notok "one_worker_one_spare_survives_a_kill" "rc $rc $rc2" "$(tail -3 "$WORK/lone.log")"; fi
+
+# Resuming a checkpoint of the last step: nothing left to run, the job is done.
+run_job "$WORK/fin" 120 --workers 2 --spares 0 "${BASE[@]}" --persist-every 30; rc=$?
+rm -f "$WORK/fin/model.bin"
+timeout -k 5 60 "$DP" run --resume "$WORK/fin" >"$WORK/fin.resume.out" 2>&1; rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && grep -q "done: 30 steps" "$WORK/fin.resume.out" && [ -f "$WORK/fin/model.bin" ]; then
+  ok "resume_of_final_checkpoint_is_done"
+else notok "resume_of_final_checkpoint_is_done" "rc $rc $rc2" "$(tail -3 "$WORK/fin.resume.out")"; fi
+
+# Two jobs on one --out: the second is refused, the first unharmed.
+mkdir -p "$WORK/shared"
+"$DP" run --out "$WORK/shared" --workers 2 --spares 0 "${BASE[@]}" --steps 200 >"$WORK/shared1.out" 2>&1 &
+lp=$!
+for _ in $(seq 200); do [ "$(count_lines "$WORK/shared/metrics.jsonl")" -ge 1 ] && break; sleep 0.05; done
+timeout -k 5 30 "$DP" run --out "$WORK/shared" --workers 1 --spares 0 "${BASE[@]}" >"$WORK/shared2.out" 2>&1; rc2=$?
+for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -9 $lp 2>/dev/null; wait $lp; rc=$?
+if [ $rc -eq 0 ] && [ $rc2 -ne 0 ] && grep -q "in use by another running job" "$WORK/shared2.out"; then ok "one_job_per_out_directory"
+else notok "one_job_per_out_directory" "rc $rc $rc2" "$(tail -2 "$WORK/shared2.out")"; fi
+
+# --inject netdown never reconfigures a Redis the job does not own.
+"$DP" run --redis redis://127.0.0.1:1 --inject netdown:1@5 --workers 2 --out "$WORK/nd" >"$WORK/nd.out" 2>&1; rc=$?
+[ $rc -ne 0 ] && grep -q "needs the embedded redis-server" "$WORK/nd.out" && ok "netdown_refused_with_external_redis" \
+  || notok "netdown_refused_with_external_redis" "rc $rc $(tail -2 "$WORK/nd.out")"
+
+# A model file whose header lies about its size is refused before anything is allocated.
+head -c 1024 "$WORK/ref1/model.bin" >"$WORK/liar.bin"
+python3 - "$WORK/liar.bin" <<'PY'
+import struct, sys
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read())
+b[8:12] = struct.pack('<i', 1 << 24)  # max_seq_len
+open(p, 'wb').write(bytes(b) + bytes(4096))
+PY
+run_job "$WORK/liar" 60 --workers 1 --spares 0 --model "$WORK/liar.bin" --steps 2; rc=$?
+[ $rc -ne 0 ] && grep -q "liar.bin: model file of .* bytes, but its header" "$WORK/liar.log" && ok "lying_model_header_refused" \
+  || notok "lying_model_header_refused" "rc $rc" "$(tail -2 "$WORK/liar.log")"
+
+# A path that is not UTF-8 still gives valid JSON lines.
+odd=$(printf '%s/caf\xe9' "$WORK")
+run_job "$odd" 60 --workers 1 --spares 0 "${BASE[@]}" --steps 2; rc=$?
+if [ $rc -eq 0 ] && python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]' "$odd/events.jsonl"; then
+  ok "non_utf8_path_valid_json"
+else notok "non_utf8_path_valid_json" "rc $rc"; fi
+
+# The final model cannot be written to --out (a full disk): it goes to the temporary directory,
+# no spare is swapped into the finished job. (Root: a tiny tmpfs.)
+if [ "$(id -u)" -eq 0 ] && mkdir -p "$WORK/full" && mount -t tmpfs -o size=300k tmpfs "$WORK/full" 2>/dev/null; then
+  TMPDIR="$WORK" run_job "$WORK/full" 120 --workers 1 --spares 1 "${BASE[@]}"; rc=$?
+  rescue=$(grep -o "written to [^ ]* instead" "$WORK/full.log" | cut -d' ' -f3)
+  if [ $rc -eq 0 ] && [ -n "$rescue" ] && cmp -s "$rescue" "$WORK/ref1/model.bin" && ! grep -q '"event":"failure"' "$WORK/full/events.jsonl"; then
+    ok "full_disk_final_model_kept_elsewhere"
+  else notok "full_disk_final_model_kept_elsewhere" "rc $rc rescue '$rescue'" "$(tail -3 "$WORK/full.log")"; fi
+  umount "$WORK/full"
+else
+  echo "# full_disk_final_model_kept_elsewhere: skipped (needs root and tmpfs)"
+fi
+
+# The embedded redis-server dies mid-run: the launcher notices, the workers keep their
+# committed state on disk and stop; the job resumes from it to the failure-free model.
+run_job "$WORK/ref2" 120 --workers 2 --spares 0 "${BASE[@]}" --steps 120; rc0=$?
+mkdir -p "$WORK/redis"
+"$DP" run --out "$WORK/redis" --workers 2 --spares 1 "${BASE[@]}" --steps 120 --detect-timeout-ms 1000 \
+  >"$WORK/redis.stdout" 2>"$WORK/redis.log" &
+lp=$!
+for _ in $(seq 300); do [ "$(count_lines "$WORK/redis/metrics.jsonl")" -ge 20 ] && break; sleep 0.05; done
+rp=$(grep -o 'embedded redis-server on [^ ]* (pid [0-9]*' "$WORK/redis.log" | grep -o '[0-9]*$')
+[ -n "$rp" ] && kill -9 "$rp"
+t0=$(date +%s)
+for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -9 $lp 2>/dev/null; wait $lp; rc=$?
+secs=$(( $(date +%s) - t0 ))
+timeout -k 5 120 "$DP" run --resume "$WORK/redis" >"$WORK/redis.resume.out" 2>&1; rc2=$?
+if [ -n "$rp" ] && [ $rc -ne 0 ] && [ $rc -ne 137 ] && grep -q "control plane is lost" "$WORK/redis.log" \
+   && grep -q "deadpool run --resume" "$WORK/redis.log" && [ $rc2 -eq 0 ] && cmp -s "$WORK/ref2/model.bin" "$WORK/redis/model.bin" \
+   && no_leftovers "$WORK/redis"; then
+  ok "redis_death_stops_cleanly_then_resume_identical (stopped in ${secs}s)"
+else notok "redis_death_stops_cleanly_then_resume_identical" "rc $rc $rc2 redis pid '$rp' ${secs}s" "$(tail -4 "$WORK/redis.log")"; fi
+
+# A spare that was stopped for longer than the detect timeout rejoins the pool when it
+# continues, and a spare that died is replaced: later failures still find one.
+mkdir -p "$WORK/spares"
+"$DP" run --out "$WORK/spares" --workers 2 --spares 2 "${BASE[@]}" --steps 400 --detect-timeout-ms 500 \
+  --inject kill:0@330 --inject kill:1@370 >"$WORK/spares.stdout" 2>"$WORK/spares.log" &
+lp=$!
+sp=""
+for _ in $(seq 300); do
+  sp=$(grep '"event":"spare_joined"' "$WORK/spares/events.jsonl" 2>/dev/null | grep -o '"pid":[0-9]*' | cut -d: -f2 | head -2 | tr '\n' ' ')
+  [ "$(wc -w <<<"$sp")" -ge 2 ] && break; sleep 0.05
+done
+read -r s1 s2 <<<"$sp"
+[ -n "$s2" ] && kill -9 "$s2"
+[ -n "$s1" ] && kill -STOP "$s1" && sleep 1.5 && kill -CONT "$s1"
+for _ in $(seq 900); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -9 $lp 2>/dev/null; wait $lp; rc=$?
+run_job "$WORK/ref3" 120 --workers 2 --spares 0 "${BASE[@]}" --steps 400
+e="$WORK/spares/events.jsonl"
+if [ $rc -eq 0 ] && [ "$(grep -c '"event":"recovered"' "$e")" -ge 2 ] && grep -q '"rejoined":1' "$e" \
+   && [ "$(grep -c '"event":"spare_lost"' "$e")" -ge 2 ] && cmp -s "$WORK/ref3/model.bin" "$WORK/spares/model.bin"; then
+  ok "lost_spares_replaced_and_returning_spare_rejoins"
+else notok "lost_spares_replaced_and_returning_spare_rejoins" "rc $rc spares '$sp'" "$(grep -E 'spare|recovered' "$e" | tail -5)"; fi
+
+# Every copy of a rank's state damaged in memory (CRC drops it), then the rank dies: its spare
+# cannot restore; the job stops at once naming the newest checkpoint (no livelock of spares
+# retrying the same hopeless decision), and resumes from it to the failure-free model.
+run_job "$WORK/ref4" 120 --workers 4 --spares 0 "${BASE[@]}"
+t0=$(date +%s)
+run_job "$WORK/corrupt" 120 --workers 4 --spares 2 "${BASE[@]}" --persist-every 5 --inject corrupt:2@12 --inject kill:2@12; rc=$?
+secs=$(( $(date +%s) - t0 ))
+timeout -k 5 120 "$DP" run --resume "$WORK/corrupt" >"$WORK/corrupt.resume.out" 2>&1; rc2=$?
+if [ $rc -ne 0 ] && [ $secs -lt 30 ] && grep -q "could not be restored" "$WORK/corrupt.log" \
+   && grep -q '"phase":"restore"' "$WORK/corrupt/events.jsonl" && [ "$(grep -c '"event":"decision"' "$WORK/corrupt/events.jsonl")" -eq 1 ] \
+   && [ $rc2 -eq 0 ] && cmp -s "$WORK/ref4/model.bin" "$WORK/corrupt/model.bin" && no_leftovers "$WORK/corrupt"; then
+  ok "unrestorable_rank_stops_then_resume_identical (stopped in ${secs}s)"
+else notok "unrestorable_rank_stops_then_resume_identical" "rc $rc $rc2 ${secs}s" "$(tail -3 "$WORK/corrupt.log")"; fi

@@ -22,6 +22,8 @@ KINDS=(worker_kill worker_hang spare_kill spare_stop holder_with_owner corrupt_r
 [ "$(id -u)" -eq 0 ] && KINDS+=(disk_full)
 [ -n "${CHAOS_KINDS:-}" ] && read -r -a KINDS <<<"$CHAOS_KINDS" # e.g. CHAOS_KINDS="redis_kill spare_kill"
 RANDOM=$SEED
+# A private copy of the binary: a rebuild during a long run must not change what runs.
+cp "$DP" "$WORK/deadpool" && DP="$WORK/deadpool"
 
 run_job "$WORK/ref" 120 "${COMMON[@]}" --spares 0 || { notok "chaos_long" "reference run failed"; exit 1; }
 rows="$WORK/rows"; : >"$rows"

@@ -19,3 +19,8 @@ for seed in 1 2 3 4 5; do
 done
 if [ $all_ok -eq 1 ] && [ $total -ge 20 ]; then ok "chaos ($total faults over 5 seeds, all recovered, all models identical)"
 else notok "chaos" "$total faults"; fi
+
+# The long harness's kinds in short: faults from outside (spares, holders, a corrupted replica,
+# the redis-server, a full disk, a second failure while a spare restores), a dozen of them.
+# The long run (>= 500 faults) is `tests/chaos_long.sh 500 1 docs/chaos.md`; see docs/RELIABILITY.md.
+bash "$(dirname "$0")/chaos_long.sh" 12 "${CHAOS_SEED:-42}"

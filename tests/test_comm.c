@@ -41,6 +41,10 @@ typedef struct {
     unsigned long mesh_rtt[16];  /* test_rendezvous_16: each rank's store round trips */
     double mesh_create_ms[16];   /* and how long its comm_create took */
     double abort_ms;             /* test_rendezvous_abort: abort key set -> comm_create returned */
+    double pushed_at;            /* test_abort_in_flight: when the wake-ups were pushed */
+    double left_ms[4];           /* and when each rank's allreduce returned, after that */
+    int left_status[4];
+    size_t abort_sockets[4];
 } shared_t;
 static shared_t *sh;
 
@@ -672,6 +676,72 @@ static void test_rendezvous_abort(void) {
     }
 }
 
+/* A collective in flight is aborted from outside: the coordinator's wake-up onto every rank's
+ * list (what close_epoch pushes) fails it within milliseconds on every rank, although one
+ * rank never enters it and the timeout is 10 s. Without it the ranks would wait that out. */
+static void rank_in_flight(int r, const char *prefix, int size) {
+    comm_store_addr a = store;
+    char key[64], err[512];
+    snprintf(key, sizeof key, "test-comm-%d-fence", (int)getppid());
+    a.abort_key = key;
+    comm_t *c = comm_create(&a, prefix, r, size, BIND, 10000, err, sizeof err);
+    CHECK(c != NULL, "rank %d: comm_create: %s", r, err);
+    if (!c) return;
+    sh->abort_sockets[r] = comm_abort_sockets(c);
+    CHECK(comm_barrier(c, 10000) == COMM_OK, "rank %d: barrier", r);
+    if (r == size - 1) { /* never reaches the allreduce: the others would wait 10 s */
+        sleep_ms(1500);
+        comm_destroy(c);
+        return;
+    }
+    float v[1024] = {0};
+    comm_status s = comm_allreduce_sum(c, v, 1024, 10000);
+    sh->left_ms[r] = (now_s() - sh->pushed_at) * 1e3;
+    sh->left_status[r] = (int)s;
+    comm_destroy(c);
+}
+
+static void pusher(int r, const char *prefix, int size) {
+    (void)r;
+    sleep_ms(400);
+    struct timeval tv = {2, 0};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+    CHECK(rc != NULL && !rc->err, "pusher: connect");
+    if (rc == NULL || rc->err) return;
+    redisReply *x = redisCommand(rc, "AUTH %s", REDIS_PW);
+    if (x) freeReplyObject(x);
+    sh->pushed_at = now_s();
+    for (int i = 0; i < size; i++) {
+        char wake[128];
+        comm_wake_key(prefix, i, wake, sizeof wake);
+        redisAppendCommand(rc, "RPUSH %s %s", wake, COMM_WAKE_ABORT);
+    }
+    for (int i = 0; i < size; i++) {
+        void *rep = NULL;
+        CHECK(redisGetReply(rc, &rep) == REDIS_OK, "pusher: RPUSH");
+        if (rep) freeReplyObject(rep);
+    }
+    redisFree(rc);
+}
+
+static void test_abort_in_flight(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-inflight", (int)getpid());
+    memset(sh->left_ms, 0, sizeof sh->left_ms);
+    pid_t pids[4];
+    for (int r = 0; r < 3; r++) pids[r] = spawn(rank_in_flight, r, prefix, 3);
+    pids[3] = spawn(pusher, 3, prefix, 3);
+    wait_children(pids, 4, 20, "abort in flight");
+    for (int r = 0; r < 2; r++) {
+        CHECK(sh->left_status[r] == COMM_ERR_PEER && sh->left_ms[r] < 300,
+              "rank %d left the allreduce %.0f ms after the wake-up with %s (expected a peer error within 300 ms)", r,
+              sh->left_ms[r], comm_status_str((comm_status)sh->left_status[r]));
+        printf("# rank %d: allreduce aborted %.0f ms after the wake-up (%s)\n", r, sh->left_ms[r],
+               comm_status_str((comm_status)sh->left_status[r]));
+    }
+    for (int r = 0; r < 3; r++) CHECK(sh->abort_sockets[r] == 2, "rank %d holds %zu pair sockets, expected 2", r, sh->abort_sockets[r]);
+}
+
 /* Store problems and a rendezvous nobody else joins. */
 static void rank_store_errors(int r, const char *prefix, int size) {
     (void)r;
@@ -745,6 +815,7 @@ int main(void) {
     RUN_TEST(test_store_errors);
     RUN_TEST(test_rendezvous_16);
     RUN_TEST(test_rendezvous_abort);
+    RUN_TEST(test_abort_in_flight);
     printf("# test_comm total %.1f s\n", now_s() - t0);
     stop_redis();
     TEST_MAIN_END();

@@ -44,11 +44,22 @@ int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
 /* The Redis list that `rank` waits on in the rendezvous under `prefix`. Whoever sets the abort
  * key ends a wait at once by pushing COMM_WAKE_ABORT onto it (the key alone is seen within
- * Redis' timer resolution, 100 ms by default). */
+ * Redis' timer resolution, 100 ms by default). A communicator created with an abort key keeps
+ * waiting on that list afterwards (a thread and a Redis connection of its own): the push then
+ * aborts it (comm_abort), so the ranks leave a collective in flight at once. */
 #define COMM_WAKE_ABORT "abort"
 void comm_wake_key(const char *prefix, int rank, char *out, size_t len);
+/* Fails the collective in flight (from any thread) and every later one with COMM_ERR_PEER,
+ * here and, within a network round trip, on every peer blocked on this rank: the sockets of
+ * the communicator's pairs are shut down. Gloo itself cannot abort a collective from outside. */
+void comm_abort(comm_t *c);
+/* How many pair sockets comm_abort reaches (size - 1 when all were found). */
+size_t comm_abort_sockets(const comm_t *c);
 /* Redis round trips the rendezvous of comm_create took (0 for size 1). */
 unsigned long comm_store_round_trips(const comm_t *c);
+/* Where comm_create's time went: publishing this rank's addresses until it had every peer's
+ * (mostly waiting for the last rank to arrive), and connecting the pairs. */
+void comm_rendezvous_ms(const comm_t *c, double *wait_ms, double *connect_ms);
 
 /* In-place sum over all ranks of buf[0..n). */
 comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms);

@@ -25,7 +25,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -33,9 +35,12 @@
 #include <thread>
 #include <vector>
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <system_error>
 #include <unistd.h>
@@ -321,6 +326,95 @@ bool dialsPeer(const std::vector<char> &self, const std::vector<char> &peer) {
     return rv > 0;
 }
 
+bool sameSockaddr(const struct sockaddr_storage &a, const struct sockaddr_storage &b) {
+    if (a.ss_family != b.ss_family) return false;
+    if (a.ss_family == AF_INET) {
+        const struct sockaddr_in *x = reinterpret_cast<const struct sockaddr_in *>(&a);
+        const struct sockaddr_in *y = reinterpret_cast<const struct sockaddr_in *>(&b);
+        return x->sin_port == y->sin_port && memcmp(&x->sin_addr, &y->sin_addr, sizeof x->sin_addr) == 0;
+    }
+    if (a.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *x = reinterpret_cast<const struct sockaddr_in6 *>(&a);
+        const struct sockaddr_in6 *y = reinterpret_cast<const struct sockaddr_in6 *>(&b);
+        return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0;
+    }
+    return false;
+}
+
+// Duplicates of the connected sockets of this context's pairs: a socket whose local address is
+// the one our pair listened on (we accepted) or whose peer is the address the peer's pair
+// listened on (we dialed). Gloo does not hand out its sockets, and a collective in flight can
+// only be woken through them (see comm_abort): shutdown(2) on a duplicate reaches the socket
+// itself, and holding a duplicate means the number can never name another file meanwhile. Each
+// candidate is duplicated first and checked on the duplicate, so a descriptor another thread
+// closes and reuses in between is never mistaken for ours.
+std::vector<int> dupPairSockets(const std::vector<std::vector<char>> &mine, const std::vector<std::vector<char>> &theirs) {
+    std::vector<struct sockaddr_storage> local, remote;
+    for (size_t i = 0; i < mine.size(); i++) {
+        if (mine[i].empty() || theirs[i].empty()) continue;
+        local.push_back(gloo::transport::tcp::Address(mine[i]).getSockaddr());
+        remote.push_back(gloo::transport::tcp::Address(theirs[i]).getSockaddr());
+    }
+    std::vector<int> out;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr) return out;
+    for (struct dirent *e; (e = readdir(d)) != nullptr;) {
+        char *end = nullptr;
+        long fd = strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
+        int dup = fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+        if (dup < 0) continue;
+        struct stat st;
+        struct sockaddr_storage la, pa;
+        socklen_t ll = sizeof la, pl = sizeof pa;
+        bool ours = false;
+        if (fstat(dup, &st) == 0 && S_ISSOCK(st.st_mode) && getsockname(dup, reinterpret_cast<struct sockaddr *>(&la), &ll) == 0 &&
+            getpeername(dup, reinterpret_cast<struct sockaddr *>(&pa), &pl) == 0)
+            for (size_t i = 0; i < local.size() && !ours; i++)
+                ours = sameSockaddr(la, local[i]) || sameSockaddr(pa, remote[i]);
+        if (ours) out.push_back(dup);
+        else ::close(dup);
+    }
+    closedir(d);
+    return out;
+}
+
+// Dials the pairs `which` (Gloo's tcp::Pair::connect on the dialing side), kDialThreads at a
+// time. Dialing a pair first closes the pair's listening socket, and that waits for the
+// device's event loop to come round, which it does at least every 10 ms when idle: dialed one
+// after another, N - 1 pairs cost up to 10 ms each (1.85 s for 127 pairs at 128 ranks here).
+// Dialed together, their waits overlap. The pairs are distinct objects with locks of their
+// own; the first error is rethrown once every thread has stopped.
+constexpr size_t kDialThreads = 16;
+void dialAll(gloo::transport::Context &tctx, const std::vector<int> &which, const std::vector<std::vector<char>> &addrs) {
+    std::atomic<size_t> next{0};
+    std::mutex errMutex;
+    std::exception_ptr err;
+    auto work = [&] {
+        for (;;) {
+            size_t k = next++;
+            if (k >= which.size()) return;
+            try {
+                tctx.getPair(which[k])->connect(addrs[which[k]]);
+            } catch (...) {
+                std::lock_guard<std::mutex> lock(errMutex);
+                if (!err) err = std::current_exception();
+                next = which.size();
+                return;
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    size_t n = std::min(kDialThreads, which.size());
+    try {
+        for (size_t t = 1; t < n; t++) pool.emplace_back(work);
+    } catch (...) { // no thread to be had: the ones started and this one do the work
+    }
+    work();
+    for (std::thread &t : pool) t.join();
+    if (err) std::rethrow_exception(err);
+}
+
 // A full-mesh Gloo context built by RedisMesh: the pairs are Gloo's, only the rendezvous and
 // the order of connecting are ours. (device_ and transportContext_ are Gloo's protected
 // members, which is what its own connectFullMesh sets.)
@@ -328,8 +422,10 @@ class MeshContext : public gloo::rendezvous::Context {
   public:
     MeshContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
 
-    // Returns the Redis round trips the rendezvous took.
-    unsigned long connect(RedisMesh &store, std::shared_ptr<gloo::transport::Device> &dev) {
+    // Returns the Redis round trips the rendezvous took; *wait_ms: from publishing to having
+    // every peer's address, *connect_ms: connecting the pairs.
+    unsigned long connect(RedisMesh &store, std::shared_ptr<gloo::transport::Device> &dev, double *wait_ms,
+                          double *connect_ms, std::vector<int> &sockets) {
         auto tctx = dev->createContext(rank, size);
         tctx->setTimeout(getTimeout());
         std::vector<std::vector<char>> mine(size), theirs;
@@ -337,23 +433,50 @@ class MeshContext : public gloo::rendezvous::Context {
             if (i != rank) mine[i] = tctx->createPair(i)->address().bytes();
         char hostname[256] = "";
         if (gethostname(hostname, sizeof hostname - 1) != 0) throw std::system_error(errno, std::system_category());
+        Clock::time_point t0 = Clock::now();
         store.waitForAll(store.publish(mine, hostname));
         std::vector<std::string> hosts;
         store.fetch(theirs, hosts);
+        Clock::time_point t1 = Clock::now();
         int localRank = 0; // as Gloo counts it: ranks below ours on our host
         for (int i = 0; i < rank; i++)
             if (hosts[i] == hostname) localRank++;
-        for (int pass = 0; pass < 2; pass++)
-            for (int i = 0; i < size; i++) {
-                if (i == rank || dialsPeer(mine[i], theirs[i]) != (pass == 0)) continue;
-                auto &pair = tctx->getPair(i);
-                pair->setLocalRank(localRank);
-                pair->connect(theirs[i]);
-            }
+        std::vector<int> dial, await;
+        for (int i = 0; i < size; i++) {
+            if (i == rank) continue;
+            tctx->getPair(i)->setLocalRank(localRank);
+            (dialsPeer(mine[i], theirs[i]) ? dial : await).push_back(i);
+        }
+        dialAll(*tctx, dial, theirs);
+        for (int i : await) tctx->getPair(i)->connect(theirs[i]);
+        sockets = dupPairSockets(mine, theirs);
+        *wait_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+        *connect_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
         device_ = dev;
         transportContext_ = std::move(tctx);
         return store.roundTrips();
     }
+};
+
+// The address the pairs of `rank` listen on. This Gloo gives every pair a listening socket of
+// its own, bound to port 0: a full mesh of N ranks on one host binds N(N-1) ports, and once the
+// half of the ephemeral range that bind(2) prefers is taken, the kernel scans it for every
+// further bind (0.7 ms each at 4,000 ports bound here, 4 ms at 16,000: 128 ranks spent ~10 s
+// of CPU binding before their rendezvous). On loopback, every rank therefore listens on a
+// loopback address of its own, 127.77.x.y (all of 127/8 is the host), where a port may be bound
+// again without conflict: 15 us per bind whatever the count. Any other address is used as is.
+std::string deviceHost(const char *bind_host, int rank) {
+    std::string h = (bind_host != nullptr && bind_host[0] != '\0') ? bind_host : "127.0.0.1";
+    if (h != "127.0.0.1" || rank < 0 || rank >= 250 * 250) return h;
+    char ip[32];
+    snprintf(ip, sizeof ip, "127.77.%d.%d", rank / 250, rank % 250 + 1);
+    return ip;
+}
+
+// The barrier's buffer is Gloo's own (protected): reachable for comm_abort from a subclass.
+struct AbortableBarrierOptions : public gloo::BarrierOptions {
+    explicit AbortableBarrierOptions(const std::shared_ptr<gloo::Context> &ctx) : gloo::BarrierOptions(ctx) {}
+    gloo::transport::UnboundBuffer *waitBuffer() { return buffer.get(); }
 };
 
 // Element-wise float sum for the ring: c = a + b. Fixed operand order, so the result depends
@@ -441,8 +564,50 @@ struct comm {
     std::shared_ptr<gloo::transport::Device> dev;
     std::shared_ptr<MeshContext> ctx; // null when size == 1
     unsigned long store_round_trips = 0;
+    double wait_ms = 0, connect_ms = 0; // the rendezvous' phases
     comm_status broken = COMM_OK;
     std::string last_error;
+    // comm_abort: duplicates of the pairs' sockets, shut down once (under sockMutex), and the
+    // thread that waits for the coordinator's word to do it (on its own Redis connection,
+    // watchCtx, which comm_destroy shuts down to end the thread's BLPOP).
+    std::vector<int> sockets;
+    std::mutex sockMutex;
+    bool socketsShut = false;
+    std::thread watcher;
+    std::mutex watchMutex;
+    redisContext *watchCtx = nullptr;
+    bool stopping = false;
+    // The buffers of the collective in flight (ours, handed to Gloo), and whether comm_abort
+    // ran: both under abortMutex, so an abort either sees a collective's buffers or the
+    // collective sees the abort before it starts.
+    std::mutex abortMutex;
+    std::vector<gloo::transport::UnboundBuffer *> inflight;
+    bool aborted = false;
+
+    // Shuts the pairs' sockets down (the pending operations of every pair fail, here and on
+    // the peers), then interrupts the waits of the collective in flight: Gloo does not fail a
+    // send whose bytes were queued when its pair broke (tcp::Pair::signalException signals
+    // only bound buffers in its transmit queue), so a waitSend on such a send would sit out
+    // its whole timeout.
+    void abort() {
+        shutSockets();
+        std::lock_guard<std::mutex> lock(abortMutex);
+        aborted = true;
+        for (gloo::transport::UnboundBuffer *b : inflight) {
+            b->abortWaitSend();
+            b->abortWaitRecv();
+        }
+    }
+
+    void shutSockets() {
+        std::lock_guard<std::mutex> lock(sockMutex);
+        if (socketsShut) return;
+        for (int fd : sockets) shutdown(fd, SHUT_RDWR);
+        socketsShut = true;
+    }
+    ~comm() {
+        for (int fd : sockets) ::close(fd);
+    }
 };
 
 namespace {
@@ -454,11 +619,42 @@ milliseconds callTimeout(const comm *c, int timeout_ms) {
 // Common prologue/epilogue of every collective: refuse on a broken communicator, run the body
 // under guarded(), and on failure mark the communicator broken and drop all connections so the
 // peers fail fast too.
+// While a collective runs, the buffers it waits on are registered for comm_abort.
+class Inflight {
+  public:
+    Inflight(comm *c, std::initializer_list<gloo::transport::UnboundBuffer *> bufs) : c_(c) {
+        std::lock_guard<std::mutex> lock(c_->abortMutex);
+        aborted_ = c_->aborted;
+        for (auto *b : bufs)
+            if (b != nullptr) c_->inflight.push_back(b);
+    }
+    ~Inflight() {
+        std::lock_guard<std::mutex> lock(c_->abortMutex);
+        c_->inflight.clear();
+    }
+    bool abortedBefore() const { return aborted_; }
+
+  private:
+    comm *c_;
+    bool aborted_ = false;
+};
+
+bool wasAborted(comm *c) {
+    std::lock_guard<std::mutex> lock(c->abortMutex);
+    return c->aborted;
+}
+
 template <typename Fn>
 comm_status runCollective(comm *c, Fn &&body) {
     if (c->broken != COMM_OK) return c->broken;
     std::string msg;
     comm_status s = guarded(body, msg);
+    // A collective in flight when the communicator was aborted never counts as done: its
+    // interrupted waits may have let it run to the end on partial data.
+    if (s == COMM_OK && wasAborted(c)) {
+        s = COMM_ERR_PEER;
+        msg = "aborted: the epoch was closed";
+    }
     if (s != COMM_OK) {
         c->broken = s;
         c->last_error = msg;
@@ -466,8 +662,52 @@ comm_status runCollective(comm *c, Fn &&body) {
             std::string ignored;
             guarded([&] { c->ctx->closeConnections(); }, ignored);
         }
+        c->shutSockets(); // the duplicates would keep the connections open for the peers
     }
     return s;
+}
+
+// The abort watcher: waits (BLPOP, no timeout) on this rank's wake-up list of the epoch's
+// rendezvous, empty once the rendezvous is done, until the coordinator closes the epoch and
+// pushes COMM_WAKE_ABORT onto it; then shuts the pairs' sockets down, which fails the
+// collective in flight here and the peers' at once, instead of one ring neighbour after
+// another. Ends when comm_destroy shuts its connection down.
+void watchForAbort(comm *c, std::string host, int port, std::string password, std::string key) {
+    struct timeval tv = {2, 0};
+    redisContext *ctx = redisConnectWithTimeout(host.c_str(), port, tv);
+    {
+        std::lock_guard<std::mutex> lock(c->watchMutex);
+        if (ctx == nullptr || ctx->err || c->stopping) {
+            if (ctx != nullptr) redisFree(ctx);
+            std::fill(password.begin(), password.end(), '\0');
+            return;
+        }
+        c->watchCtx = ctx;
+    }
+    bool ok = true;
+    if (!password.empty()) {
+        redisReply *r = static_cast<redisReply *>(redisCommand(ctx, "AUTH %b", password.data(), password.size()));
+        ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
+        if (r != nullptr) freeReplyObject(r);
+        std::fill(password.begin(), password.end(), '\0');
+    }
+    struct timeval forever = {0, 0};
+    redisSetTimeout(ctx, forever);
+    while (ok) {
+        redisReply *r = static_cast<redisReply *>(redisCommand(ctx, "BLPOP %b 0", key.data(), key.size()));
+        if (r == nullptr) break; // shut down by comm_destroy, or Redis is gone
+        bool abort = r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING &&
+                     std::string(r->element[1]->str, r->element[1]->len) == COMM_WAKE_ABORT;
+        ok = r->type == REDIS_REPLY_ARRAY;
+        freeReplyObject(r);
+        if (abort) {
+            c->abort();
+            break;
+        }
+    }
+    std::lock_guard<std::mutex> lock(c->watchMutex);
+    c->watchCtx = nullptr;
+    redisFree(ctx);
 }
 
 } // namespace
@@ -495,11 +735,17 @@ comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, 
                 milliseconds t(timeout_ms);
                 RedisMesh rs(store->host, store->port, store->password, prefix, t, store->abort_key, rank, size);
                 gloo::transport::tcp::attr attr;
-                attr.hostname = (bind_host != nullptr && bind_host[0] != '\0') ? bind_host : "127.0.0.1";
+                attr.hostname = deviceHost(bind_host, rank);
                 cc->dev = gloo::transport::tcp::CreateDevice(attr);
                 cc->ctx = std::make_shared<MeshContext>(rank, size);
                 cc->ctx->setTimeout(t);
-                cc->store_round_trips = cc->ctx->connect(rs, cc->dev);
+                cc->store_round_trips = cc->ctx->connect(rs, cc->dev, &cc->wait_ms, &cc->connect_ms, cc->sockets);
+                if (store->abort_key != nullptr) {
+                    char key[512];
+                    comm_wake_key(prefix, rank, key, sizeof key);
+                    cc->watcher = std::thread(watchForAbort, cc.get(), std::string(store->host), store->port,
+                                              std::string(store->password ? store->password : ""), std::string(key));
+                }
             }
             c = cc.release();
         },
@@ -513,6 +759,12 @@ comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, 
 
 void comm_destroy(comm_t *c) {
     if (c == nullptr) return;
+    {
+        std::lock_guard<std::mutex> lock(c->watchMutex);
+        c->stopping = true;
+        if (c->watchCtx != nullptr) shutdown(c->watchCtx->fd, SHUT_RDWR); // ends its BLPOP
+    }
+    if (c->watcher.joinable()) c->watcher.join();
     std::string ignored;
     guarded(
         [&] {
@@ -523,11 +775,18 @@ void comm_destroy(comm_t *c) {
             c->dev.reset();
         },
         ignored);
+    c->shutSockets();
     try {
         delete c;
     } catch (...) {
     }
 }
+
+void comm_abort(comm_t *c) {
+    if (c != nullptr) c->abort();
+}
+
+size_t comm_abort_sockets(const comm_t *c) { return c ? c->sockets.size() : 0; }
 
 void comm_wake_key(const char *prefix, int rank, char *out, size_t len) {
     if (out != nullptr && len > 0) snprintf(out, len, "%s/w/%d", prefix ? prefix : "", rank);
@@ -535,6 +794,11 @@ void comm_wake_key(const char *prefix, int rank, char *out, size_t len) {
 
 int comm_rank(const comm_t *c) { return c ? c->rank : -1; }
 unsigned long comm_store_round_trips(const comm_t *c) { return c ? c->store_round_trips : 0; }
+
+void comm_rendezvous_ms(const comm_t *c, double *wait_ms, double *connect_ms) {
+    if (wait_ms != nullptr) *wait_ms = c ? c->wait_ms : 0;
+    if (connect_ms != nullptr) *connect_ms = c ? c->connect_ms : 0;
+}
 int comm_size(const comm_t *c) { return c ? c->size : 0; }
 
 comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms) {
@@ -543,7 +807,10 @@ comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms) 
     if (n == 0 || c->size == 1) return COMM_OK;
     return runCollective(c, [&] {
         gloo::AllreduceOptions opts(c->ctx);
-        opts.setOutput(buf, n);
+        auto out = c->ctx->createUnboundBuffer(buf, n * sizeof(float));
+        Inflight in(c, {out.get()});
+        if (in.abortedBefore()) throw gloo::IoException("aborted: the epoch was closed");
+        opts.setOutput<float>(std::move(out));
         opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
         opts.setReduceFunction(sumFloat);
         opts.setTag(c->tag++);
@@ -564,7 +831,10 @@ comm_status comm_allgather(comm_t *c, const float *in, float *out, size_t n, int
     if (c->size == 1) return COMM_OK;
     return runCollective(c, [&] {
         gloo::AllgatherOptions opts(c->ctx);
-        opts.setOutput(out, n * static_cast<size_t>(c->size));
+        auto o = c->ctx->createUnboundBuffer(out, n * static_cast<size_t>(c->size) * sizeof(float));
+        Inflight in(c, {o.get()});
+        if (in.abortedBefore()) throw gloo::IoException("aborted: the epoch was closed");
+        opts.setOutput<float>(std::move(o));
         opts.setTag(c->tag++);
         opts.setTimeout(callTimeout(c, timeout_ms));
         gloo::allgather(opts);
@@ -577,7 +847,10 @@ comm_status comm_broadcast(comm_t *c, void *buf, size_t nbytes, int root, int ti
     if (nbytes == 0 || c->size == 1) return COMM_OK;
     return runCollective(c, [&] {
         gloo::BroadcastOptions opts(c->ctx);
-        opts.setOutput(static_cast<uint8_t *>(buf), nbytes);
+        auto o = c->ctx->createUnboundBuffer(buf, nbytes);
+        Inflight in(c, {o.get()});
+        if (in.abortedBefore()) throw gloo::IoException("aborted: the epoch was closed");
+        opts.setOutput<uint8_t>(std::move(o));
         opts.setRoot(root);
         opts.setTag(c->tag++);
         opts.setTimeout(callTimeout(c, timeout_ms));
@@ -590,7 +863,9 @@ comm_status comm_barrier(comm_t *c, int timeout_ms) {
     if (c->broken != COMM_OK) return c->broken;
     if (c->size == 1) return COMM_OK;
     return runCollective(c, [&] {
-        gloo::BarrierOptions opts(c->ctx);
+        AbortableBarrierOptions opts(c->ctx);
+        Inflight in(c, {opts.waitBuffer()});
+        if (in.abortedBefore()) throw gloo::IoException("aborted: the epoch was closed");
         opts.setTag(c->tag++);
         opts.setTimeout(callTimeout(c, timeout_ms));
         gloo::barrier(opts);

@@ -174,7 +174,9 @@ void coord_child_exited(Coordinator *c, pid_t pid, int status) {
 static void child_exited(Coordinator *c, pid_t pid, int status) {
     if (!c->have_members) return;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    int failed = !(code == DP_EXIT_DONE || code == DP_EXIT_STOPPED || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT);
+    /* STOPPED counts: while the coordinator runs the job is not ending, so a process that
+     * stopped on its own gave up (it lost the control plane for a while) and is replaced. */
+    int failed = !(code == DP_EXIT_DONE || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT);
     /* A known exit counts before any heartbeat key expires: the process is dead for every
      * liveness check from now on (a holder killed a moment ago is not "alive"). */
     for (int r = 0; r < c->cfg->workers; r++) {
@@ -417,7 +419,15 @@ int coord_tick_due_ms(const Coordinator *c) {
 }
 
 void coord_join_failed(Coordinator *c, long epoch, int rank, int restore_failed, const char *why) {
-    if (!restore_failed || epoch != c->epoch || c->unrestorable) return;
+    /* A rendezvous that failed without a member failing (it timed out: the machine was too
+     * busy for the bound, say) leaves every member waiting for a decision that no failure
+     * would bring: it counts like a failed collective, so the epoch is rebuilt with the same
+     * members once no failure has shown up for as long as detection takes. */
+    if (!restore_failed) {
+        coord_comm_failure(c, epoch);
+        return;
+    }
+    if (epoch != c->epoch || c->unrestorable) return;
     /* The new process of `rank` verified every copy it could reach and none was usable: the
      * next spare would get the same decision and fail alike. Stop instead, saying where the
      * newest intact state is. */

@@ -31,8 +31,9 @@ void coord_child_exited(Coordinator *c, pid_t pid, int status);
 /* A member reported a failed collective in `epoch`. */
 void coord_comm_failure(Coordinator *c, long epoch);
 /* A process failed to join `epoch` as `rank`; restore_failed: no verified copy of the rank's
- * state was reachable (the job then stops with a message), else a member was missing (the
- * coordinator decides again anyway). */
+ * state was reachable (the job then stops with a message), else the rendezvous failed (a
+ * member died, and its failure makes the next decision; or it timed out, and the epoch is
+ * rebuilt with the same members, as after a failed collective). */
 void coord_join_failed(Coordinator *c, long epoch, int rank, int restore_failed, const char *why);
 /* The newest step the job completed (from the metrics). */
 void coord_progress(Coordinator *c, int step);

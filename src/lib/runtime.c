@@ -769,6 +769,7 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
     ctl_key_full(dp->ctl, fence, sizeof fence, KEY_FENCED, dp->epoch, 0); /* see fence_epoch */
     comm_store_addr store = {dp->addr.host, dp->addr.port, dp->addr.password[0] ? dp->addr.password : NULL, fence};
     double t0 = now_ms();
+    int64_t entered = wall_ms();
     dp->comm = comm_create(&store, prefix, dp->rank, dp->cfg.workers, dp->bind_host, timeout_ms, err, errlen);
     if (!dp->comm) return -1;
     double t1 = now_ms();
@@ -780,9 +781,11 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
         return -1;
     }
     if (dp->epoch > 0) { /* what this join cost, for the `recovered` event (report_recovery) */
-        char k[64], v[128];
-        snprintf(v, sizeof v, "%llu %lu %.3f %.3f", ctl_round_trips_since_mark(dp->ctl) + 1,
-                 comm_store_round_trips(dp->comm), t1 - t0, now_ms() - t1);
+        char k[64], v[160];
+        double wait, connect;
+        comm_rendezvous_ms(dp->comm, &wait, &connect);
+        snprintf(v, sizeof v, "%llu %lu %.3f %.3f %.3f %.3f %lld", ctl_round_trips_since_mark(dp->ctl) + 1,
+                 comm_store_round_trips(dp->comm), t1 - t0, now_ms() - t1, wait, connect, (long long)entered);
         ctl_set(dp->ctl, key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
     }
     return 0;
@@ -1021,8 +1024,8 @@ static void report_recovery(dp_t *dp) {
     if (decision_read(dp->ctl, dp->epoch, d) != 0) return;
     /* The slowest member sets each phase; training resumed when the last member did. Every
      * member's timing and join costs, and the newest step, in one MGET (per 256 keys). */
-    double restore = 0, rebuild = 0, resnap = 0, rendezvous = 0, barrier = 0;
-    long long resumed = 0;
+    double restore = 0, rebuild = 0, resnap = 0, rendezvous = 0, barrier = 0, rwait = 0, rconnect = 0;
+    long long resumed = 0, first_in = 0, last_in = 0;
     unsigned long long rtt_max = 0, rtt_total = 0;
     int world = dp->cfg.workers, nk = 2 * world + 1;
     char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
@@ -1045,11 +1048,16 @@ static void report_recovery(dp_t *dp) {
             if (c > resnap) resnap = c;
             if (w > resumed) resumed = w;
         }
-        if (sscanf(values[world + r], "%llu %llu %lf %lf", &rc, &rs, &a, &b) == 4) {
+        double x, y;
+        if (sscanf(values[world + r], "%llu %llu %lf %lf %lf %lf %lld", &rc, &rs, &a, &b, &x, &y, &w) == 7) {
             if (rc + rs > rtt_max) rtt_max = rc + rs;
             rtt_total += rc + rs;
             if (a > rendezvous) rendezvous = a;
             if (b > barrier) barrier = b;
+            if (x > rwait) rwait = x;
+            if (y > rconnect) rconnect = y;
+            if (!first_in || w < first_in) first_in = w;
+            if (w > last_in) last_in = w;
         }
     }
     char last[32];
@@ -1063,11 +1071,15 @@ static void report_recovery(dp_t *dp) {
                    "\"epoch\":%ld,\"rank\":%d,\"spare\":%ld,\"failure_kind\":\"%s\",\"rollback_step\":%lld,"
                    "\"detect_ms\":%lld,\"decide_ms\":%lld,\"restore_ms\":%.1f,\"rebuild_ms\":%.1f,\"resnapshot_ms\":%.1f,"
                    "\"total_ms\":%lld,\"first_step_done_ms\":%lld,\"steps_recomputed\":%lld,\"world\":%d,"
-                   "\"rendezvous_ms\":%.1f,\"barrier_ms\":%.1f,\"join_round_trips_max\":%llu,\"join_round_trips_total\":%llu",
+                   "\"rendezvous_ms\":%.1f,\"rendezvous_wait_ms\":%.1f,\"rendezvous_connect_ms\":%.1f,"
+                   "\"rendezvous_spread_ms\":%lld,\"rendezvous_last_in_ms\":%lld,\"barrier_ms\":%.1f,"
+                   "\"join_round_trips_max\":%llu,"
+                   "\"join_round_trips_total\":%llu",
                    dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
                    (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
-                   rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1), world, rendezvous, barrier,
-                   rtt_max, rtt_total);
+                   rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1), world, rendezvous, rwait,
+                   rconnect, last_in - first_in, last_in ? last_in - (long long)d->t_decide_ms : 0, barrier, rtt_max,
+                   rtt_total);
     }
     if (d->nfailed == 0)
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",

@@ -18,7 +18,14 @@
  *   0x08  PULL source = this process (the one at the other end of the connection: boot id,
  *         pid namespace, pid) and an address inside a buffer of known bytes
  *   0x20  the last request's tag is wrong (the holder must close without acting on it)
- * Bounds are the holder's own (the job's world, the budget): nothing is clamped here. */
+ * Bounds are the holder's own (the job's world, the budget): nothing is clamped here.
+ *
+ * The handshake, the session key and the tags are computed here as replica.c's file comment
+ * specifies them (libsodium's crypto_auth); should that change, the harness stops at once on
+ * "the holder refused a correct handshake". The input's end (a half-close) is sent once every
+ * request sent whole has been answered, as a client waits for its answers: the holder pulls
+ * only from a peer whose connection is still established. FUZZ_REPLICA_VERBOSE=1 prints the
+ * status of every reply. */
 #include "fuzz_util.h"
 
 #include <arpa/inet.h>
@@ -57,6 +64,7 @@ _Static_assert(sizeof(PullSource) == 64, "PullSource is 64 bytes on the wire");
 
 static unsigned char key[REPLICA_KEY_BYTES];
 static PullSource self;
+static int verbose; /* FUZZ_REPLICA_VERBOSE=1: every reply's status on stderr */
 static unsigned char pull_area[2 * FUZZ_BUDGET];
 
 static void init_once(void) {
@@ -81,6 +89,7 @@ static void init_once(void) {
     struct stat st;
     if (stat("/proc/self/ns/pid", &st) == 0) self.pidns = (uint64_t)st.st_ino;
     self.pid = getpid();
+    verbose = getenv("FUZZ_REPLICA_VERBOSE") && *getenv("FUZZ_REPLICA_VERBOSE") == '1';
     for (size_t i = 0; i < sizeof pull_area; i++) pull_area[i] = (unsigned char)(i * 131 + 7);
 }
 
@@ -231,6 +240,12 @@ static void replies_feed(Replies *r, const Out *o, const unsigned char *b, size_
             size_t k = n < want - r->have ? n : want - r->have;
             memcpy(r->head + r->have, b, k);
             r->have += k, b += k, n -= k;
+            if (want == 4 && r->have == 4 && verbose) {
+                int32_t st;
+                memcpy(&st, r->head, 4);
+                fprintf(stderr, "fuzz_replica: reply %zu (to '%c'): %s\n", r->done,
+                        r->done < o->nreq ? o->types[r->done] : '?', replica_status_str((replica_status)st));
+            }
             if (r->have < want || want == 4) continue; /* a status: look at it first */
         }
         r->skip = TAG;

@@ -35,6 +35,7 @@ for name in "${names[@]}"; do
   fi
   work=build/fuzz/corpus/$name crashes=build/fuzz/crashes/$name log=build/fuzz/logs/$name.log
   mkdir -p "$work" "$crashes" build/fuzz/logs
+  running=$(mktemp "build/fuzz/logs/$name.XXXXXX") # a run beside this one (make test) keeps its own log
   seeds=()
   for d in tests/fuzz/corpus/$name tests/fuzz/regress/$name; do [ -d "$d" ] && seeds+=("$d"); done
   before=$(ls "$crashes" | wc -l)
@@ -42,8 +43,9 @@ for name in "${names[@]}"; do
   # -timeout: one input running 25 s is a hang (a finding); -rss_limit_mb: so is 2 GB of memory.
   # shellcheck disable=SC2086
   "$bin" "${budget[@]}" -timeout=25 -rss_limit_mb=2048 -print_final_stats=1 \
-    -artifact_prefix="$crashes/" ${FUZZ_FLAGS:-} "$work" "${seeds[@]}" >"$log" 2>&1
+    -artifact_prefix="$crashes/" ${FUZZ_FLAGS:-} "$work" "${seeds[@]}" >"$running" 2>&1
   rc=$?
+  mv -f "$running" "$log"
   secs=$(( $(date +%s) - start ))
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')

@@ -56,7 +56,8 @@ TP=${TP:-8}; PP=${PP:-4}         # tensor parallel inside a node (NVLink), 4 pip
 # That shard exists nowhere else and is what is snapshotted and replicated; the bf16
 # parameters (2 bytes per parameter of the slice) are the same on every DP peer and are copied
 # from one after a swap.
-TOKENS_PER_STEP=${TOKENS_PER_STEP:-4194304}   # 4M tokens per step (2048 x 2048)
+TOKENS_PER_STEP_512=${TOKENS_PER_STEP_512:-4194304}     # 4M tokens per step (assumption)
+TOKENS_PER_STEP_16K=${TOKENS_PER_STEP_16K:-16777216}    # 16M: Llama 3 paper, §3.4.1 (batch of 16M tokens)
 MFU=${MFU:-0.40}                  # Llama 3 paper, Table 4: 38-43 % BF16 MFU
 PEAK_TFLOPS_512=${PEAK_TFLOPS_512:-312}   # A100 BF16 dense
 PEAK_TFLOPS_16K=${PEAK_TFLOPS_16K:-989}   # H100 SXM BF16 dense
@@ -105,7 +106,7 @@ awk -v meas="$MEAS" -v P="$CORES" \
     -v nic512="$NIC_GBS_512" -v pcie512="$PCIE_GBS_512" -v mem512="$HOSTMEM_GBS_512" \
     -v nic16k="$NIC_GBS_16K" -v pcie16k="$PCIE_GBS_16K" -v mem16k="$HOSTMEM_GBS_16K" \
     -v netlat="$NET_LAT_US" -v rt_cl="$REDIS_RT_CLUSTER_MS" -v gpn="$GPUS_PER_NODE" \
-    -v params="$PARAMS" -v tp="$TP" -v pp="$PP" -v tokens="$TOKENS_PER_STEP" -v mfu="$MFU" \
+    -v params="$PARAMS" -v tp="$TP" -v pp="$PP" -v tok512="$TOKENS_PER_STEP_512" -v tok16k="$TOKENS_PER_STEP_16K" -v mfu="$MFU" \
     -v peak512="$PEAK_TFLOPS_512" -v peak16k="$PEAK_TFLOPS_16K" \
     -v nint="$INTERRUPTIONS" -v idays="$INT_DAYS" -v igpus="$INT_GPUS" -v month="$MONTH_DAYS" \
     -v restart="$RESTART_S" -v nccl16k="$NCCL_INIT_16K_S" -v ckptb="$CKPT_BYTES_PER_PARAM" \
@@ -119,37 +120,39 @@ BEGIN {
   nm = split(meas, lines, "\n")
   for (i = 1; i <= nm; i++) { split(lines[i], f, " "); if (f[1] == "") continue
     k++; N[k] = f[1]; T[k] = f[2]; C[k] = f[3]; S[k] = f[4] }
-  # Mechanism: (a) the full mesh: N ranks each connect N - 1 pairs, all on P cores, so the
-  # connect phase costs kappa N (N - 1) / P; (b) the hops on the critical path: every ring
-  # collective of the rebuild (the allgather of the parameter shards: N - 1 hops; the first
-  # barrier and the broadcast: 2 log2 N) costs one hop latency each, and the hop latency h(N) is
-  # measured from the same run: a step of `micro` is almost only its 3 (N - 1) ring hops
-  # (allreduce 2 (N - 1), allgather N - 1), h(N) = step(N) / (3 (N - 1)); (c) a constant c0.
-  # kappa and c0 are fitted on N = 4, 8, 16 (least squares, total and connect); N >= 32 are
+  # Mechanism. A recovery is (a) a constant: detection, the decision (a constant number of
+  # Redis round trips: the `decision` event), restore and re-snapshot of `micro`; (b) chains
+  # whose length grows with N and which run one rank after another: the hops of the ring
+  # allgather that rebuilds the parameters and of the barriers, b per rank; (c) work every rank
+  # does for every other rank, all of it sharing the P cores: the pairs of the full mesh each
+  # rank creates, connects and tears down, c per rank and peer, N (N - 1) c / P in all.
+  #   total(N) = a + b N + c N (N - 1) / P
+  # a, b, c are fitted on N = 4, 8, 16 (least squares; exact with three points); N >= 32 are
   # predictions.
-  sxx = 0; sxy = 0
-  for (i = 1; i <= k; i++) if (N[i] <= 16) { x = N[i] * (N[i] - 1) / P; sxx += x * x; sxy += x * C[i] }
-  kappa = sxy / sxx
-  m = 0; s0 = 0
-  for (i = 1; i <= k; i++) if (N[i] <= 16) {
-    h = S[i] / (3 * (N[i] - 1)); pred_var = kappa * N[i] * (N[i] - 1) / P + (N[i] - 1 + 2 * ceil(log2(N[i]))) * h
-    s0 += T[i] - pred_var; m++ }
-  c0 = s0 / m
+  n3 = 0
+  for (i = 1; i <= k; i++) if (N[i] <= 16) { n3++; X1[n3] = N[i]; X2[n3] = N[i] * (N[i] - 1) / P; Y[n3] = T[i] }
+  # normal equations of y = a + b x1 + c x2
+  for (i = 1; i <= n3; i++) { s0 += 1; s1 += X1[i]; s2 += X2[i]; s11 += X1[i] * X1[i]; s12 += X1[i] * X2[i]
+    s22 += X2[i] * X2[i]; t0 += Y[i]; t1 += X1[i] * Y[i]; t2 += X2[i] * Y[i] }
+  D = s0 * (s11 * s22 - s12 * s12) - s1 * (s1 * s22 - s12 * s2) + s2 * (s1 * s12 - s11 * s2)
+  fa = (t0 * (s11 * s22 - s12 * s12) - s1 * (t1 * s22 - s12 * t2) + s2 * (t1 * s12 - s11 * t2)) / D
+  fb = (s0 * (t1 * s22 - s12 * t2) - t0 * (s1 * s22 - s12 * s2) + s2 * (s1 * t2 - t1 * s2)) / D
+  fc = (s0 * (s11 * t2 - t1 * s12) - s1 * (s1 * t2 - t1 * s2) + t0 * (s1 * s12 - s11 * s2)) / D
+  kappa = fc
   print "### The model on this machine: calibrated at 4-16 ranks, predicting 32-128"
   print ""
-  printf "Fitted at N <= 16: a pair connection costs kappa = %.3f ms of CPU (both ends; N (N - 1) / %d of them per core), the rest of a recovery c0 = %.0f ms; the hop latency h(N) is taken from each N%s own step time.\n", kappa, P, c0, "\047s"
+  printf "total(N) = a + b N + c N (N - 1) / P with P = %d cores: fitted a = %.0f ms, b = %.1f ms per rank (chains: ring hops), c = %.3f ms per rank and peer (the full mesh, all ranks sharing the cores).\n", P, fa, fb, fc
   print ""
-  print "| ranks | hop latency h(N), from the step time (ms) | connect: model | measured | total_ms: model | measured | model / measured |"
-  print "|---:|---:|---:|---:|---:|---:|---:|"
+  print "| ranks | model (ms) | measured, median (ms) | model / measured | its step time (ms) |"
+  print "|---:|---:|---:|---:|---:|"
   for (i = 1; i <= k; i++) {
-    h = S[i] / (3 * (N[i] - 1)); cm = kappa * N[i] * (N[i] - 1) / P
-    tm = c0 + cm + (N[i] - 1 + 2 * ceil(log2(N[i]))) * h
-    printf "| %d%s | %.1f | %.0f | %.0f | %.0f | %.0f | %.2f |\n", N[i], N[i] <= 16 ? " (fit)" : "", h, cm, C[i], tm, T[i], tm / T[i] }
+    tm = fa + fb * N[i] + fc * N[i] * (N[i] - 1) / P
+    printf "| %d%s | %.0f | %.0f | %.2f | %.0f |\n", N[i], N[i] <= 16 ? " (fit)" : "", tm, T[i], tm / T[i], S[i] }
   print ""
 
   # ---------------- 2. the cluster: recovery time ----------------
-  # On a cluster every rank has cores of its own: what cost kappa N (N - 1) / P here costs a
-  # rank (N - 1) kappa / 2 there (its end of each of its pairs).
+  # On a cluster every rank has cores of its own: the c N (N - 1) / P of this machine is
+  # (N - 1) c per rank there, in parallel.
   fail_rate_gpu_s = nint / (idays * 86400.0 * igpus)
   print "### Projection: one failure, and a month of training (65B, TP " tp " x PP " pp ")"
   print ""
@@ -158,7 +161,7 @@ BEGIN {
   for (c = 1; c <= 2; c++) {
     G = (c == 1) ? 512 : 16384
     nic = (c == 1) ? nic512 : nic16k; pcie = (c == 1) ? pcie512 : pcie16k; mem = (c == 1) ? mem512 : mem16k
-    peak = (c == 1) ? peak512 : peak16k; store = (c == 1) ? store512 : store16k
+    peak = (c == 1) ? peak512 : peak16k; store = (c == 1) ? store512 : store16k; tokens = (c == 1) ? tok512 : tok16k
     dp = G / (tp * pp); slice = params / (tp * pp)
     shard = 12 * slice / dp / 1e9            # GB per GPU: the non-reconstructible state
     pbytes = 2 * slice / 1e9                 # GB per GPU: bf16 parameters of its slice
@@ -170,8 +173,8 @@ BEGIN {
     decide_c = 15 + coord_rts * rt_cl
     rdv_rts = 3 * rt_cl + rank_rts * rt_cl
     # the communicator as built, a full mesh: a rank makes G - 1 pair connections, half of them
-    # dialed one after another (a network round trip each), at kappa / 2 of CPU per end
-    mesh = (G - 1) * (kappa / 2 + netlat / 2000)
+    # dialed one after another (a network round trip each), at c of CPU each
+    mesh = (G - 1) * (kappa + netlat / 2000)
     # hops of the rebuild: the ring among the DP peers that rebuilds the parameters, and the
     # first barrier and the broadcast over all G ranks (log2 G rounds each)
     rings = (dp - 1 + 2 * ceil(log2(G))) * netlat / 1000
@@ -180,6 +183,14 @@ BEGIN {
     crash = detect + decide_c + abortms + (restore + paramcopy) * 1000 + rdv_rts + mesh + rings + resnap * 1000
     node = ttl * 1000 + decide_c + abortms + (restore + paramcopy) * 1000 + rdv_rts + mesh + rings + resnap * 1000
     meshok = (G - 1) * gpn <= 65535 - 1024
+    # Where a full mesh cannot be built, the communicator is NCCL-style (its published init
+    # time); "lazy" is a communicator connecting only the peers its collectives use (ring
+    # neighbours and the log2 G partners of the barrier and broadcast trees).
+    lazy = (2 + 2 * ceil(log2(G))) * (kappa + netlat / 1000)
+    comm_used = meshok ? mesh : nccl16k * 1000
+    crash = crash - mesh + comm_used; node = node - mesh + comm_used
+    crash_lazy = crash - comm_used + lazy; node_lazy = node - comm_used + lazy
+    crl[c] = crash_lazy; ndl[c] = node_lazy; cu[c] = comm_used
     cr[c] = crash; nd[c] = node; st[c] = step; sh[c] = shard; pb[c] = pbytes; dpv[c] = dp; mo[c] = meshok
     ms[c] = mesh; rs[c] = restore; pc[c] = paramcopy; rsn[c] = resnap; dc[c] = decide_c
     # failures and goodput over a month
@@ -199,15 +210,16 @@ BEGIN {
   printf "| data parallel width (TP x PP = %d GPUs per replica) | %d | %d |\n", tp * pp, dpv[1], dpv[2]
   printf "| non-reconstructible state per GPU (fp32 master + Adam m, v, ZeRO-1 over DP) | %.2f GB | %.3f GB |\n", sh[1], sh[2]
   printf "| bf16 parameters per GPU (from a DP peer after a swap) | %.2f GB | %.2f GB |\n", pb[1], pb[2]
-  printf "| step time (4M tokens, MFU 40 %%) | %.1f s | %.2f s |\n", st[1], st[2]
+  printf "| step time (6 x params x tokens / (GPUs x peak x MFU %.0f %%): 4M tokens / 16M tokens) | %.1f s | %.2f s |\n", mfu * 100, st[1], st[2]
   printf "| decide (15 ms batch + %d Redis round trips) | %.0f ms | %.0f ms |\n", coord_rts, dc[1], dc[2]
   printf "| restore the shard: holder host memory -> NIC -> PCIe | %.0f ms | %.0f ms |\n", rs[1] * 1000, rs[2] * 1000
   printf "| parameters from a DP peer: NIC -> PCIe | %.0f ms | %.0f ms |\n", pc[1] * 1000, pc[2] * 1000
-  printf "| communicator as built (Gloo full mesh: N - 1 pairs per rank at %.3f ms) | %.0f ms | %s |\n", kappa / 2, ms[1], mo[2] ? sprintf("%.0f ms", ms[2]) : sprintf("not buildable (%d listening ports per host)", 16383 * gpn)
-  printf "| communicator, NCCL-style init instead | - | %.0f s (published) |\n", nccl16k
+  printf "| communicator as built (Gloo full mesh: N - 1 pairs per rank at %.3f ms) | %.0f ms | %s |\n", kappa, ms[1], mo[2] ? sprintf("%.0f ms", ms[2]) : sprintf("not buildable (%d listening ports per host)", 16383 * gpn)
+  printf "| communicator, NCCL-style init instead (used where the mesh cannot be built) | - | %.0f s (published) |\n", nccl16k
   printf "| re-snapshot of the restore point (PCIe + NIC) | %.0f ms | %.0f ms |\n", rsn[1] * 1000, rsn[2] * 1000
-  printf "| **recovery, process crash** (detected at its exit) | **%.2f s** | **%.2f s** (%.1f s with NCCL init) |\n", cr[1] / 1000, cr[2] / 1000, (cr[2] - ms[2]) / 1000 + nccl16k
-  printf "| **recovery, node lost** (detected by heartbeat expiry, %d s) | **%.2f s** | **%.2f s** (%.1f s with NCCL init) |\n", ttl, nd[1] / 1000, nd[2] / 1000, (nd[2] - ms[2]) / 1000 + nccl16k
+  printf "| **recovery, process crash** (detected at its exit) | **%.2f s** | **%.1f s** |\n", cr[1] / 1000, cr[2] / 1000
+  printf "| **recovery, node lost** (detected by heartbeat expiry, %d s) | **%.2f s** | **%.1f s** |\n", ttl, nd[1] / 1000, nd[2] / 1000
+  printf "| the same with a communicator that connects only the peers its collectives use (2 + 2 log2 N pairs per rank): crash / node lost | %.2f s / %.2f s | %.2f s / %.2f s |\n", crl[1] / 1000, ndl[1] / 1000, crl[2] / 1000, ndl[2] / 1000
   printf "| reference system (../shared/DESIGN.md) | < 40 s | - |\n"
   printf "| job MTBF (Llama 3 rate: %d interruptions / %d days / %d GPUs) | %.1f h | %.2f h |\n", nint, idays, igpus, mt[1] / 3600, mt[2] / 3600
   printf "| failures in %d days | %.1f | %.0f |\n", month, fl[1], fl[2]

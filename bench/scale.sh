@@ -5,11 +5,14 @@
 # event, and every rank's join, from the `recovered` event) and the median step time.
 #
 # usage: bench/scale.sh [REPS] [N...]            (default: 3 runs each of 32 64 128)
+#        bench/scale.sh --report DIR [N...]      the table of runs kept in DIR (KEEP=DIR)
 # env:   MODEL=micro SPARES=4 STEPS=8 FAIL=5     the job
 #        COMM_TIMEOUT_MS                         default 2000 + 250 ms per rank (see below)
 #        DETECT_MS=10000                         --detect-timeout-ms (see below)
 #        BIN=./deadpool                          the binary to measure (e.g. an older build)
 #        KEEP=DIR                                keep every run's output under DIR
+#        FIRST_REP=1                             number the runs from here (to add runs to DIR)
+#        LOAD_GATE=1                             0: do not wait for the load average at start
 #        MAX_FOREIGN=1                           see "Other load" below
 #
 # Other load. Others share this 2-core machine. The script starts only once the 1-minute load
@@ -31,20 +34,28 @@
 # timeout, so the recovery measured does not depend on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+REPORT=""
+if [ "${1:-}" = --report ]; then REPORT=$2; shift 2; set -- 0 "$@"; fi
 REPS=${1:-3}; shift || true
-SIZES=("$@"); [ ${#SIZES[@]} -gt 0 ] || SIZES=(32 64 128)
+SIZES=("$@"); [ ${#SIZES[@]} -gt 0 ] || [ -n "$REPORT" ] || SIZES=(32 64 128)
 MODEL=${MODEL:-micro}; SPARES=${SPARES:-4}; STEPS=${STEPS:-8}; FAIL=${FAIL:-5}; DETECT_MS=${DETECT_MS:-10000}
 MAX_FOREIGN=${MAX_FOREIGN:-1}
 BIN=${BIN:-./deadpool}
-[ "$BIN" = ./deadpool ] && make -s deadpool
+FIRST_REP=${FIRST_REP:-1}
 source bench/stats.sh
-work=${KEEP:-$(mktemp -d)}; mkdir -p "$work"
-[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
+if [ -n "$REPORT" ]; then
+  work=$REPORT
+  if [ ${#SIZES[@]} -eq 0 ]; then mapfile -t SIZES < <(ls "$work" | sed -n 's/^n\([0-9]*\)\.r[0-9]*\.row$/\1/p' | sort -nu); fi
+else
+  [ "$BIN" = ./deadpool ] && make -s deadpool
+  work=${KEEP:-$(mktemp -d)}; mkdir -p "$work"
+  [ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
+fi
 field() { grep -o "\"$1\":[-0-9.]*" | head -1 | cut -d: -f2; }
 
 # Mean number of runnable threads outside sessions $1 and $2 (and the kernel's), one sample.
 foreign_now() {
-  cat /proc/[0-9]*/task/[0-9]*/stat 2>/dev/null |
+  { cat /proc/[0-9]*/task/[0-9]*/stat 2>/dev/null || true; } |
     awk -v a="$1" -v b="$2" '{ sub(/^.*\) /, ""); if ($1 == "R" && $4 != 0 && $4 != a && $4 != b) n++ } END { print n + 0 }'
 }
 my_sid=$(ps -o sid= -p $$ | tr -d ' ')
@@ -98,13 +109,14 @@ run() {
 }
 
 deadline=$((SECONDS + 900))
-while awk -v l="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN { exit !(l >= 2.5) }' && [ $SECONDS -lt $deadline ]; do sleep 10; done
-echo "bench/scale.sh: starting at load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+while [ -z "$REPORT" ] && [ "${LOAD_GATE:-1}" = 1 ] && [ $SECONDS -lt $deadline ] &&
+      awk -v l="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN { exit !(l >= 2.5) }'; do sleep 10; done
+[ -n "$REPORT" ] || echo "bench/scale.sh: starting at load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 declare -A disturbed failed
 for n in "${SIZES[@]}"; do
-  disturbed[$n]=0; failed[$n]=0
-  for rep in $(seq "$REPS"); do
+  disturbed[$n]=$(cat "$work/n$n.disturbed" 2>/dev/null || echo 0); failed[$n]=$(cat "$work/n$n.failed" 2>/dev/null || echo 0)
+  for rep in $(seq "$FIRST_REP" $((FIRST_REP + REPS - 1))); do
     for try in 1 2 3; do
       rc=0; run "$n" "$rep" || rc=$?
       if [ $rc -eq 3 ]; then failed[$n]=$((failed[$n] + 1)); break; fi
@@ -113,18 +125,21 @@ for n in "${SIZES[@]}"; do
       [ $try -lt 3 ] && echo "n=$n run $rep: disturbed by other load, running it again" >&2
     done
   done
+  [ -n "$REPORT" ] || { echo "${disturbed[$n]}" >"$work/n$n.disturbed"; echo "${failed[$n]}" >"$work/n$n.failed"; }
 done
 
 col() { # n column -> median over the runs ("-" when absent)
   local v; v=$(cat "$work"/n$1.r*.row 2>/dev/null | awk -v c="$2" '$c != "-" { print $c }' | median); echo "${v:--}"
 }
-echo "| ranks | total_ms: kill -9 → training resumed (median of $REPS) | detect | decide | restore | rebuild | of which rendezvous | of which first barrier | re-snapshot | Redis round trips: coordinator | per rank (max) | all ranks | step time (ms) | other runnable threads (mean) | runs redone (other load) | runs not recovered by one decision |"
+nruns() { ls "$work"/n$1.r*.row 2>/dev/null | wc -l; }
+echo "| ranks | total_ms: kill -9 → training resumed (median) | detect | decide | restore | rebuild | of which rendezvous | of which first barrier | re-snapshot | Redis round trips: coordinator | per rank (max) | all ranks | step time (ms) | other runnable threads (mean) | runs redone (other load) | runs not recovered by one decision |"
 echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for n in "${SIZES[@]}"; do
-  printf '| %s + %s |' "$n" "$SPARES"
+  printf '| %s + %s (%s runs) |' "$n" "$SPARES" "$(nruns "$n")"
   for c in 1 2 3 4 5 6 7 8 9 10 11 12 13; do printf ' %s |' "$(col "$n" $c)"; done
   printf ' %s | %s |\n' "${disturbed[$n]}" "${failed[$n]}"
 done
 echo
 echo "per run (total_ms): $(for n in "${SIZES[@]}"; do printf '%s: %s; ' "$n" "$(cat "$work"/n$n.r*.row 2>/dev/null | awk '{ printf "%s ", $1 }')"; done)"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GiB; $(date); model $MODEL, $STEPS steps, kill -9 of rank N/2+1 in step $FAIL, --detect-timeout-ms $DETECT_MS, --comm-timeout-ms 2000 + 250 N unless COMM_TIMEOUT_MS; binary $BIN"
+[ -z "$REPORT" ] || echo "runs kept in $REPORT (their settings and machine: the table printed when they ran)"
+[ -n "$REPORT" ] || echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(free -g | awk '/Mem:/ {print $2}') GiB; $(date); model $MODEL, $STEPS steps, kill -9 of rank N/2+1 in step $FAIL, --detect-timeout-ms $DETECT_MS, --comm-timeout-ms 2000 + 250 N unless COMM_TIMEOUT_MS; binary $BIN"

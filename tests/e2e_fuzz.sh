@@ -34,7 +34,7 @@ fi
        timeout -k 5 120 "$prefix$name" "${inputs[@]}" >"$WORK/regress_$name.log" 2>&1; then
     ok "fuzz_regress_$name (${#inputs[@]} inputs)"
   else
-    notok "fuzz_regress_$name" "$(grep -m 3 -E 'ERROR: |fuzz check failed|runtime error|Running:' "$WORK/regress_$name.log")"
+    notok "fuzz_regress_$name" "$(grep -a -m 3 -E 'ERROR: |fuzz check failed|runtime error|Running:' "$WORK/regress_$name.log")"
   fi
 done
 exit 0

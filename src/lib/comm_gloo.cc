@@ -25,7 +25,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <atomic>
 #include <exception>
 #include <initializer_list>
 #include <memory>
@@ -379,42 +378,6 @@ std::vector<int> dupPairSockets(const std::vector<std::vector<char>> &mine, cons
     return out;
 }
 
-// Dials the pairs `which` (Gloo's tcp::Pair::connect on the dialing side), kDialThreads at a
-// time. Dialing a pair first closes the pair's listening socket, and that waits for the
-// device's event loop to come round, which it does at least every 10 ms when idle: dialed one
-// after another, N - 1 pairs cost up to 10 ms each (1.85 s for 127 pairs at 128 ranks here).
-// Dialed together, their waits overlap. The pairs are distinct objects with locks of their
-// own; the first error is rethrown once every thread has stopped.
-constexpr size_t kDialThreads = 16;
-void dialAll(gloo::transport::Context &tctx, const std::vector<int> &which, const std::vector<std::vector<char>> &addrs) {
-    std::atomic<size_t> next{0};
-    std::mutex errMutex;
-    std::exception_ptr err;
-    auto work = [&] {
-        for (;;) {
-            size_t k = next++;
-            if (k >= which.size()) return;
-            try {
-                tctx.getPair(which[k])->connect(addrs[which[k]]);
-            } catch (...) {
-                std::lock_guard<std::mutex> lock(errMutex);
-                if (!err) err = std::current_exception();
-                next = which.size();
-                return;
-            }
-        }
-    };
-    std::vector<std::thread> pool;
-    size_t n = std::min(kDialThreads, which.size());
-    try {
-        for (size_t t = 1; t < n; t++) pool.emplace_back(work);
-    } catch (...) { // no thread to be had: the ones started and this one do the work
-    }
-    work();
-    for (std::thread &t : pool) t.join();
-    if (err) std::rethrow_exception(err);
-}
-
 // A full-mesh Gloo context built by RedisMesh: the pairs are Gloo's, only the rendezvous and
 // the order of connecting are ours. (device_ and transportContext_ are Gloo's protected
 // members, which is what its own connectFullMesh sets.)
@@ -441,14 +404,13 @@ class MeshContext : public gloo::rendezvous::Context {
         int localRank = 0; // as Gloo counts it: ranks below ours on our host
         for (int i = 0; i < rank; i++)
             if (hosts[i] == hostname) localRank++;
-        std::vector<int> dial, await;
-        for (int i = 0; i < size; i++) {
-            if (i == rank) continue;
-            tctx->getPair(i)->setLocalRank(localRank);
-            (dialsPeer(mine[i], theirs[i]) ? dial : await).push_back(i);
-        }
-        dialAll(*tctx, dial, theirs);
-        for (int i : await) tctx->getPair(i)->connect(theirs[i]);
+        for (int pass = 0; pass < 2; pass++)
+            for (int i = 0; i < size; i++) {
+                if (i == rank || dialsPeer(mine[i], theirs[i]) != (pass == 0)) continue;
+                auto &pair = tctx->getPair(i);
+                pair->setLocalRank(localRank);
+                pair->connect(theirs[i]);
+            }
         sockets = dupPairSockets(mine, theirs);
         *wait_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
         *connect_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();

@@ -47,8 +47,8 @@ for name in "${names[@]}"; do
   rc=$?
   mv -f "$running" "$log"
   secs=$(( $(date +%s) - start ))
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$log" | tail -1 | tr -d '#')
+  execs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  [ -n "$execs" ] || execs=$(grep -ao '^#[0-9]*' "$log" | tail -1 | tr -d '#')
   [ -n "$execs" ] || execs=0
   found=$(( $(ls "$crashes" | wc -l) - before ))
   [ "$rc" -ne 0 ] && [ "$found" -eq 0 ] && found=1 # died without saving an input: still a finding
@@ -57,7 +57,7 @@ for name in "${names[@]}"; do
     echo "ok - fuzz_$name ($execs execs)"
   else
     failed=$((failed + 1))
-    grep -m 3 -E 'ERROR: |fuzz check failed|runtime error|SUMMARY' "$log" | sed 's/^/  /'
+    grep -a -m 3 -E 'ERROR: |fuzz check failed|runtime error|SUMMARY' "$log" | sed 's/^/  /'
     ls -t "$crashes" | head -3 | sed "s|^|  input: $crashes/|"
     echo "not ok - fuzz_$name ($execs execs, $found crashes; exit status $rc)"
   fi

@@ -17,12 +17,12 @@ SCALE_DIR=${1:-}
 # --- measured on this machine (bench/scale.sh, `micro`, kill -9 of one rank) ------------------
 # Per N: median total_ms, rendezvous connect phase (ms, slowest rank), step time (ms). Used
 # only when no SCALE_DIR is given; the run is the one in docs/BENCHMARKS.md.
-MEASURED_DEFAULT=${MEASURED_DEFAULT:-"4 89 16 32
-8 189 55 61
-16 470 180 140
-32 790 230 390
-64 2600 800 2400
-128 9700 2550 12400"}
+MEASURED_DEFAULT=${MEASURED_DEFAULT:-"4 81 14 24
+8 176 58 72
+16 379 175 159
+32 885 264 462
+64 2603 684 2005
+128 9580 1851 11924"}
 CORES=${CORES:-$(nproc)}
 # Constant parts of a recovery, measured here (ms): the coordinator's decision (batch window of
 # 15 ms + ~12 Redis round trips), detection of a crash by the launcher (pidfd), re-snapshot.

@@ -51,10 +51,14 @@ for name in "${names[@]}"; do
   [ -n "$execs" ] || execs=$(grep -ao '^#[0-9]*' "$log" | tail -1 | tr -d '#')
   [ -n "$execs" ] || execs=0
   found=$(( $(ls "$crashes" | wc -l) - before ))
-  [ "$rc" -ne 0 ] && [ "$found" -eq 0 ] && found=1 # died without saving an input: still a finding
+  # 72: libFuzzer was interrupted (SIGINT/SIGTERM from outside): no finding, but no full run either
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 72 ] && [ "$found" -eq 0 ] && found=1 # died without saving an input: a finding
   echo "fuzz_$name: $execs executions in ${secs} s, $found crashes (log: $log)"
   if [ "$rc" -eq 0 ] && [ "$found" -eq 0 ]; then
     echo "ok - fuzz_$name ($execs execs)"
+  elif [ "$rc" -eq 72 ] && [ "$found" -eq 0 ]; then
+    failed=$((failed + 1))
+    echo "not ok - fuzz_$name interrupted from outside after $execs execs (no crash)"
   else
     failed=$((failed + 1))
     grep -a -m 3 -E 'ERROR: |fuzz check failed|runtime error|SUMMARY' "$log" | sed 's/^/  /'

@@ -337,11 +337,13 @@ float gpt2_forward(GPT2 *m, const int *inputs, const int *targets, int B, int T)
         layernorm_forward(l_ln1, l_ln1_mean, l_ln1_rstd, residual, p[LN1W] + l * C, p[LN1B] + l * C, B, T, C);
         matmul_forward(l_qkv, l_ln1, p[QKVW] + (size_t)l * 3 * C * C, p[QKVB] + l * 3 * C, B, T, C, 3 * C);
         attention_forward(l_atty, m->preatt, l_att, l_qkv, B, T, C, NH);
+        if (aborted(m)) return NAN; /* also within a layer: a doomed step holds a core the recovery needs */
         matmul_forward(m->proj, l_atty, p[ATTPROJW] + (size_t)l * C * C, p[ATTPROJB] + l * C, B, T, C, C);
         residual_forward(l_residual2, residual, m->proj, (int)BTC);
         layernorm_forward(l_ln2, l_ln2_mean, l_ln2_rstd, l_residual2, p[LN2W] + l * C, p[LN2B] + l * C, B, T, C);
         matmul_forward(l_fch, l_ln2, p[FCW] + (size_t)l * 4 * C * C, p[FCB] + l * 4 * C, B, T, C, 4 * C);
         gelu_forward(l_fch_gelu, l_fch, (int)(4 * BTC));
+        if (aborted(m)) return NAN;
         matmul_forward(m->proj, l_fch_gelu, p[FCPROJW] + (size_t)l * 4 * C * C, p[FCPROJB] + l * C, B, T, 4 * C, C);
         residual_forward(l_residual3, l_residual2, m->proj, (int)BTC);
     }
@@ -405,12 +407,14 @@ void gpt2_backward(GPT2 *m, float loss_scale) {
         layernorm_backward(m->dresidual, g[LN2W] + l * C, g[LN2B] + l * C, m->dln, l_residual2, p[LN2W] + l * C,
                            l_ln2_mean, l_ln2_rstd, B, T, C);
 
+        if (aborted(m)) return;
         /* attention branch: dresidual is now d(residual2) = d(attproj) */
         memset(m->datty, 0, BTC * sizeof(float));
         matmul_backward(m->datty, g[ATTPROJW] + (size_t)l * C * C, g[ATTPROJB] + l * C, m->dresidual, l_atty,
                         p[ATTPROJW] + (size_t)l * C * C, B, T, C, C);
         memset(m->dqkv, 0, 3 * BTC * sizeof(float));
         attention_backward(m->dqkv, m->dpreatt, m->datt, m->datty, l_qkv, l_att, B, T, C, NH);
+        if (aborted(m)) return;
         memset(m->dln, 0, BTC * sizeof(float));
         matmul_backward(m->dln, g[QKVW] + (size_t)l * 3 * C * C, g[QKVB] + l * 3 * C, m->dqkv, l_ln1,
                         p[QKVW] + (size_t)l * 3 * C * C, B, T, C, 3 * C);

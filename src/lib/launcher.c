@@ -80,6 +80,8 @@ typedef struct {
     NetNs netns;            /* --inject netdown: one rank runs behind a link we can cut */
     long netdown_epoch;     /* the link went down in this epoch; -1 = up */
     char self_path[4096];   /* this executable: the built-in trainer is its `train` command */
+    int respawn_due;        /* spares used by a decision, started once the recovery is over */
+    double respawn_at;      /* ...or at this time (now_ms) should no `recovered` event come */
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -413,6 +415,8 @@ static void write_report(Launcher *L) {
         log_msg("--report: no report was written (see above; `deadpool report %s` tries again)", L->cfg->out);
 }
 
+static void respawn_now(Launcher *L);
+
 static void on_metric(const char *json, void *arg) {
     Launcher *L = arg;
     fprintf(L->metrics, "%s\n", json);
@@ -448,6 +452,7 @@ static void on_event(const char *json, void *arg) {
     if (strstr(json, "\"event\":\"error\"")) log_msg("worker reported: %s", json);
     observe_event(L, json);
     if (strstr(json, "\"event\":\"job_done\"")) L->job_done = 1;
+    if (strstr(json, "\"event\":\"recovered\"")) respawn_now(L);
     if (strstr(json, "\"event\":\"diverged\"")) { /* the job cannot go on: say why and stop */
         const char *msg = strstr(json, "\"message\":\"");
         log_msg("%.*s", msg ? (int)strcspn(msg + 11, "\"") : 0, msg ? msg + 11 : "");
@@ -574,6 +579,21 @@ static void respawn_spares(Launcher *L, int n) {
     }
 }
 
+/* Replacements for the spares a decision used start after the recovery, not during it: a
+ * program starting up (the trainer initialises a whole model) would take CPU from the
+ * spare restoring its state while every survivor waits for it. The pool is short of those
+ * spares until then; a failure in between is decided with the spares that remain. */
+static void respawn_later(Launcher *L, int n) {
+    if (!L->respawn_due) L->respawn_at = now_ms() + 2.0 * L->cfg->detect_timeout_ms + 3000; /* the join bound */
+    L->respawn_due += n;
+}
+
+static void respawn_now(Launcher *L) {
+    int n = L->respawn_due;
+    L->respawn_due = 0;
+    if (n) respawn_spares(L, n);
+}
+
 static void kill_all_children(Launcher *L) {
     for (int i = 0; i < L->nchildren; i++)
         if (!L->children[i].exited) kill(L->children[i].pid, SIGKILL);
@@ -644,7 +664,8 @@ static void supervise(Launcher *L) {
             L->failed = 1;
             break;
         }
-        if (used && L->cfg->respawn_spares) respawn_spares(L, used);
+        if (used && L->cfg->respawn_spares) respawn_later(L, used);
+        if (L->respawn_due && now_ms() >= L->respawn_at) respawn_now(L);
         /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */
         if (L->netdown_epoch >= 0 && L->coord && coord_epoch(L->coord) > L->netdown_epoch) {
             netns_link_up(&L->netns);

@@ -1502,6 +1502,11 @@ replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payl
 
 replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
                            void **payload, int timeout_ms) {
+    return replica_get_into(c, job, rank, max_step, h, NULL, 0, payload, timeout_ms);
+}
+
+replica_status replica_get_into(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
+                                void *into, size_t cap, void **payload, int timeout_ms) {
     if (payload) *payload = NULL;
     if (!c || !job || !h || !payload) return REPLICA_IO;
     io_bound b = bound_total(timeout_ms);
@@ -1534,19 +1539,20 @@ replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t ma
         conn_drop(c);
         return REPLICA_CORRUPT;
     }
-    unsigned char *buf = malloc(got.length ? got.length : 1);
+    int own = !(into && got.length <= cap);
+    unsigned char *buf = own ? malloc(got.length ? got.length : 1) : into;
     if (!buf) {
         conn_drop(c);
         return REPLICA_IO;
     }
     uint32_t crc = 0;
     if (recv_all(c->fd, buf, got.length, &b, &crc) != 0) {
-        free(buf);
+        if (own) free(buf);
         conn_drop(c);
         return REPLICA_IO;
     }
     if (crc != got.crc) { /* damaged in transit; the stream itself is still in step */
-        free(buf);
+        if (own) free(buf);
         return REPLICA_CORRUPT;
     }
     *h = got;

@@ -63,6 +63,8 @@ struct dp {
     comm_t *comm;
     Snapshot *snap;
     Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
+    void *warm_buf;           /* a spare's buffer for the state it will restore, pages faulted in */
+    size_t warm_cap;
     ctl_t *snap_ctl;          /* the snapshot thread's own connection (on_commit) */
     int first_commit_pending; /* the epoch's first step is not committed yet */
     int persist_answered;     /* the no-spare persist request of this epoch was answered */
@@ -256,6 +258,7 @@ static void free_process(dp_t *dp) {
     replica_server_stop(dp->replicas);
     if (dp->ctl) ctl_close(dp->ctl);
     free(dp->head);
+    free(dp->warm_buf);
     free(dp);
 }
 
@@ -381,7 +384,8 @@ static int restore_in_place(const SnapHeader *h, const void *payload, void *arg)
     return -1;
 }
 
-/* Fetches rank's generation `step` from any holder recorded in recent epochs. 0 / -1. */
+/* Fetches rank's generation `step` from any holder recorded in recent epochs, into the warm
+ * buffer when it fits (else *payload is malloc'ed). 0 / -1. */
 static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_epoch, SnapHeader *h, void **payload) {
     for (long e = newest_epoch; e >= 0 && e >= newest_epoch - 3; e--) {
         char list[HOLDERS_TEXT_MAX];
@@ -398,10 +402,12 @@ static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_ep
                 log_msg("rank %d's holder %s:%d: %s", rank, holders[i].host, holders[i].port, err);
                 continue;
             }
-            replica_status st = replica_get(c, dp->job, rank, step, h, payload, job_comm_timeout_ms(&dp->cfg));
+            replica_status st = replica_get_into(c, dp->job, rank, step, h, dp->warm_buf, dp->warm_cap, payload,
+                                                 job_comm_timeout_ms(&dp->cfg));
             replica_close(c);
             if (st == REPLICA_OK && h->step == step) return 0;
-            if (st == REPLICA_OK) { free(*payload); *payload = NULL; }
+            if (st == REPLICA_OK && *payload != dp->warm_buf) free(*payload);
+            *payload = NULL;
         }
     }
     return -1;
@@ -426,8 +432,32 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
         return -1;
     }
     int rc = restore_payload(dp, &h, payload, err, errlen);
-    free(payload);
+    if (payload != dp->warm_buf) free(payload);
     return rc;
+}
+
+/* A spare's state arrives from a holder into memory that should not be touched for the first
+ * time then: the kernel's first-touch faults cost 150 ms for 31 MiB on this VM, twice the
+ * transfer. The buffer holds the largest generation this process could be asked to restore:
+ * every region as rank 0 keeps them (sharded and identical), as sized now; a state that has
+ * grown since (or a larger extra) falls back to a fresh buffer. */
+static void warm_restore_buffer(dp_t *dp) {
+    dp_region r[GEN_MAX_REGIONS];
+    int n = dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS);
+    if (n < 0 || n > GEN_MAX_REGIONS) return;
+    size_t bytes = gen_head_bytes(n, 64 << 10); /* extra state: a cursor, an RNG; 64 KiB is ample */
+    for (int i = 0; i < n; i++) bytes += r[i].len;
+    void *b = alloc_huge(bytes);
+    if (!b) return; /* only slower */
+    prefault(b, bytes);
+    dp->warm_buf = b;
+    dp->warm_cap = bytes;
+}
+
+static void release_warm_buffer(dp_t *dp) {
+    free(dp->warm_buf);
+    dp->warm_buf = NULL;
+    dp->warm_cap = 0;
 }
 
 /* After a restore: rank 0 broadcasts the DP_IDENTICAL regions (only it keeps them), the other
@@ -921,6 +951,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
         return DP_ERR;
     }
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
+    warm_restore_buffer(dp);
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
     double last = now_ms();
@@ -937,7 +968,9 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             if (decision_read(dp->ctl, e, d) == 0 && decision_rank_of(d, dp->proc_id) >= 0) {
                 log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
                 ctl_spare_remove(dp->ctl, dp->proc_id);
-                return follow_decisions(dp, d, err, errlen);
+                dp_status st = follow_decisions(dp, d, err, errlen);
+                release_warm_buffer(dp);
+                return st;
             }
         }
         if (rejoin && ctl_heartbeat(dp->ctl, dp->proc_id, dp->cfg.detect_timeout_ms) == 0 &&

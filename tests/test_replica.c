@@ -358,6 +358,37 @@ static void test_generations_and_max_step(void) {
     replica_server_stop(s);
 }
 
+/* replica_get_into: a payload that fits lands in the caller's buffer, one that does not in a
+ * fresh one; both verified, the buffer untouched past the payload. */
+static void test_get_into_a_callers_buffer(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    ReplicaConn *c = connect_to(s);
+    size_t len = (1u << 20) + 3;
+    CHECK(c && put_gen(c, 2, 5, len) == REPLICA_OK, "PUT");
+    unsigned char *want = make_payload(2, 5, len);
+    size_t caps[3] = {len + 100, len, len - 1};
+    for (int i = 0; i < 3 && c; i++) {
+        unsigned char *buf = malloc(len + 100);
+        memset(buf, 0xAB, len + 100);
+        SnapHeader h;
+        void *got = NULL;
+        replica_status st = replica_get_into(c, JOB, 2, -1, &h, buf, caps[i], &got, TIMEOUT_MS);
+        CHECK(st == REPLICA_OK, "GET into a buffer of %zu bytes: %s", caps[i], replica_status_str(st));
+        if (st == REPLICA_OK) {
+            CHECK((got == buf) == (caps[i] >= len), "cap %zu: payload %s the caller's buffer", caps[i],
+                  got == buf ? "in" : "not in");
+            CHECK(h.length == len && memcmp(got, want, len) == 0, "cap %zu: payload differs", caps[i]);
+            if (got == buf) CHECK(buf[len] == 0xAB, "written past the payload");
+            if (got != buf) free(got);
+        }
+        free(buf);
+    }
+    free(want);
+    replica_close(c);
+    replica_server_stop(s);
+}
+
 static void test_bad_payload_refused(void) {
     ReplicaServer *s = start_server();
     if (!s) return;
@@ -1319,6 +1350,7 @@ int main(void) {
     RUN_TEST(test_key_derivation);
     RUN_TEST(test_header_seal_and_check);
     RUN_TEST(test_generations_and_max_step);
+    RUN_TEST(test_get_into_a_callers_buffer);
     RUN_TEST(test_bad_payload_refused);
     RUN_TEST(test_sender_dies_mid_transfer);
     RUN_TEST(test_refusals_and_not_found);

@@ -137,3 +137,63 @@ if [ $rc -ne 0 ] && [ $secs -lt 30 ] && grep -q "could not be restored" "$WORK/c
    && [ $rc2 -eq 0 ] && cmp -s "$WORK/ref4/model.bin" "$WORK/corrupt/model.bin" && no_leftovers "$WORK/corrupt"; then
   ok "unrestorable_rank_stops_then_resume_identical (stopped in ${secs}s)"
 else notok "unrestorable_rank_stops_then_resume_identical" "rc $rc $rc2 ${secs}s" "$(tail -3 "$WORK/corrupt.log")"; fi
+
+# A launcher killed with -9 on a shared Redis: its own processes die with it (PDEATHSIG); a
+# spare that joined from outside leaves once the launcher's key expires, one that tries to join
+# then is refused at once, and the next launcher on that Redis removes the dead job's keys.
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  port=$(( 20000 + RANDOM % 20000 )); pw=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
+  rp=$!
+  rcli() { redis-cli -p "$port" -a "$pw" --no-auth-warning "$@"; }
+  for _ in $(seq 100); do rcli ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  mkdir -p "$WORK/lk"
+  "$DP" run --out "$WORK/lk" --model tiny --steps 100000 --seed 3 --workers 2 --spares 0 \
+    --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/lk.stdout" 2>"$WORK/lk.log" &
+  lp=$!
+  for _ in $(seq 300); do [ "$(count_lines "$WORK/lk/metrics.jsonl")" -ge 2 ] && break; sleep 0.05; done
+  job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/lk/events.jsonl" | head -1 | cut -d'"' -f4)
+  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
+    >"$WORK/lk.spare.log" 2>&1 &
+  sp=$!
+  for _ in $(seq 200); do grep -q '"event":"spare_joined"' "$WORK/lk/events.jsonl" 2>/dev/null && break; sleep 0.05; done
+  kill -9 $lp; wait $lp 2>/dev/null
+  t0=$(date +%s)
+  wait $sp; src=$?; spare_s=$(( $(date +%s) - t0 ))
+  t1=$(date +%s)
+  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
+    >"$WORK/lk.late.log" 2>&1; lrc=$?; late_s=$(( $(date +%s) - t1 ))
+  left_before=$(rcli --scan --pattern "dp:$job:*" | wc -l)
+  run_job "$WORK/lk2" 120 --workers 1 --spares 0 --model tiny --steps 3 --redis "redis://:$pw@127.0.0.1:$port"; rc2=$?
+  left_after=$(rcli --scan --pattern "dp:$job:*" | wc -l)
+  kill "$rp" 2>/dev/null; wait "$rp" 2>/dev/null
+  if [ $src -ne 124 ] && [ $spare_s -le 20 ] && grep -q "launcher is gone" "$WORK/lk.spare.log" \
+     && [ $lrc -ne 0 ] && [ $late_s -le 5 ] && grep -q "has no launcher running" "$WORK/lk.late.log" \
+     && [ "$left_before" -gt 0 ] && [ $rc2 -eq 0 ] && grep -q "removed the keys of 1 job" "$WORK/lk2.log" \
+     && [ "$left_after" -eq 0 ] && no_leftovers "$WORK/lk"; then
+    ok "launcher_killed_keys_swept_spares_leave (spare left in ${spare_s}s, late join refused in ${late_s}s)"
+  else notok "launcher_killed_keys_swept_spares_leave" "spare rc $src ${spare_s}s, late rc $lrc ${late_s}s, keys $left_before -> $left_after, rc2 $rc2" \
+    "$(tail -2 "$WORK/lk.spare.log")" "$(tail -2 "$WORK/lk.late.log")"; fi
+fi
+
+# (root) The network namespace of --inject netdown outlives a launcher killed with -9; the next
+# launcher on the machine removes it.
+if [ "$(id -u)" -eq 0 ] && ip netns add dp_probe_$$ 2>/dev/null; then
+  ip netns del dp_probe_$$
+  mkdir -p "$WORK/nk"
+  "$DP" run --out "$WORK/nk" --model tiny --steps 100000 --seed 3 --workers 2 --spares 0 --inject netdown:1@99999 \
+    >"$WORK/nk.stdout" 2>"$WORK/nk.log" &
+  lp=$!
+  for _ in $(seq 300); do [ "$(count_lines "$WORK/nk/metrics.jsonl")" -ge 1 ] && break; sleep 0.05; done
+  ns=$(grep -o 'network namespace [^ ]*' "$WORK/nk.log" | head -1 | cut -d' ' -f3)
+  kill -9 $lp; wait $lp 2>/dev/null
+  sleep 0.5
+  had=$(ip netns list | grep -c "^$ns\b")
+  run_job "$WORK/nk2" 120 --workers 1 --spares 0 --model tiny --steps 3; rc2=$?
+  if [ -n "$ns" ] && [ "$had" -eq 1 ] && [ $rc2 -eq 0 ] && ! ip netns list | grep -q "^$ns\b" \
+     && grep -q "removed network namespace $ns" "$WORK/nk2.log"; then
+    ok "netns_of_a_killed_launcher_removed ($ns)"
+  else notok "netns_of_a_killed_launcher_removed" "ns '$ns' had $had rc2 $rc2" "$(ip netns list)" "$(tail -2 "$WORK/nk2.log")"; fi
+else
+  echo "# netns_of_a_killed_launcher_removed: skipped (needs root and network namespaces)"
+fi

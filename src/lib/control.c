@@ -637,13 +637,14 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_PERSIST_REQ: snprintf(buf, len, "persist:req"); break;
     case KEY_PERSISTED: snprintf(buf, len, "persisted:%lld", a); break;
     case KEY_JOIN_STATS: snprintf(buf, len, "e%lld:join:%lld", a, b); break;
+    case KEY_LAUNCHER: snprintf(buf, len, "launcher"); break;
     default: snprintf(buf, len, "unknown"); break;
     }
     return buf;
 }
 
 const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long long a, long long b) {
-    char suffix[CTL_KEY_MAX];
+    char suffix[CTL_KEY_MAX - CTL_JOB_MAX - 4]; /* "dp:" JOB ":" SUFFIX fits CTL_KEY_MAX */
     make_key(c, buf, len, ctl_key_suffix(suffix, sizeof suffix, k, a, b));
     return buf;
 }
@@ -1141,13 +1142,9 @@ static int delete_scan_page(ctl_t *c, const redisReply *keys) {
     return 0;
 }
 
-/* SCAN (never KEYS, which blocks the server) over "dp:{job}:*" and delete every page. This
- * also removes the comm layer's rendezvous keys, which live under the same prefix. Deleting
- * while scanning is safe: SCAN still returns every key that existed for the whole scan. */
-int ctl_job_delete(ctl_t *c) {
-    if (ensure_connected(c) != 0) return -1;
-    char pattern[CTL_KEY_MAX];
-    make_key(c, pattern, sizeof pattern, "*");
+/* Calls page(c, keys, arg) for each SCAN page of keys matching pattern (never KEYS, which
+ * blocks the server). page returns 0 to go on, 1 to stop early, -1 on error. */
+static int scan_pages(ctl_t *c, const char *pattern, int (*page)(ctl_t *, const redisReply *, void *), void *arg) {
     char cursor[32] = "0";
     do {
         redisReply *r = ctl_command(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
@@ -1159,9 +1156,95 @@ int ctl_job_delete(ctl_t *c) {
             freeReplyObject(r);
             return -1;
         }
-        int rc = delete_scan_page(c, r->element[1]);
+        int rc = page(c, r->element[1], arg);
         freeReplyObject(r);
-        if (rc != 0) return -1;
+        if (rc != 0) return rc < 0 ? -1 : 0;
     } while (strcmp(cursor, "0") != 0);
     return 0;
+}
+
+static int delete_page(ctl_t *c, const redisReply *keys, void *arg) {
+    (void)arg;
+    return delete_scan_page(c, keys);
+}
+
+/* Deletes every key "dp:{job}:*". This also removes the comm layer's rendezvous keys, which
+ * live under the same prefix. Deleting while scanning is safe: SCAN still returns every key
+ * that existed for the whole scan. */
+static int delete_job_keys(ctl_t *c, const char *job) {
+    char pattern[CTL_KEY_MAX];
+    snprintf(pattern, sizeof pattern, "dp:%s:*", job);
+    return scan_pages(c, pattern, delete_page, NULL);
+}
+
+int ctl_job_delete(ctl_t *c) {
+    if (ensure_connected(c) != 0) return -1;
+    return delete_job_keys(c, c->job);
+}
+
+int ctl_launcher_beat(ctl_t *c, const char *who, int ttl_ms) {
+    char key[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_LAUNCHER, 0, 0);
+    return ctl_command_ok(c, "SET %s %s PX %d", key, who, ttl_ms);
+}
+
+int ctl_launcher_alive(ctl_t *c) {
+    char key[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_LAUNCHER, 0, 0);
+    long long n;
+    if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) return -1;
+    return n > 0;
+}
+
+static int any_key_page(ctl_t *c, const redisReply *keys, void *arg) {
+    (void)c;
+    if (keys->elements == 0) return 0;
+    *(int *)arg = 1;
+    return 1;
+}
+
+/* Collects the job names of a page of "dp:JOB:config" keys into arg (a char[][CTL_JOB_MAX+1] list). */
+typedef struct {
+    char (*jobs)[CTL_JOB_MAX + 1];
+    int n, cap;
+} JobList;
+
+static int config_page(ctl_t *c, const redisReply *keys, void *arg) {
+    (void)c;
+    JobList *l = arg;
+    for (size_t i = 0; i < keys->elements && l->n < l->cap; i++) {
+        const redisReply *k = keys->element[i];
+        if (k->type != REDIS_REPLY_STRING || k->len < 11 || strncmp(k->str, "dp:", 3) != 0) continue;
+        size_t jl = k->len - 3 - strlen(":config");
+        if (jl == 0 || jl > CTL_JOB_MAX || strcmp(k->str + 3 + jl, ":config") != 0) continue;
+        memcpy(l->jobs[l->n], k->str + 3, jl);
+        l->jobs[l->n][jl] = 0;
+        if (job_name_valid(l->jobs[l->n])) l->n++;
+    }
+    return 0;
+}
+
+int ctl_orphan_jobs_delete(ctl_t *c) {
+    if (ensure_connected(c) != 0) return -1;
+    enum { MAX_SEEN = 4096 }; /* a first pass is enough: the next launcher sweeps again */
+    JobList l = {.jobs = malloc(sizeof *l.jobs * MAX_SEEN), .n = 0, .cap = MAX_SEEN};
+    if (!l.jobs) return -1;
+    int removed = 0;
+    if (scan_pages(c, "dp:*:config", config_page, &l) != 0) { free(l.jobs); return -1; }
+    for (int i = 0; i < l.n; i++) {
+        if (strcmp(l.jobs[i], c->job) == 0) continue;
+        char key[CTL_KEY_MAX], pattern[CTL_KEY_MAX];
+        long long n;
+        snprintf(key, sizeof key, "dp:%s:launcher", l.jobs[i]);
+        if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) { removed = -1; break; }
+        if (n > 0) continue;
+        int live = 0; /* a heartbeat: some process of that job still runs */
+        snprintf(pattern, sizeof pattern, "dp:%s:hb:*", l.jobs[i]);
+        if (scan_pages(c, pattern, any_key_page, &live) != 0) { removed = -1; break; }
+        if (live) continue;
+        if (delete_job_keys(c, l.jobs[i]) != 0) { removed = -1; break; }
+        removed++;
+    }
+    free(l.jobs);
+    return removed;
 }

@@ -67,13 +67,24 @@ typedef enum {
     KEY_LAST_STEP,    /* last_step — newest step done when the coordinator decided */
     KEY_PERSIST_REQ,  /* persist:req — "epoch:step:writer_rank:failed,..." (no spare left) */
     KEY_PERSISTED,    /* persisted:STEP — set of ranks whose state of STEP is on disk */
-    KEY_JOIN_STATS    /* eEPOCH:join:RANK — "CTL STORE RENDEZVOUS_MS BARRIER_MS": RANK joining EPOCH */
+    KEY_JOIN_STATS,   /* eEPOCH:join:RANK — "CTL STORE RENDEZVOUS_MS BARRIER_MS": RANK joining EPOCH */
+    KEY_LAUNCHER      /* launcher — "HOST PID" of the job's launcher, with a TTL it keeps renewing */
 } ctl_key;
 
 /* The suffix of key k into buf; returns buf. */
 const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long long b);
 /* The whole key "dp:{job}:suffix" (for a store prefix handed to another library). */
 const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long long a, long long b);
+
+/* The launcher's liveness: ctl_launcher_beat sets KEY_LAUNCHER to `who` for ttl_ms (renewed
+ * well inside it); ctl_launcher_alive says 1 while it exists, 0 when it expired (the launcher
+ * died, or the job ended and its keys were deleted), -1 on error. */
+int ctl_launcher_beat(ctl_t *c, const char *who, int ttl_ms);
+int ctl_launcher_alive(ctl_t *c);
+/* The janitor: deletes the keys of every other job in this Redis whose launcher key has
+ * expired and which has no live heartbeat either (a launcher killed with -9 leaves its keys
+ * behind). The number of jobs removed, -1 on error. */
+int ctl_orphan_jobs_delete(ctl_t *c);
 
 /* Adds member to the set under suffix; the set's size after, -1 on error. */
 long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member);

@@ -82,6 +82,7 @@ typedef struct {
     char self_path[4096];   /* this executable: the built-in trainer is its `train` command */
     int respawn_due;        /* spares used by a decision, started once the recovery is over */
     double respawn_at;      /* ...or at this time (now_ms) should no `recovered` event come */
+    double beat_ms;         /* when the launcher key was last renewed */
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -115,7 +116,29 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     if (addr.password[0]) setenv("DEADPOOL_REDIS_PASSWORD", addr.password, 1);
     L->addr = addr;
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
-    return L->ctl ? 0 : -1;
+    if (!L->ctl) return -1;
+    /* A Redis shared between jobs: sweep what launchers killed with -9 left behind. */
+    int orphans = L->cfg->redis[0] ? ctl_orphan_jobs_delete(L->ctl) : 0;
+    if (orphans > 0) log_msg("removed the keys of %d job(s) whose launcher and processes are gone", orphans);
+    return 0;
+}
+
+/* The launcher key's life: renewed every LAUNCHER_BEAT_MS, so only a launcher gone (or stopped)
+ * for this long lets processes joining from outside, and other jobs' janitors, see the job
+ * as orphaned. */
+static int launcher_ttl_ms(const JobConfig *cfg) {
+    int ttl = 4 * cfg->detect_timeout_ms;
+    return ttl < 10000 ? 10000 : ttl;
+}
+#define LAUNCHER_BEAT_MS 1000
+
+static void launcher_beat(Launcher *L) {
+    double now = now_ms();
+    if (L->beat_ms && now - L->beat_ms < LAUNCHER_BEAT_MS) return;
+    char who[300], host[256] = "";
+    gethostname(host, sizeof host - 1);
+    snprintf(who, sizeof who, "%s %d", host, (int)getpid());
+    if (ctl_launcher_beat(L->ctl, who, launcher_ttl_ms(L->cfg)) == 0) L->beat_ms = now;
 }
 
 static int publish_job(Launcher *L, char *err, size_t errlen) {
@@ -133,7 +156,9 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     int published = ctl_config_set(L->ctl, "secret", secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
                     ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0;
     explicit_bzero(secret, sizeof secret);
-    if (!published) {
+    L->beat_ms = 0;
+    if (published) launcher_beat(L);
+    if (!published || !L->beat_ms) {
         snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
         return -1;
     }
@@ -204,6 +229,7 @@ static pid_t spawn_process(Launcher *L, int rank) {
 
 /* --inject netdown: put the rank behind a veth link and let Redis listen on it too. */
 static int setup_netns(Launcher *L, char *err, size_t errlen) {
+    if (geteuid() == 0) netns_reap();
     L->netdown_epoch = -1;
     int rank = inject_netdown_rank(L->cfg->inject);
     if (rank < 0) return 0;
@@ -664,6 +690,7 @@ static void supervise(Launcher *L) {
             L->failed = 1;
             break;
         }
+        launcher_beat(L);
         if (used && L->cfg->respawn_spares) respawn_later(L, used);
         if (L->respawn_due && now_ms() >= L->respawn_at) respawn_now(L);
         /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */

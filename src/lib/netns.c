@@ -2,9 +2,13 @@
  * iproute2's `ip` (run with fork/exec, no shell). */
 #include "netns.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +33,47 @@ static int run_ip(const char *const *args) {
 }
 
 #define IP(...) run_ip((const char *const[]){__VA_ARGS__, NULL})
+
+/* Who owns a namespace: NETNS_OWNERS/NAME holds "PID HOST_IF" of the launcher that made it.
+ * A launcher killed with -9 cannot delete its namespace; the next one does (netns_reap). */
+#define NETNS_OWNERS "/run/deadpool-netns"
+
+static void owner_path(char *buf, size_t len, const char *ns) { snprintf(buf, len, "%s/%s", NETNS_OWNERS, ns); }
+
+static void owner_write(const NetNs *n) {
+    char path[256];
+    if (mkdir(NETNS_OWNERS, 0700) != 0 && errno != EEXIST) return;
+    owner_path(path, sizeof path, n->ns);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "%d %s\n", (int)getpid(), n->host_if);
+    fclose(f);
+}
+
+int netns_reap(void) {
+    DIR *d = opendir(NETNS_OWNERS);
+    if (!d) return 0;
+    int reaped = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        char path[512], host_if[32] = "";
+        snprintf(path, sizeof path, "%s/%s", NETNS_OWNERS, e->d_name);
+        int pid = 0;
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        int got = fscanf(f, "%d %31s", &pid, host_if);
+        fclose(f);
+        if (got == 2 && pid > 0 && (kill(pid, 0) == 0 || errno == EPERM)) continue; /* its launcher lives */
+        if (host_if[0]) IP("link", "del", host_if);
+        IP("netns", "del", e->d_name);
+        unlink(path);
+        log_msg("removed network namespace %s, left behind by launcher %d (no longer running)", e->d_name, pid);
+        reaped++;
+    }
+    closedir(d);
+    return reaped;
+}
 
 
 int netns_create(NetNs *n, const char *job, int rank, char *err, size_t errlen) {
@@ -55,13 +100,15 @@ int netns_create(NetNs *n, const char *job, int rank, char *err, size_t errlen) 
         return -1;
     }
     n->active = 1;
+    owner_write(n);
+    /* No default route: the namespace reaches its own /30 (Redis and the peers listen on the
+     * host side's address) and nothing beyond it. */
     if (IP("link", "add", n->host_if, "type", "veth", "peer", "name", n->ns_if) != 0 ||
         IP("link", "set", n->ns_if, "netns", n->ns) != 0 || IP("addr", "add", host_cidr, "dev", n->host_if) != 0 ||
         IP("link", "set", n->host_if, "up") != 0 ||
         IP("netns", "exec", n->ns, "ip", "addr", "add", ns_cidr, "dev", n->ns_if) != 0 ||
         IP("netns", "exec", n->ns, "ip", "link", "set", n->ns_if, "up") != 0 ||
-        IP("netns", "exec", n->ns, "ip", "link", "set", "lo", "up") != 0 ||
-        IP("netns", "exec", n->ns, "ip", "route", "add", "default", "via", n->host_addr) != 0) {
+        IP("netns", "exec", n->ns, "ip", "link", "set", "lo", "up") != 0) {
         snprintf(err, errlen, "setting up the veth link of namespace %s failed", n->ns);
         netns_destroy(n);
         return -1;
@@ -71,15 +118,16 @@ int netns_create(NetNs *n, const char *job, int rank, char *err, size_t errlen) 
 
 void netns_link_up(NetNs *n) {
     if (!n->active || !n->link_down) return;
-    if (IP("netns", "exec", n->ns, "ip", "link", "set", n->ns_if, "up") == 0 &&
-        IP("netns", "exec", n->ns, "ip", "route", "replace", "default", "via", n->host_addr) == 0)
-        n->link_down = 0;
+    if (IP("netns", "exec", n->ns, "ip", "link", "set", n->ns_if, "up") == 0) n->link_down = 0;
 }
 
 void netns_destroy(NetNs *n) {
     if (!n->active) return;
     IP("link", "del", n->host_if); /* removes both ends */
     IP("netns", "del", n->ns);
+    char path[256];
+    owner_path(path, sizeof path, n->ns);
+    unlink(path);
     n->active = 0;
 }
 

@@ -189,6 +189,11 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
         snprintf(err, errlen, "job '%s' not found in redis (no config): %s", dp->job, ctl_last_error(dp->ctl));
         return -1;
     }
+    if (ctl_launcher_alive(dp->ctl) == 0) { /* its keys outlived a launcher killed with -9 */
+        snprintf(err, errlen, "job '%s' has no launcher running (its launcher key expired): it ended or its launcher "
+                 "died; start it again (deadpool run ... --resume OUT)", dp->job);
+        return -1;
+    }
     if (job_config_parse_lines(&dp->cfg, dp->cfg_text, err, errlen) != 0) return -1;
     char t0[32];
     if (ctl_config_get(dp->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job has no start time"); return -1; }
@@ -256,6 +261,9 @@ static void free_process(dp_t *dp) {
         if (dp->abort_thread) pthread_join(dp->abort_thread, NULL);
     }
     replica_server_stop(dp->replicas);
+    /* Gone on purpose: say so now rather than let the heartbeat expire (a janitor, or the
+     * coordinator, need not wait for it). Skipped when the control plane is lost. */
+    if (dp->ctl && dp->proc_id > 0 && !atomic_load(&dp->control_lost)) ctl_heartbeat_clear(dp->ctl, dp->proc_id);
     if (dp->ctl) ctl_close(dp->ctl);
     free(dp->head);
     free(dp->warm_buf);
@@ -954,10 +962,18 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     warm_restore_buffer(dp);
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
-    double last = now_ms();
+    double last = now_ms(), launcher_checked = now_ms();
     int rejoin = 0;
     while (!atomic_load(&dp->job_over) && !atomic_load(&dp->control_lost)) {
         if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
+        /* With a shared Redis, a launcher killed with -9 leaves the job's keys (and us) behind. */
+        if (now_ms() - launcher_checked > 1000) {
+            launcher_checked = now_ms();
+            if (ctl_launcher_alive(dp->ctl) == 0) {
+                log_msg("the job's launcher is gone (its key expired): leaving the spare pool");
+                break;
+            }
+        }
         /* A gap longer than the detect timeout: this spare was stopped (or starved) and the
          * coordinator has dropped it from the pool. Back and warm, it joins again. */
         if (now_ms() - last > dp->cfg.detect_timeout_ms) rejoin = 1;
@@ -1396,6 +1412,11 @@ int worker_exec(const WorkerArgs *a, const char *self_exe) {
     if (!text || !buf || !cfg) { log_msg("out of memory"); return DP_EXIT_BAD_JOB; }
     if (ctl_config_get(c, "config", text, JOB_CONFIG_TEXT_MAX) != 0) {
         log_msg("job '%s' not found in redis at %s:%d", a->job, addr.host, addr.port);
+        ctl_close(c);
+        return DP_EXIT_BAD_JOB;
+    }
+    if (ctl_launcher_alive(c) == 0) {
+        log_msg("job '%s' has no launcher running (its launcher key expired): it ended or its launcher died", a->job);
         ctl_close(c);
         return DP_EXIT_BAD_JOB;
     }

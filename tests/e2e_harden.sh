@@ -139,24 +139,29 @@ if [ $rc -ne 0 ] && [ $secs -lt 30 ] && grep -q "could not be restored" "$WORK/c
 else notok "unrestorable_rank_stops_then_resume_identical" "rc $rc $rc2 ${secs}s" "$(tail -3 "$WORK/corrupt.log")"; fi
 
 # A launcher killed with -9 on a shared Redis: its own processes die with it (PDEATHSIG); a
-# spare that joined from outside leaves once the launcher's key expires, one that tries to join
+# spare that joined from outside leaves once the launcher's key has expired (and stayed away for
+# --spare-wait), one that tries to join
 # then is refused at once, and the next launcher on that Redis removes the dead job's keys.
 if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
-  port=$(( 20000 + RANDOM % 20000 )); pw=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
-  rp=$!
+  pw=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   rcli() { redis-cli -p "$port" -a "$pw" --no-auth-warning "$@"; }
-  for _ in $(seq 100); do rcli ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  for _ in 1 2 3; do # a port another program holds: the server exits, try another
+    port=$(( 20000 + RANDOM % 20000 ))
+    printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
+    rp=$!
+    for _ in $(seq 100); do rcli ping 2>/dev/null | grep -q PONG && break; kill -0 $rp 2>/dev/null || break; sleep 0.05; done
+    kill -0 $rp 2>/dev/null && break
+  done
   mkdir -p "$WORK/lk"
-  "$DP" run --out "$WORK/lk" --model tiny --steps 100000 --seed 3 --workers 2 --spares 0 \
+  "$DP" run --out "$WORK/lk" --model tiny --steps 100000 --seed 3 --workers 2 --spares 0 --spare-wait 3 \
     --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/lk.stdout" 2>"$WORK/lk.log" &
   lp=$!
-  for _ in $(seq 300); do [ "$(count_lines "$WORK/lk/metrics.jsonl")" -ge 2 ] && break; sleep 0.05; done
+  for _ in $(seq 600); do [ "$(count_lines "$WORK/lk/metrics.jsonl")" -ge 2 ] && break; sleep 0.05; done
   job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/lk/events.jsonl" | head -1 | cut -d'"' -f4)
   DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
     >"$WORK/lk.spare.log" 2>&1 &
   sp=$!
-  for _ in $(seq 200); do grep -q '"event":"spare_joined"' "$WORK/lk/events.jsonl" 2>/dev/null && break; sleep 0.05; done
+  for _ in $(seq 600); do grep -q '"event":"spare_joined"' "$WORK/lk/events.jsonl" 2>/dev/null && break; sleep 0.05; done
   kill -9 $lp; wait $lp 2>/dev/null
   t0=$(date +%s)
   wait $sp; src=$?; spare_s=$(( $(date +%s) - t0 ))
@@ -167,7 +172,7 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   run_job "$WORK/lk2" 120 --workers 1 --spares 0 --model tiny --steps 3 --redis "redis://:$pw@127.0.0.1:$port"; rc2=$?
   left_after=$(rcli --scan --pattern "dp:$job:*" | wc -l)
   kill "$rp" 2>/dev/null; wait "$rp" 2>/dev/null
-  if [ $src -ne 124 ] && [ $spare_s -le 20 ] && grep -q "launcher is gone" "$WORK/lk.spare.log" \
+  if [ $src -ne 124 ] && [ $spare_s -le 30 ] && grep -q "launcher is gone" "$WORK/lk.spare.log" \
      && [ $lrc -ne 0 ] && [ $late_s -le 5 ] && grep -q "has no launcher running" "$WORK/lk.late.log" \
      && [ "$left_before" -gt 0 ] && [ $rc2 -eq 0 ] && grep -q "removed the keys of 1 job" "$WORK/lk2.log" \
      && [ "$left_after" -eq 0 ] && no_leftovers "$WORK/lk"; then
@@ -197,3 +202,19 @@ if [ "$(id -u)" -eq 0 ] && ip netns add dp_probe_$$ 2>/dev/null; then
 else
   echo "# netns_of_a_killed_launcher_removed: skipped (needs root and network namespaces)"
 fi
+
+# The launcher itself is stopped (SIGSTOP) while a rank is killed: the recovery is seen only
+# when the launcher runs again, and `recovered.total_ms` still counts from the fault.
+run_job "$WORK/ref5" 120 --workers 2 --spares 0 "${BASE[@]}"
+mkdir -p "$WORK/ls"
+"$DP" run --out "$WORK/ls" --workers 2 --spares 1 "${BASE[@]}" --detect-timeout-ms 500 --inject kill:1@16 \
+  >"$WORK/ls.stdout" 2>"$WORK/ls.log" &
+lp=$!
+for _ in $(seq 400); do [ "$(count_lines "$WORK/ls/metrics.jsonl")" -ge 10 ] && break; sleep 0.025; done
+kill -STOP $lp; sleep 11; kill -CONT $lp
+for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -9 $lp 2>/dev/null; wait $lp; rc=$?
+tot=$(grep '"event":"recovered"' "$WORK/ls/events.jsonl" | grep -o '"total_ms":[0-9]*' | head -1 | cut -d: -f2)
+if [ $rc -eq 0 ] && [ -n "$tot" ] && [ "$tot" -ge 10000 ] && cmp -s "$WORK/ref5/model.bin" "$WORK/ls/model.bin"; then
+  ok "stopped_launcher_total_ms_from_the_fault (total_ms $tot)"
+else notok "stopped_launcher_total_ms_from_the_fault" "rc $rc total_ms '$tot'" "$(tail -3 "$WORK/ls.log")"; fi

@@ -33,7 +33,7 @@ static const OptSpec OPTIONS[] = {
     {"replica-transport", OPT_ENUM, F(replica_transport), 0, 0, 0, TRANSPORT_NAMES, "auto (a holder on this machine copies from memory, else TCP) or tcp"},
     {"resume", OPT_STR, S(resume), 0, 0, NULL, "continue from the newest checkpoint in this directory"},
     {"resume-step", OPT_INT, F(resume_step), 0, -1, 1e9, NULL, "(internal) the checkpoint step --resume found"},
-    {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left"},
+    {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left (and a waiting spare, for a launcher that went away)"},
     {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown:RANK@STEP (mid-step), or rkill:RANK@EPOCH (dies recovering); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used"},

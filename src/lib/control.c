@@ -672,10 +672,10 @@ int ctl_set(ctl_t *c, const char *suffix, const char *value) {
     return ctl_command_ok(c, "SET %s %s", key, value);
 }
 
-int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len) {
+static int get_or_take(ctl_t *c, const char *cmd, const char *suffix, char *value, size_t len) {
     char key[CTL_KEY_MAX];
     make_key(c, key, sizeof key, suffix);
-    redisReply *r = ctl_command(c, "GET %s", key);
+    redisReply *r = ctl_command(c, "%s %s", cmd, key);
     if (!r) return -1;
     int rc = -1;
     if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, suffix);
@@ -683,6 +683,9 @@ int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len) {
     freeReplyObject(r);
     return rc;
 }
+
+int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len) { return get_or_take(c, "GET", suffix, value, len); }
+int ctl_take(ctl_t *c, const char *suffix, char *value, size_t len) { return get_or_take(c, "GETDEL", suffix, value, len); }
 
 int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
     char key[CTL_KEY_MAX];

@@ -101,6 +101,8 @@ long long ctl_counter_incr(ctl_t *c, const char *name);
 int ctl_set(ctl_t *c, const char *suffix, const char *value);
 int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len);
 int ctl_set_nx(ctl_t *c, const char *suffix, const char *value);
+/* GET and delete in one step (GETDEL): a record meant to be used once. 0 / -1 (also absent). */
+int ctl_take(ctl_t *c, const char *suffix, char *value, size_t len);
 /* Reassigns rank to proc_id (the coordinator's hot-swap; plain SET). 0 / -1. */
 int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id);
 /* Sets the epoch counter (the coordinator publishes a decision). 0 / -1. */

@@ -132,13 +132,17 @@ static int pending_has(const Coordinator *c, int rank) {
 
 /* When the failure happened: an injected fault says so; a silent process failed when it last
  * heartbeated; a crash is seen within milliseconds. */
+/* When the failure happened, for the `recovered` event's total_ms. An injected fault records
+ * its own time (KEY_FAULT_LAST), taken here once: however late the detection (the launcher
+ * itself stopped for a while), total_ms counts from the fault. Otherwise a crash is dated at
+ * its detection and a silence at the heartbeat's last sign of life. */
 static int64_t failure_time(Coordinator *c, int rank, const char *kind, int64_t detected) {
-    char last[128], k[16];
+    char last[128], k[16], key[32];
     int r;
     long long t;
-    char key[32];
-    if (ctl_get(c->ctl, ctl_key_suffix(key, sizeof key, KEY_FAULT_LAST, 0, 0), last, sizeof last) == 0 && sscanf(last, "%15[a-z]:%d:%lld", k, &r, &t) == 3 &&
-        r == rank && t <= detected && detected - t < 10LL * c->cfg->detect_timeout_ms + 5000)
+    ctl_key_suffix(key, sizeof key, KEY_FAULT_LAST, 0, 0);
+    if (ctl_get(c->ctl, key, last, sizeof last) == 0 && sscanf(last, "%15[a-z]:%d:%lld", k, &r, &t) == 3 && r == rank &&
+        t <= detected && ctl_take(c->ctl, key, last, sizeof last) == 0)
         return t;
     if (!strcmp(kind, "crash")) return detected;
     return detected - c->cfg->detect_timeout_ms;

@@ -962,15 +962,20 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     warm_restore_buffer(dp);
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
-    double last = now_ms(), launcher_checked = now_ms();
+    double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0;
     int rejoin = 0;
     while (!atomic_load(&dp->job_over) && !atomic_load(&dp->control_lost)) {
         if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
-        /* With a shared Redis, a launcher killed with -9 leaves the job's keys (and us) behind. */
+        /* With a shared Redis, a launcher killed with -9 leaves the job's keys (and us) behind.
+         * Its key expired and stayed away for --spare-wait: a launcher merely stopped for a
+         * while gets that long to come back (the job waits as long for a spare). */
         if (now_ms() - launcher_checked > 1000) {
             launcher_checked = now_ms();
-            if (ctl_launcher_alive(dp->ctl) == 0) {
-                log_msg("the job's launcher is gone (its key expired): leaving the spare pool");
+            int alive = ctl_launcher_alive(dp->ctl);
+            if (alive != 0) launcher_missing = 0;
+            else if (!launcher_missing) launcher_missing = now_ms();
+            else if (now_ms() - launcher_missing >= dp->cfg.spare_wait * 1000.0) {
+                log_msg("the job's launcher is gone (its key expired %d s ago): leaving the spare pool", dp->cfg.spare_wait);
                 break;
             }
         }

@@ -632,12 +632,13 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_TIMING: snprintf(buf, len, "e%lld:timing:%lld", a, b); break;
     case KEY_INJECTED: snprintf(buf, len, "injected:%lld:%lld", a, b); break;
     case KEY_CHAOS: snprintf(buf, len, "chaos:%lld", a); break;
-    case KEY_FAULT_LAST: snprintf(buf, len, "fault:last"); break;
+    case KEY_FAULT_LAST: snprintf(buf, len, "fault:last:%lld", a); break;
     case KEY_LAST_STEP: snprintf(buf, len, "last_step"); break;
     case KEY_PERSIST_REQ: snprintf(buf, len, "persist:req"); break;
     case KEY_PERSISTED: snprintf(buf, len, "persisted:%lld", a); break;
     case KEY_JOIN_STATS: snprintf(buf, len, "e%lld:join:%lld", a, b); break;
     case KEY_LAUNCHER: snprintf(buf, len, "launcher"); break;
+    case KEY_LAUNCHER_SEEN: snprintf(buf, len, "launcher:seen"); break;
     default: snprintf(buf, len, "unknown"); break;
     }
     return buf;
@@ -1186,9 +1187,13 @@ int ctl_job_delete(ctl_t *c) {
 }
 
 int ctl_launcher_beat(ctl_t *c, const char *who, int ttl_ms) {
-    char key[CTL_KEY_MAX];
+    char key[CTL_KEY_MAX], seen[CTL_KEY_MAX];
     ctl_key_full(c, key, sizeof key, KEY_LAUNCHER, 0, 0);
-    return ctl_command_ok(c, "SET %s %s PX %d", key, who, ttl_ms);
+    ctl_key_full(c, seen, sizeof seen, KEY_LAUNCHER_SEEN, 0, 0);
+    return ctl_command_ok(c, "SET %s %s PX %d", key, who, ttl_ms) == 0 &&
+                   ctl_command_ok(c, "SET %s %lld", seen, (long long)wall_ms()) == 0
+               ? 0
+               : -1;
 }
 
 int ctl_launcher_alive(ctl_t *c) {
@@ -1227,7 +1232,7 @@ static int config_page(ctl_t *c, const redisReply *keys, void *arg) {
     return 0;
 }
 
-int ctl_orphan_jobs_delete(ctl_t *c) {
+int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms) {
     if (ensure_connected(c) != 0) return -1;
     enum { MAX_SEEN = 4096 }; /* a first pass is enough: the next launcher sweeps again */
     JobList l = {.jobs = malloc(sizeof *l.jobs * MAX_SEEN), .n = 0, .cap = MAX_SEEN};
@@ -1241,6 +1246,13 @@ int ctl_orphan_jobs_delete(ctl_t *c) {
         snprintf(key, sizeof key, "dp:%s:launcher", l.jobs[i]);
         if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) { removed = -1; break; }
         if (n > 0) continue;
+        char seen[32], full[CTL_KEY_MAX];
+        snprintf(full, sizeof full, "dp:%s:launcher:seen", l.jobs[i]);
+        redisReply *r = ctl_command(c, "GET %s", full);
+        if (!r) { removed = -1; break; }
+        int judged = r->type == REDIS_REPLY_STRING && copy_checked(seen, sizeof seen, r->str, r->len) == 0;
+        freeReplyObject(r);
+        if (!judged || wall_ms() - strtoll(seen, NULL, 10) < grace_ms) continue; /* too recent, or not ours */
         int live = 0; /* a heartbeat: some process of that job still runs */
         snprintf(pattern, sizeof pattern, "dp:%s:hb:*", l.jobs[i]);
         if (scan_pages(c, pattern, any_key_page, &live) != 0) { removed = -1; break; }

@@ -63,12 +63,13 @@ typedef enum {
     KEY_TIMING,       /* eEPOCH:timing:RANK — "restore rebuild resnapshot resumed_wall_ms" */
     KEY_INJECTED,     /* injected:INDEX:PROC — that --inject fault fired (PROC 0: once per job) */
     KEY_CHAOS,        /* chaos:STEP — a --chaos fault fired at that step */
-    KEY_FAULT_LAST,   /* fault:last — "kind:rank:wall_ms" of the newest injected fault */
+    KEY_FAULT_LAST,   /* fault:last:RANK — "kind:rank:wall_ms" of RANK's newest injected fault */
     KEY_LAST_STEP,    /* last_step — newest step done when the coordinator decided */
     KEY_PERSIST_REQ,  /* persist:req — "epoch:step:writer_rank:failed,..." (no spare left) */
     KEY_PERSISTED,    /* persisted:STEP — set of ranks whose state of STEP is on disk */
     KEY_JOIN_STATS,   /* eEPOCH:join:RANK — "CTL STORE RENDEZVOUS_MS BARRIER_MS": RANK joining EPOCH */
-    KEY_LAUNCHER      /* launcher — "HOST PID" of the job's launcher, with a TTL it keeps renewing */
+    KEY_LAUNCHER,     /* launcher — "HOST PID" of the job's launcher, with a TTL it keeps renewing */
+    KEY_LAUNCHER_SEEN /* launcher:seen — wall ms of the launcher's newest renewal (no TTL) */
 } ctl_key;
 
 /* The suffix of key k into buf; returns buf. */
@@ -77,14 +78,16 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
 const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long long a, long long b);
 
 /* The launcher's liveness: ctl_launcher_beat sets KEY_LAUNCHER to `who` for ttl_ms (renewed
- * well inside it); ctl_launcher_alive says 1 while it exists, 0 when it expired (the launcher
- * died, or the job ended and its keys were deleted), -1 on error. */
+ * well inside it) and KEY_LAUNCHER_SEEN to the wall time; ctl_launcher_alive says 1 while
+ * KEY_LAUNCHER exists, 0 when it expired (the launcher died, or the job ended and its keys
+ * were deleted), -1 on error. */
 int ctl_launcher_beat(ctl_t *c, const char *who, int ttl_ms);
 int ctl_launcher_alive(ctl_t *c);
 /* The janitor: deletes the keys of every other job in this Redis whose launcher key has
- * expired and which has no live heartbeat either (a launcher killed with -9 leaves its keys
- * behind). The number of jobs removed, -1 on error. */
-int ctl_orphan_jobs_delete(ctl_t *c);
+ * expired, whose launcher was last seen more than grace_ms ago, and which has no live
+ * heartbeat either (a launcher killed with -9 leaves its keys behind). A job without a
+ * last-seen time is left alone. The number of jobs removed, -1 on error. */
+int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms);
 
 /* Adds member to the set under suffix; the set's size after, -1 on error. */
 long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member);

@@ -140,9 +140,9 @@ static int64_t failure_time(Coordinator *c, int rank, const char *kind, int64_t 
     char last[128], k[16], key[32];
     int r;
     long long t;
-    ctl_key_suffix(key, sizeof key, KEY_FAULT_LAST, 0, 0);
-    if (ctl_get(c->ctl, key, last, sizeof last) == 0 && sscanf(last, "%15[a-z]:%d:%lld", k, &r, &t) == 3 && r == rank &&
-        t <= detected && ctl_take(c->ctl, key, last, sizeof last) == 0)
+    ctl_key_suffix(key, sizeof key, KEY_FAULT_LAST, rank, 0);
+    if (ctl_take(c->ctl, key, last, sizeof last) == 0 && sscanf(last, "%15[a-z]:%d:%lld", k, &r, &t) == 3 && r == rank &&
+        t <= detected)
         return t;
     if (!strcmp(kind, "crash")) return detected;
     return detected - c->cfg->detect_timeout_ms;

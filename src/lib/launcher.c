@@ -97,6 +97,10 @@ static void make_job_id(char *out, size_t len) {
     snprintf(out, len, "%02x%02x%02x%02x", b[0], b[1], b[2], b[3]);
 }
 
+/* How long a job's launcher must have been silent before another launcher deletes its keys:
+ * far longer than any stall a live job survives (a host paused, a launcher stopped). */
+#define ORPHAN_GRACE_MS (10 * 60 * 1000LL)
+
 static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     redis_addr addr;
     if (L->cfg->redis[0]) {
@@ -118,7 +122,7 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
     if (!L->ctl) return -1;
     /* A Redis shared between jobs: sweep what launchers killed with -9 left behind. */
-    int orphans = L->cfg->redis[0] ? ctl_orphan_jobs_delete(L->ctl) : 0;
+    int orphans = L->cfg->redis[0] ? ctl_orphan_jobs_delete(L->ctl, ORPHAN_GRACE_MS) : 0;
     if (orphans > 0) log_msg("removed the keys of %d job(s) whose launcher and processes are gone", orphans);
     return 0;
 }
@@ -148,6 +152,13 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     snprintf(t0, sizeof t0, "%lld", (long long)L->t0_wall_ms);
     /* The replica channel's secret: fresh for every incarnation, kept only in the job's Redis
      * hash (beside, never inside, the "config" text that checkpoints copy to disk). */
+    /* The launcher key first: a janitor of another job must never see our config without it. */
+    L->beat_ms = 0;
+    launcher_beat(L);
+    if (!L->beat_ms) {
+        snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
+        return -1;
+    }
     char secret[REPLICA_SECRET_HEX_LEN + 1];
     if (replica_secret_new(secret, sizeof secret) != 0) {
         snprintf(err, errlen, "cannot draw the job's secret (libsodium)");
@@ -156,9 +167,7 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     int published = ctl_config_set(L->ctl, "secret", secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
                     ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0;
     explicit_bzero(secret, sizeof secret);
-    L->beat_ms = 0;
-    if (published) launcher_beat(L);
-    if (!published || !L->beat_ms) {
+    if (!published) {
         snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
         return -1;
     }
@@ -617,7 +626,7 @@ static void respawn_later(Launcher *L, int n) {
 static void respawn_now(Launcher *L) {
     int n = L->respawn_due;
     L->respawn_due = 0;
-    if (n) respawn_spares(L, n);
+    if (n && !L->job_done && !L->failed && !L->redis_lost && !stop_signal) respawn_spares(L, n);
 }
 
 static void kill_all_children(Launcher *L) {

@@ -44,10 +44,13 @@ static void owner_write(const NetNs *n) {
     char path[256];
     if (mkdir(NETNS_OWNERS, 0700) != 0 && errno != EEXIST) return;
     owner_path(path, sizeof path, n->ns);
-    FILE *f = fopen(path, "w");
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
     if (!f) return;
     fprintf(f, "%d %s\n", (int)getpid(), n->host_if);
-    fclose(f);
+    if (fclose(f) == 0) rename(tmp, path); /* whole or absent: a reaper never reads half of it */
+    else unlink(tmp);
 }
 
 int netns_reap(void) {
@@ -56,7 +59,7 @@ int netns_reap(void) {
     int reaped = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue;
+        if (e->d_name[0] == '.' || strstr(e->d_name, ".tmp.")) continue;
         char path[512], host_if[32] = "";
         snprintf(path, sizeof path, "%s/%s", NETNS_OWNERS, e->d_name);
         int pid = 0;
@@ -64,8 +67,9 @@ int netns_reap(void) {
         if (!f) continue;
         int got = fscanf(f, "%d %31s", &pid, host_if);
         fclose(f);
-        if (got == 2 && pid > 0 && (kill(pid, 0) == 0 || errno == EPERM)) continue; /* its launcher lives */
-        if (host_if[0]) IP("link", "del", host_if);
+        if (got != 2 || pid <= 0) continue; /* not ours to judge */
+        if (kill(pid, 0) == 0 || errno == EPERM) continue; /* its launcher lives */
+        IP("link", "del", host_if);
         IP("netns", "del", e->d_name);
         unlink(path);
         log_msg("removed network namespace %s, left behind by launcher %d (no longer running)", e->d_name, pid);

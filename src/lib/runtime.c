@@ -261,9 +261,11 @@ static void free_process(dp_t *dp) {
         if (dp->abort_thread) pthread_join(dp->abort_thread, NULL);
     }
     replica_server_stop(dp->replicas);
-    /* Gone on purpose: say so now rather than let the heartbeat expire (a janitor, or the
-     * coordinator, need not wait for it). Skipped when the control plane is lost. */
-    if (dp->ctl && dp->proc_id > 0 && !atomic_load(&dp->control_lost)) ctl_heartbeat_clear(dp->ctl, dp->proc_id);
+    /* A spare gone on purpose says so now rather than let its heartbeat expire (a janitor need
+     * not wait for it). Not a member: its silence before the launcher has seen its exit could
+     * read as a failure. Skipped when the control plane is lost. */
+    if (dp->ctl && dp->proc_id > 0 && dp->rank < 0 && !atomic_load(&dp->control_lost))
+        ctl_heartbeat_clear(dp->ctl, dp->proc_id);
     if (dp->ctl) ctl_close(dp->ctl);
     free(dp->head);
     free(dp->warm_buf);
@@ -599,7 +601,7 @@ static void answer_persist_request(dp_t *dp) {
             continue;
         }
         persist_generation(dp, dp->ctl, &h, payload);
-        free(payload);
+        if (payload != dp->warm_buf) free(payload);
     }
 }
 
@@ -751,7 +753,7 @@ static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
     char value[128], k[32];
     const char *name = fault_kind_name(kind == FAULT_RKILL ? FAULT_KILL : kind);
     snprintf(value, sizeof value, "%s:%d:%lld", name, dp->rank, (long long)wall_ms());
-    ctl_set(dp->ctl, key(k, sizeof k, KEY_FAULT_LAST, 0, 0), value); /* the failure time, for total_ms */
+    ctl_set(dp->ctl, key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
     event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"%s\",\"rank\":%d,\"step\":%lld,\"pid\":%d", name,
                dp->rank, step + 1, (int)getpid());
     log_msg("injecting %s at step %lld", name, step + 1);
@@ -954,12 +956,12 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
 /* A spare is warm (the application built its state before dp_join) and waits for a decision
  * that names it. */
 static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
+    warm_restore_buffer(dp); /* before entering the pool: a decision may name us at once */
     if (ctl_spare_add(dp->ctl, dp->proc_id) != 0) {
         snprintf(err, errlen, "cannot join the spare pool: %s", ctl_last_error(dp->ctl));
         return DP_ERR;
     }
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
-    warm_restore_buffer(dp);
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
     double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0;

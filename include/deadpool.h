@@ -110,6 +110,25 @@ typedef struct {
     void *arg;
 } dp_callbacks;
 
+/* --- state DeadPool owns: snapshots without a copy -------------------------------------
+ * Regions given to dp_state_declare live in two buffers DeadPool allocates, one per parity of
+ * the generation: generation k of region id is at dp_state(dp, id, k). A training step k reads
+ * generation k - 1 from dp_state(dp, id, k - 1) and writes generation k into
+ * dp_state(dp, id, k) (an out-of-place update: the optimizer's output goes to the other
+ * buffer), so that when the step commits, its snapshot is already in a DeadPool buffer: with
+ * --snapshot-every 1 it is checksummed and replicated where it lies, not copied. The initial
+ * state goes into dp_state(dp, id, -1) (also from the reset callback). After a rollback to
+ * generation g (dp_next_step = g + 1), dp_state(dp, id, g) holds it. Declared regions are
+ * DP_SHARDED, restored by DeadPool itself, and not reported by the regions callback (which
+ * reports the rest, if any). Call once, before dp_join; DP_OK or DP_ERR + err. */
+typedef struct {
+    uint32_t id;
+    size_t len;
+} dp_state_spec;
+#define DP_STATE_EXTRA_MAX (64u << 10) /* the largest extra a zero-copy generation carries (else copied) */
+dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *err, size_t errlen);
+void *dp_state(const dp_t *dp, uint32_t id, int64_t gen);
+
 /* How to reach the job. NULL (or NULL fields) means: from the environment that `deadpool run`
  * and `deadpool worker` set (DEADPOOL_REDIS, DEADPOOL_JOB, DEADPOOL_RANK or DEADPOOL_SPARE,
  * DEADPOOL_BIND; the password in DEADPOOL_REDIS_PASSWORD). */

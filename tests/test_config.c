@@ -127,7 +127,10 @@ static void test_adamw_matches_reference(void) {
     AdamWConfig o = adamw_defaults();
     o.beta1 = 0.9f; o.beta2 = 0.999f; o.eps = 1e-8f; o.weight_decay = 0.1f;
     float p[2] = {1.0f, -2.0f}, g[2] = {0.5f, -0.25f}, m[2] = {0}, v[2] = {0};
-    adamw_update(p, g, m, v, 2, &o, 0.01f, 1.0f, 1);
+    float p2[2], m2[2], v2[2]; /* out of place gives the same bits as in place */
+    adamw_update(p2, p, g, m2, m, v2, v, 2, &o, 0.01f, 1.0f, 1);
+    adamw_update(p, p, g, m, m, v, v, 2, &o, 0.01f, 1.0f, 1);
+    CHECK(memcmp(p, p2, sizeof p) == 0 && memcmp(m, m2, sizeof m) == 0 && memcmp(v, v2, sizeof v) == 0, "out of place differs");
     /* first step: mhat = g, vhat = g^2, so the update is lr * (sign(g) + wd * p) */
     CHECK(p[0] > 1.0f - 0.01f * (1.0f + 0.1f) - 1e-6f && p[0] < 1.0f - 0.01f * (1.0f + 0.1f) + 1e-6f, "%.8f", p[0]);
     CHECK(p[1] > -2.0f + 0.01f * (1.0f + 0.2f) - 1e-6f && p[1] < -2.0f + 0.01f * (1.0f + 0.2f) + 1e-6f, "%.8f", p[1]);

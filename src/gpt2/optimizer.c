@@ -37,17 +37,18 @@ float grad_clip_scale(const AdamWConfig *c, double norm) {
     return (float)(c->grad_clip / norm);
 }
 
-void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, const AdamWConfig *c,
-                  float lr, float grad_scale, int t) {
+void adamw_update(float *p_out, const float *p_in, const float *grads, float *m_out, const float *m_in, float *v_out,
+                  const float *v_in, size_t n, const AdamWConfig *c, float lr, float grad_scale, int t) {
     float b1 = c->beta1, b2 = c->beta2;
     float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * grad_scale;
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
+        float mi = b1 * m_in[i] + (1.0f - b1) * g;
+        float vi = b2 * v_in[i] + (1.0f - b2) * g * g;
+        m_out[i] = mi;
+        v_out[i] = vi;
         float mhat = mi / bc1, vhat = vi / bc2;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + c->eps) + c->weight_decay * params[i]);
+        float p = p_in[i];
+        p_out[i] = p - lr * (mhat / (sqrtf(vhat) + c->eps) + c->weight_decay * p);
     }
 }

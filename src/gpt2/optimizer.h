@@ -26,9 +26,11 @@ double grad_global_norm(const float *g, size_t n);
 /* Factor the gradients are multiplied by so that their norm is at most grad_clip. */
 float grad_clip_scale(const AdamWConfig *c, double norm);
 
-/* One AdamW step over a shard: params, grads, m, v all n floats. grad_scale multiplies each
- * gradient first (averaging over ranks and clipping); t is the 1-based step for bias correction. */
-void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, const AdamWConfig *c,
-                  float lr, float grad_scale, int t);
+/* One AdamW step over a shard, out of place: parameters and moments are read from the _in
+ * arrays and written to the _out ones (which may be the same: in place); all n floats.
+ * grad_scale multiplies each gradient first (averaging over ranks and clipping); t is the
+ * 1-based step for bias correction. */
+void adamw_update(float *p_out, const float *p_in, const float *grads, float *m_out, const float *m_in, float *v_out,
+                  const float *v_in, size_t n, const AdamWConfig *c, float lr, float grad_scale, int t);
 
 #endif

@@ -28,7 +28,8 @@ struct Trainer {
     DataSet *data;
     size_t num_params;
     size_t shard;       /* parameters owned per rank: ceil(num_params / size) */
-    float *m, *v;       /* AdamW moments of this rank's shard */
+    /* This rank's shard of the parameters and its AdamW moments live in DeadPool's buffers
+     * (dp_state: one per generation parity): the update reads one and writes the other. */
     int *inputs, *targets;
     AdamWConfig opt;
 };
@@ -65,6 +66,16 @@ static AdamWConfig optimizer_config(const TrainOptions *o, int steps) {
 
 static int aborted(const void *arg) { return dp_aborted(arg); }
 
+/* Generation -1: this rank's shard of the initial parameters, zero moments (a spare, whose
+ * rank is not known yet, gets shard 0: it restores before it trains). */
+static void initial_state(Trainer *t) {
+    size_t bytes = t->shard * sizeof(float);
+    int rank = dp_rank(t->dp) > 0 ? dp_rank(t->dp) : 0;
+    memcpy(dp_state(t->dp, REGION_PARAMS, -1), gpt2_params(t->model) + (size_t)rank * t->shard, bytes);
+    memset(dp_state(t->dp, REGION_M, -1), 0, bytes);
+    memset(dp_state(t->dp, REGION_V, -1), 0, bytes);
+}
+
 Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errlen) {
     GPT2Config mc;
     int from_file;
@@ -96,15 +107,12 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
         goto fail;
     }
     t->model = gpt2_create(&mc, t->B, T, t->shard * (size_t)t->size);
-    /* Zeroed by memset, not left to the kernel: every page is touched now, so restoring a
-     * shard into a warm spare does not pay for page faults during recovery. */
-    t->m = alloc_huge(t->shard * sizeof(float));
-    t->v = alloc_huge(t->shard * sizeof(float));
-    if (t->m) memset(t->m, 0, t->shard * sizeof(float));
-    if (t->v) memset(t->v, 0, t->shard * sizeof(float));
+    size_t bytes = t->shard * sizeof(float);
+    dp_state_spec state[3] = {{REGION_PARAMS, bytes}, {REGION_M, bytes}, {REGION_V, bytes}};
+    if (dp_state_declare(dp, state, 3, err, errlen) != DP_OK) goto fail;
     t->inputs = malloc((size_t)t->B * T * sizeof(int));
     t->targets = malloc((size_t)t->B * T * sizeof(int));
-    if (!t->model || !t->m || !t->v || !t->inputs || !t->targets) {
+    if (!t->model || !t->inputs || !t->targets) {
         snprintf(err, errlen, "out of memory allocating the model (%zu parameters, batch %d x %d)", t->num_params, t->B, T);
         goto fail;
     }
@@ -113,6 +121,7 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
     } else {
         gpt2_init_params(t->model, t->seed);
     }
+    initial_state(t);
     gpt2_set_abort_check(t->model, aborted, dp);
     openblas_set_num_threads(o->threads);
     return t;
@@ -125,8 +134,6 @@ void trainer_free(Trainer *t) {
     if (!t) return;
     gpt2_free(t->model);
     data_free(t->data);
-    free(t->m);
-    free(t->v);
     free(t->inputs);
     free(t->targets);
     free(t);
@@ -134,29 +141,23 @@ void trainer_free(Trainer *t) {
 
 /* --- DeadPool callbacks --------------------------------------------------------------- */
 
+/* All of the state is declared (dp_state): nothing else to report. */
 static int regions_cb(void *arg, dp_region *out, int max) {
-    Trainer *t = arg;
-    if (max < 3) return -1;
-    size_t bytes = t->shard * sizeof(float);
-    int rank = dp_rank(t->dp);
-    out[0] = (dp_region){REGION_PARAMS, DP_SHARDED, gpt2_params(t->model) + (size_t)rank * t->shard, bytes};
-    out[1] = (dp_region){REGION_M, DP_SHARDED, t->m, bytes};
-    out[2] = (dp_region){REGION_V, DP_SHARDED, t->v, bytes};
-    return 3;
+    (void)arg, (void)out, (void)max;
+    return 0;
 }
 
 static void reset_cb(void *arg) {
     Trainer *t = arg;
     gpt2_init_params(t->model, t->seed);
-    memset(t->m, 0, t->shard * sizeof(float));
-    memset(t->v, 0, t->shard * sizeof(float));
+    initial_state(t);
 }
 
 /* Every rank restored its own shard: the full parameters are their concatenation. */
 static dp_status rebuild_cb(dp_t *dp, void *arg) {
     Trainer *t = arg;
-    float *params = gpt2_params(t->model);
-    return dp_allgather(dp, params + (size_t)dp_rank(dp) * t->shard, params, t->shard);
+    const float *shard = dp_state(dp, REGION_PARAMS, dp_next_step(dp) - 1);
+    return dp_allgather(dp, shard, gpt2_params(t->model), t->shard);
 }
 
 typedef struct {
@@ -235,9 +236,12 @@ static dp_status trainer_step(Trainer *t, int step) {
     double norm = grad_global_norm(grads, t->num_params) * avg;
     float lr = adamw_lr(&t->opt, step);
     size_t off = (size_t)rank * t->shard;
-    adamw_update(params + off, grads + off, t->m, t->v, t->shard, &t->opt, lr, avg * grad_clip_scale(&t->opt, norm),
-                 step + 1);
-    st = dp_allgather(dp, params + off, params, t->shard);
+    /* Out of place: generation step - 1 in, generation step out, into DeadPool's other buffer. */
+    float *p_out = dp_state(dp, REGION_PARAMS, step);
+    adamw_update(p_out, dp_state(dp, REGION_PARAMS, step - 1), grads + off, dp_state(dp, REGION_M, step),
+                 dp_state(dp, REGION_M, step - 1), dp_state(dp, REGION_V, step), dp_state(dp, REGION_V, step - 1),
+                 t->shard, &t->opt, lr, avg * grad_clip_scale(&t->opt, norm), step + 1);
+    st = dp_allgather(dp, p_out, params, t->shard);
     if (st != DP_OK) return st;
     dp_metrics m = {.loss = loss / (float)micro_batches, .lr = lr, .grad_norm = norm,
                     .tokens = (double)micro_batches * t->B * t->T};

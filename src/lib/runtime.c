@@ -77,6 +77,15 @@ struct dp {
     size_t head_cap;
     dp_region app_regions[GEN_MAX_REGIONS];
     SnapRegion snap_regions[GEN_MAX_REGIONS + 1];
+    /* state DeadPool owns (dp_state_declare): two blocks, one per generation parity, each
+     * [head area | region 0 | region 1 | ...], so that a generation is one contiguous payload */
+    dp_state_spec state[GEN_MAX_REGIONS];
+    size_t state_off[GEN_MAX_REGIONS]; /* of each region within a block, after the head area */
+    int nstate;
+    unsigned char *block[2];
+    size_t head_area, block_bytes;
+    void *restored_extra;     /* the extra state of the generation restored last */
+    size_t restored_extra_len;
     Decision decision;        /* the one being followed (large: not on the stack) */
     const char *join_phase;   /* where join_epoch is: "restore", "rendezvous" (join_failed says) */
 };
@@ -269,6 +278,9 @@ static void free_process(dp_t *dp) {
     if (dp->ctl) ctl_close(dp->ctl);
     free(dp->head);
     free(dp->warm_buf);
+    free(dp->block[0]);
+    free(dp->block[1]);
+    free(dp->restored_extra);
     free(dp);
 }
 
@@ -310,15 +322,111 @@ fail:
 
 /* --- generations: capture and restore ------------------------------------------------ */
 
+/* --- state DeadPool owns ---------------------------------------------------------------
+ * dp_state(id, k) is generation k of a declared region, in block[k & 1]. The update of step
+ * k reads block[(k-1) & 1] and writes block[k & 1]; generation k is then snapshotted where it
+ * lies (no copy: capture_zero_copy). Why block[k & 1] stays intact as long as a rollback may
+ * need it: the next write to it is the update of step k + 2, which comes after this rank's
+ * gradient reduction of k + 2; every rank enters that reduction only after committing k + 1
+ * (dp_step_before_reduce waits for it), so by then the newest generation every rank committed
+ * is k + 1 or later, and it is in the other block (docs/DESIGN.md, zero-copy state). */
+
+dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *err, size_t errlen) {
+    if (dp->joined || dp->nstate) {
+        snprintf(err, errlen, "dp_state_declare: call it once, before dp_join");
+        return DP_ERR;
+    }
+    if (n <= 0 || n > GEN_MAX_REGIONS) {
+        snprintf(err, errlen, "dp_state_declare: expected 1..%d regions, found %d", GEN_MAX_REGIONS, n);
+        return DP_ERR;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < i; j++)
+            if (specs[j].id == specs[i].id) {
+                snprintf(err, errlen, "dp_state_declare: region id %u declared twice", specs[i].id);
+                return DP_ERR;
+            }
+        dp->state[i] = specs[i];
+        dp->state_off[i] = off;
+        off += specs[i].len;
+    }
+    /* Room for the largest head a generation of these regions can have (64 KiB of extra). */
+    dp->head_area = (gen_head_bytes(n, DP_STATE_EXTRA_MAX) + 63) & ~(size_t)63;
+    dp->block_bytes = dp->head_area + off;
+    for (int b = 0; b < 2; b++) {
+        dp->block[b] = alloc_huge(dp->block_bytes);
+        if (!dp->block[b]) {
+            snprintf(err, errlen, "dp_state_declare: out of memory for 2 x %zu bytes", dp->block_bytes);
+            return DP_ERR;
+        }
+        prefault(dp->block[b], dp->block_bytes); /* a spare restores into them: no faults then */
+    }
+    dp->nstate = n;
+    return DP_OK;
+}
+
+void *dp_state(const dp_t *dp, uint32_t id, int64_t gen) {
+    for (int i = 0; i < dp->nstate; i++)
+        if (dp->state[i].id == id) return dp->block[gen & 1] + dp->head_area + dp->state_off[i];
+    return NULL;
+}
+
+static int state_index(const dp_t *dp, uint32_t id) {
+    for (int i = 0; i < dp->nstate; i++)
+        if (dp->state[i].id == id) return i;
+    return -1;
+}
+
+/* The application's regions now, then the declared state of generation gen. -1 + dp->err. */
+static int app_regions(dp_t *dp, int64_t gen, dp_region *out, int max) {
+    int n = dp->cb.regions(dp->cb.arg, out, max);
+    if (n < 0 || n > max) {
+        snprintf(dp->err, sizeof dp->err, "the regions callback reported %d regions, expected 0..%d", n, max);
+        return -1;
+    }
+    if (n + dp->nstate > max) {
+        snprintf(dp->err, sizeof dp->err, "%d regions and %d declared: more than %d", n, dp->nstate, max);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (state_index(dp, out[i].id) >= 0) {
+            snprintf(dp->err, sizeof dp->err, "region %u is both declared (dp_state_declare) and reported", out[i].id);
+            return -1;
+        }
+    for (int i = 0; i < dp->nstate; i++)
+        out[n++] = (dp_region){dp->state[i].id, DP_SHARDED, dp_state(dp, dp->state[i].id, gen), dp->state[i].len};
+    return n;
+}
+
+/* Generation `step` as one payload where it lies, when the job snapshots every step and all
+ * of this rank's state is declared: the head goes right before the regions in block[step & 1]
+ * and the snapshot thread checksums and replicates from there. 1 captured, 0 not possible
+ * (copy as usual), -1 + dp->err. */
+static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t extra_len) {
+    if (!dp->nstate || dp->cfg.snapshot_every != 1 || extra_len > DP_STATE_EXTRA_MAX) return 0;
+    dp_region now[GEN_MAX_REGIONS];
+    int n = dp->cb.regions(dp->cb.arg, now, GEN_MAX_REGIONS);
+    if (n < 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (now[i].kind == DP_SHARDED || dp->rank == 0) return 0; /* state of its own to copy */
+    dp_region kept[GEN_MAX_REGIONS];
+    for (int i = 0; i < dp->nstate; i++)
+        kept[i] = (dp_region){dp->state[i].id, DP_SHARDED, dp_state(dp, dp->state[i].id, step), dp->state[i].len};
+    size_t hb = gen_head_bytes(dp->nstate, extra_len);
+    unsigned char *payload = dp->block[step & 1] + dp->head_area - hb;
+    gen_head_write(payload, dp->cfg.seed, step + 1, kept, dp->nstate, extra, extra_len);
+    snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area);
+    return 1;
+}
+
+
 /* The application's regions now, with the snapshot regions of this rank's generation:
  * the head first, then the regions this rank keeps (identical ones on rank 0 only). The
  * number of snapshot regions, -1 + dp->err. */
 static int gather_regions(dp_t *dp, int64_t step, const void *extra, size_t extra_len) {
-    int n = dp->cb.regions(dp->cb.arg, dp->app_regions, GEN_MAX_REGIONS);
-    if (n < 0 || n > GEN_MAX_REGIONS) {
-        snprintf(dp->err, sizeof dp->err, "the regions callback reported %d regions, expected 0..%d", n, GEN_MAX_REGIONS);
-        return -1;
-    }
+    int n = app_regions(dp, step, dp->app_regions, GEN_MAX_REGIONS);
+    if (n < 0) return -1;
     dp_region kept[GEN_MAX_REGIONS];
     int k = 0;
     for (int i = 0; i < n; i++)
@@ -336,12 +444,14 @@ static int gather_regions(dp_t *dp, int64_t step, const void *extra, size_t extr
     return k + 1;
 }
 
-/* Copies each saved region into the application's region of the same id. */
+/* Copies each saved region into the application's region of the same id (declared state
+ * is restored by restore_declared, before). */
 static int default_restore(dp_t *dp, const dp_generation *g, char *err, size_t errlen) {
     dp_region now[GEN_MAX_REGIONS];
     int n = dp->cb.regions(dp->cb.arg, now, GEN_MAX_REGIONS);
     for (int i = 0; i < g->nregions; i++) {
         const dp_region *s = &g->regions[i];
+        if (state_index(dp, s->id) >= 0) continue;
         int found = 0;
         for (int j = 0; j < n && !found; j++) {
             if (now[j].id != s->id) continue;
@@ -361,7 +471,31 @@ static int default_restore(dp_t *dp, const dp_generation *g, char *err, size_t e
     return 0;
 }
 
+/* Declared state of generation g into its block (g->step & 1); nothing to copy when g is
+ * that block already (a survivor rolling back to its own newest generation). */
+static int restore_declared(dp_t *dp, const dp_generation *g, char *err, size_t errlen) {
+    int seen = 0;
+    for (int i = 0; i < g->nregions; i++) {
+        int k = state_index(dp, g->regions[i].id);
+        if (k < 0) continue;
+        seen++;
+        if (g->regions[i].len != dp->state[k].len) {
+            snprintf(err, errlen, "region %u: saved %zu bytes, declared %zu", g->regions[i].id, g->regions[i].len,
+                     dp->state[k].len);
+            return -1;
+        }
+        void *dst = dp_state(dp, dp->state[k].id, g->step);
+        if (dst != g->regions[i].ptr) memmove(dst, g->regions[i].ptr, g->regions[i].len);
+    }
+    if (g->rank == dp->rank && seen != dp->nstate) {
+        snprintf(err, errlen, "the generation holds %d of the %d declared regions", seen, dp->nstate);
+        return -1;
+    }
+    return 0;
+}
+
 static int app_restore(dp_t *dp, const dp_generation *g, char *err, size_t errlen) {
+    if (restore_declared(dp, g, err, errlen) != 0) return -1;
     if (dp->cb.restore) return dp->cb.restore(dp->cb.arg, g, err, errlen);
     return default_restore(dp, g, err, errlen);
 }
@@ -383,6 +517,13 @@ static int restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, c
                  (long long)h->step + 1, (unsigned long long)seed, (long long)next, (unsigned long long)dp->cfg.seed);
         return -1;
     }
+    /* Kept for the restore point's snapshot in the new epoch, which must carry it too. */
+    void *copy = malloc(g.extra_len ? g.extra_len : 1);
+    if (!copy) { snprintf(err, errlen, "out of memory for %zu bytes of extra state", g.extra_len); return -1; }
+    if (g.extra_len) memcpy(copy, g.extra, g.extra_len);
+    free(dp->restored_extra);
+    dp->restored_extra = copy;
+    dp->restored_extra_len = g.extra_len;
     return app_restore(dp, &g, err, errlen);
 }
 
@@ -453,8 +594,8 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
  * grown since (or a larger extra) falls back to a fresh buffer. */
 static void warm_restore_buffer(dp_t *dp) {
     dp_region r[GEN_MAX_REGIONS];
-    int n = dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS);
-    if (n < 0 || n > GEN_MAX_REGIONS) return;
+    int n = app_regions(dp, 0, r, GEN_MAX_REGIONS);
+    if (n < 0) return;
     size_t bytes = gen_head_bytes(n, 64 << 10); /* extra state: a cursor, an RNG; 64 KiB is ample */
     for (int i = 0; i < n; i++) bytes += r[i].len;
     void *b = alloc_huge(bytes);
@@ -742,6 +883,7 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     SnapshotConfig sc = {.job = dp->job, .epoch = dp->epoch, .rank = dp->rank, .world = dp->cfg.workers,
                          .bytes_hint = hint, .targets = targets, .ntargets = n, .timeout_ms = job_comm_timeout_ms(&dp->cfg),
                          .allow_pull = dp->cfg.replica_transport == TRANSPORT_AUTO,
+                         .external = dp->nstate > 0 && dp->cfg.snapshot_every == 1 && nr == dp->nstate + 1,
                          .key = replica_server_key(dp->replicas), .on_commit = on_commit, .arg = dp};
     dp->snap = snapshot_create(&sc, err, errlen);
     return dp->snap ? 0 : -1;
@@ -867,8 +1009,8 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
         /* The restore point is snapshotted again in the new epoch; the first step waits for
          * its commit before reducing (as every step does), so this overlaps with that step's
          * forward/backward. Until then the old buffers stay as a second copy. */
-        if (d->rollback >= 0) {
-            int n = gather_regions(dp, d->rollback, NULL, 0);
+        if (d->rollback >= 0 && capture_zero_copy(dp, d->rollback, dp->restored_extra, dp->restored_extra_len) == 0) {
+            int n = gather_regions(dp, d->rollback, dp->restored_extra, dp->restored_extra_len);
             if (n < 0) { snprintf(err, errlen, "%s", dp->err); return -1; }
             snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n);
         }
@@ -1186,8 +1328,10 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
     if (m && (!isfinite(m->loss) || !isfinite(m->grad_norm))) return diverged(dp, step, m);
     if (dp->snap && (step + 1) % dp->cfg.snapshot_every == 0) {
         snapshot_wait_previous(dp->snap, NULL); /* the head buffer is the thread's until then */
-        int n = gather_regions(dp, step, extra, extra_len);
-        if (n < 0 || snapshot_capture_regions(dp->snap, step, dp->snap_regions, n) != 0) return DP_ERR;
+        int zc = capture_zero_copy(dp, step, extra, extra_len);
+        int n = zc == 0 ? gather_regions(dp, step, extra, extra_len) : 0;
+        if (zc < 0 || n < 0 || (zc == 0 && snapshot_capture_regions(dp->snap, step, dp->snap_regions, n) != 0))
+            return DP_ERR;
     } else if (dp->cfg.ft == FT_DISK && (step + 1) % dp->cfg.ckpt_every == 0) {
         /* A synchronous checkpoint is part of the step it follows. */
         st = disk_checkpoint(dp, step, extra, extra_len);

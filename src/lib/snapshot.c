@@ -11,9 +11,10 @@
 
 typedef struct {
     SnapHeader header;
-    unsigned char *data;
-    size_t cap;    /* bytes allocated at data */
-    int committed; /* holds a committed generation (header.step) */
+    unsigned char *data; /* the generation's payload: own, or the caller's (snapshot_capture_external) */
+    unsigned char *own;  /* this slot's buffer, for copied generations */
+    size_t cap;          /* bytes allocated at own */
+    int committed;       /* holds a committed generation (header.step) */
 } Slot;
 
 struct Snapshot {
@@ -33,6 +34,8 @@ struct Snapshot {
     pthread_cond_t work_cv;  /* a capture was requested, or stop */
     pthread_cond_t done_cv;  /* a generation finished */
     int64_t pending;         /* requested generation, -1 none */
+    const unsigned char *ext; /* the pending generation's payload when it is the caller's, else NULL */
+    size_t ext_len;
     int busy;                /* a generation is in flight */
     int stop;
     int64_t committed;
@@ -84,15 +87,15 @@ static void warm_up(Snapshot *s) {
     double t0 = now_ms(), cpu0 = thread_cpu_ms();
     SnapHeader h;
     init_header(s, &h);
-    h.length = s->slots[0].cap;
+    h.length = s->slots[0].own ? s->slots[0].cap : s->bytes; /* external: the size hint */
     h.step = -1;
     snap_header_seal(&h);
     for (int i = 0; i < s->cfg.ntargets; i++) {
         ReplicaConn *c = target_conn(s, i);
         if (c) replica_reserve(c, &h, s->cfg.timeout_ms); /* advisory: a failure is retried by the first PUT */
     }
-    prefault(s->slots[0].data, s->slots[0].cap);
-    prefault(s->slots[1].data, s->slots[1].cap);
+    if (s->slots[0].own) prefault(s->slots[0].own, s->slots[0].cap);
+    if (s->slots[1].own) prefault(s->slots[1].own, s->slots[1].cap);
     pthread_mutex_lock(&s->mu);
     s->stats.warmup_ms = now_ms() - t0;
     s->stats.warmup_cpu_ms = thread_cpu_ms() - cpu0;
@@ -126,30 +129,47 @@ static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
     return ok;
 }
 
-static void run_generation(Snapshot *s, int64_t step) {
+/* The payload of `step` into the slot: copied from the live regions (with its CRC), or, for
+ * an external generation, only checksummed where it lies. 0, or -1 without memory. */
+static int fill_slot(Snapshot *s, Slot *slot, int64_t step, const unsigned char *ext, size_t ext_len) {
+    if (ext) {
+        init_header(s, &slot->header);
+        slot->data = (unsigned char *)ext;
+        slot->header.length = ext_len;
+        slot->header.crc = crc32c(0, ext, ext_len);
+        return 0;
+    }
+    if (slot->cap < s->bytes || !slot->own) { /* the state grew (e.g. optimizer moments allocated at the first step) */
+        unsigned char *grown = alloc_huge(s->bytes ? s->bytes : 1);
+        if (!grown) {
+            log_msg("snapshot of step %lld: out of memory for %zu bytes", (long long)step, s->bytes);
+            return -1;
+        }
+        free(slot->own);
+        slot->own = grown;
+        slot->cap = s->bytes;
+    }
+    slot->data = slot->own;
+    copy_regions(s, slot);
+    return 0;
+}
+
+static void run_generation(Snapshot *s, int64_t step, const unsigned char *ext, size_t ext_len) {
     int free_slot = s->committed_slot == 0 ? 1 : 0;
     Slot *slot = &s->slots[free_slot];
     pthread_mutex_lock(&s->mu);
     slot->committed = 0;
     pthread_mutex_unlock(&s->mu);
     double t0 = now_ms(), cpu0 = thread_cpu_ms();
-    if (slot->cap < s->bytes) { /* the state grew (e.g. optimizer moments allocated at the first step) */
-        unsigned char *grown = alloc_huge(s->bytes);
-        if (!grown) {
-            log_msg("snapshot of step %lld: out of memory for %zu bytes", (long long)step, s->bytes);
-            pthread_mutex_lock(&s->mu);
-            s->last_failed = 1;
-            s->stats.failures++;
-            s->busy = s->pending >= 0;
-            pthread_cond_broadcast(&s->done_cv);
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
-        free(slot->data);
-        slot->data = grown;
-        slot->cap = s->bytes;
+    if (fill_slot(s, slot, step, ext, ext_len) != 0) {
+        pthread_mutex_lock(&s->mu);
+        s->last_failed = 1;
+        s->stats.failures++;
+        s->busy = s->pending >= 0;
+        pthread_cond_broadcast(&s->done_cv);
+        pthread_mutex_unlock(&s->mu);
+        return;
     }
-    copy_regions(s, slot);
     slot->header.step = step;
     snap_header_seal(&slot->header);
     double t1 = now_ms();
@@ -157,7 +177,7 @@ static void run_generation(Snapshot *s, int64_t step) {
     pthread_mutex_lock(&s->mu);
     s->stats.copy_ms_last = t1 - t0;
     s->stats.copy_ms_total += t1 - t0;
-    s->stats.bytes_copied += slot->header.length;
+    if (!ext) s->stats.bytes_copied += slot->header.length;
     pthread_mutex_unlock(&s->mu);
 
     uint64_t pulled;
@@ -193,8 +213,8 @@ static void run_generation(Snapshot *s, int64_t step) {
 static void snapshot_free(Snapshot *s);
 
 static void free_memory(Snapshot *s) {
-    free(s->slots[0].data);
-    free(s->slots[1].data);
+    free(s->slots[0].own);
+    free(s->slots[1].own);
     free(s->regions);
     free(s->targets);
     free(s->conns);
@@ -211,9 +231,12 @@ static void *snapshot_thread(void *arg) {
         while (s->pending < 0 && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
         if (s->pending < 0 || s->abandoned) break;
         int64_t step = s->pending;
+        const unsigned char *ext = s->ext;
+        size_t ext_len = s->ext_len;
         s->pending = -1;
+        s->ext = NULL;
         pthread_mutex_unlock(&s->mu);
-        run_generation(s, step);
+        run_generation(s, step, ext, ext_len);
         pthread_mutex_lock(&s->mu);
     }
     int abandoned = s->abandoned;
@@ -247,12 +270,12 @@ Snapshot *snapshot_create(const SnapshotConfig *cfg, char *err, size_t errlen) {
     s->cfg.targets = s->targets;
     for (int i = 0; i < cfg->nregions; i++) s->bytes += cfg->regions[i].len;
     if (cfg->bytes_hint > s->bytes) s->bytes = cfg->bytes_hint;
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 && !cfg->external; i++) {
         /* Faulted in by the thread (warm_up), not here: a recovery builds a new Snapshot for
          * the new epoch and must not wait for that. Huge pages make the holders'
          * process_vm_readv of a slot about 40% cheaper. */
-        s->slots[i].data = alloc_huge(s->bytes ? s->bytes : 1);
-        if (!s->slots[i].data) goto oom;
+        s->slots[i].own = s->slots[i].data = alloc_huge(s->bytes ? s->bytes : 1);
+        if (!s->slots[i].own) goto oom;
         s->slots[i].cap = s->bytes;
     }
     s->committed_slot = -1;
@@ -284,6 +307,17 @@ int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *region
     s->nregions = n;
     s->bytes = 0;
     for (int i = 0; i < n; i++) s->bytes += regions[i].len;
+    pthread_mutex_unlock(&s->mu);
+    snapshot_capture(s, step);
+    return 0;
+}
+
+int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len) {
+    pthread_mutex_lock(&s->mu);
+    while (s->busy) pthread_cond_wait(&s->done_cv, &s->mu);
+    s->ext = payload;
+    s->ext_len = len;
+    s->bytes = len;
     pthread_mutex_unlock(&s->mu);
     snapshot_capture(s, step);
     return 0;

@@ -43,6 +43,7 @@ typedef struct {
     int timeout_ms;               /* bound on connecting to / sending to a holder */
     int allow_pull;               /* holders on this machine may copy straight from our memory */
     const unsigned char *key;     /* the job's channel key (REPLICA_KEY_BYTES, copied); needed with targets */
+    int external;                 /* generations come from snapshot_capture_external: no buffers of our own */
     /* Called on the snapshot thread after generation `h->step` commits, with the local copy. */
     void (*on_commit)(const SnapHeader *h, const void *payload, void *arg);
     void *arg;
@@ -72,6 +73,11 @@ void snapshot_capture(Snapshot *s, int64_t step);
  * application reports may change between generations: the buffers grow to fit). Waits for
  * a generation in flight first. 0, or -1 without memory. */
 int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *regions, int n);
+/* Generation `step` is the caller's payload[0..len) itself: it is checksummed and replicated
+ * where it lies, not copied, and it is the local copy a rollback uses. The caller must leave
+ * those bytes unchanged until generation step + 1 has committed (the training loop's order
+ * guarantees that: see runtime.c, zero-copy state). Waits for a generation in flight first. */
+int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len);
 /* Blocks until the generation in flight (if any) is committed or has failed; *waited_ms gets
  * the time spent. 0 if every captured generation committed, -1 if the last one failed
  * (a replica holder is lost: the job must re-place its replicas). */

@@ -360,6 +360,16 @@ static void test_generations_and_max_step(void) {
 
 /* replica_get_into: a payload that fits lands in the caller's buffer, one that does not in a
  * fresh one; both verified, the buffer untouched past the payload. */
+typedef struct {
+    void *buf;
+    size_t cap;
+} Place;
+
+static void *place_in(void *arg, uint64_t length) {
+    Place *p = arg;
+    return length <= p->cap ? p->buf : NULL;
+}
+
 static void test_get_into_a_callers_buffer(void) {
     ReplicaServer *s = start_server();
     if (!s) return;
@@ -373,7 +383,8 @@ static void test_get_into_a_callers_buffer(void) {
         memset(buf, 0xAB, len + 100);
         SnapHeader h;
         void *got = NULL;
-        replica_status st = replica_get_into(c, JOB, 2, -1, &h, buf, caps[i], &got, TIMEOUT_MS);
+        Place pl = {buf, caps[i]};
+        replica_status st = replica_get_into(c, JOB, 2, -1, &h, place_in, &pl, &got, TIMEOUT_MS);
         CHECK(st == REPLICA_OK, "GET into a buffer of %zu bytes: %s", caps[i], replica_status_str(st));
         if (st == REPLICA_OK) {
             CHECK((got == buf) == (caps[i] >= len), "cap %zu: payload %s the caller's buffer", caps[i],

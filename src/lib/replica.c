@@ -1502,11 +1502,11 @@ replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payl
 
 replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
                            void **payload, int timeout_ms) {
-    return replica_get_into(c, job, rank, max_step, h, NULL, 0, payload, timeout_ms);
+    return replica_get_into(c, job, rank, max_step, h, NULL, NULL, payload, timeout_ms);
 }
 
 replica_status replica_get_into(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
-                                void *into, size_t cap, void **payload, int timeout_ms) {
+                                void *(*place)(void *arg, uint64_t length), void *arg, void **payload, int timeout_ms) {
     if (payload) *payload = NULL;
     if (!c || !job || !h || !payload) return REPLICA_IO;
     io_bound b = bound_total(timeout_ms);
@@ -1539,7 +1539,8 @@ replica_status replica_get_into(ReplicaConn *c, const char *job, int rank, int64
         conn_drop(c);
         return REPLICA_CORRUPT;
     }
-    int own = !(into && got.length <= cap);
+    unsigned char *into = place ? place(arg, got.length) : NULL;
+    int own = into == NULL;
     unsigned char *buf = own ? malloc(got.length ? got.length : 1) : into;
     if (!buf) {
         conn_drop(c);

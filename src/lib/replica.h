@@ -129,12 +129,13 @@ int replica_last_put_pulled(const ReplicaConn *c);
  * verifies header and payload checksums. *payload is malloc'ed. */
 replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
                            void **payload, int timeout_ms);
-/* The same, received into buf[0..cap) when the payload fits (then *payload == buf), else
- * into a malloc'ed buffer. A spare keeps such a buffer with its pages already faulted in:
- * on a VM the first touch of fresh memory can cost more than the transfer (5 ms per MiB
- * measured here). buf's contents are undefined after a failure. */
+/* The same, received where place(arg, length) says once the verified header has told the
+ * payload's length (then *payload is that pointer), or into a malloc'ed buffer when place is
+ * NULL or returns NULL. A spare has such memory with its pages already faulted in: on a VM
+ * the first touch of fresh memory can cost more than the transfer (5 ms per MiB measured
+ * here). What place gave is undefined after a failure. */
 replica_status replica_get_into(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
-                                void *buf, size_t cap, void **payload, int timeout_ms);
+                                void *(*place)(void *arg, uint64_t length), void *arg, void **payload, int timeout_ms);
 
 const char *replica_status_str(replica_status s);
 

@@ -535,8 +535,35 @@ static int restore_in_place(const SnapHeader *h, const void *payload, void *arg)
     return -1;
 }
 
-/* Fetches rank's generation `step` from any holder recorded in recent epochs, into the warm
- * buffer when it fits (else *payload is malloc'ed). 0 / -1. */
+/* Where a fetched generation lands: this rank's own generation straight into its block of
+ * declared state (head right before the regions, as capture_zero_copy lays it out, so that
+ * nothing is copied after), anything else in the spare's warm buffer when it fits; NULL: a
+ * fresh buffer. */
+typedef struct {
+    dp_t *dp;
+    int64_t own_step; /* INT64_MIN: not this rank's generation */
+} Placement;
+
+static void *place_restore(void *arg, uint64_t length) {
+    Placement *p = arg;
+    dp_t *dp = p->dp;
+    size_t regions = dp->block_bytes - dp->head_area;
+    if (p->own_step != INT64_MIN && dp->nstate && length >= regions && length - regions <= dp->head_area)
+        return dp->block[p->own_step & 1] + dp->head_area - (length - regions);
+    return dp->warm_buf && length <= dp->warm_cap ? dp->warm_buf : NULL;
+}
+
+/* A payload in memory DeadPool keeps (not to be freed). */
+static int payload_is_ours(const dp_t *dp, const void *p) {
+    const unsigned char *b = p;
+    if (b && b == dp->warm_buf) return 1;
+    for (int i = 0; i < 2; i++)
+        if (dp->block[i] && b >= dp->block[i] && b < dp->block[i] + dp->block_bytes) return 1;
+    return 0;
+}
+
+/* Fetches rank's generation `step` from any holder recorded in recent epochs, where
+ * place_restore says (else *payload is malloc'ed). 0 / -1. */
 static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_epoch, SnapHeader *h, void **payload) {
     for (long e = newest_epoch; e >= 0 && e >= newest_epoch - 3; e--) {
         char list[HOLDERS_TEXT_MAX];
@@ -553,11 +580,12 @@ static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_ep
                 log_msg("rank %d's holder %s:%d: %s", rank, holders[i].host, holders[i].port, err);
                 continue;
             }
-            replica_status st = replica_get_into(c, dp->job, rank, step, h, dp->warm_buf, dp->warm_cap, payload,
+            Placement pl = {dp, rank == dp->rank ? step : INT64_MIN};
+            replica_status st = replica_get_into(c, dp->job, rank, step, h, place_restore, &pl, payload,
                                                  job_comm_timeout_ms(&dp->cfg));
             replica_close(c);
             if (st == REPLICA_OK && h->step == step) return 0;
-            if (st == REPLICA_OK && *payload != dp->warm_buf) free(*payload);
+            if (st == REPLICA_OK && !payload_is_ours(dp, *payload)) free(*payload);
             *payload = NULL;
         }
     }
@@ -583,7 +611,7 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
         return -1;
     }
     int rc = restore_payload(dp, &h, payload, err, errlen);
-    if (payload != dp->warm_buf) free(payload);
+    if (!payload_is_ours(dp, payload)) free(payload);
     return rc;
 }
 
@@ -594,6 +622,7 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
  * grown since (or a larger extra) falls back to a fresh buffer. */
 static void warm_restore_buffer(dp_t *dp) {
     dp_region r[GEN_MAX_REGIONS];
+    if (dp->nstate && dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS) == 0) return; /* all declared: lands in a block */
     int n = app_regions(dp, 0, r, GEN_MAX_REGIONS);
     if (n < 0) return;
     size_t bytes = gen_head_bytes(n, 64 << 10); /* extra state: a cursor, an RNG; 64 KiB is ample */
@@ -742,7 +771,7 @@ static void answer_persist_request(dp_t *dp) {
             continue;
         }
         persist_generation(dp, dp->ctl, &h, payload);
-        if (payload != dp->warm_buf) free(payload);
+        if (!payload_is_ours(dp, payload)) free(payload);
     }
 }
 

@@ -82,9 +82,10 @@ fi
 
 # The embedded redis-server dies mid-run: the launcher notices, the workers keep their
 # committed state on disk and stop; the job resumes from it to the failure-free model.
-run_job "$WORK/ref2" 120 --workers 2 --spares 0 "${BASE[@]}" --steps 120; rc0=$?
+# (400 steps: the kill must land well before the end, however fast the steps are.)
+run_job "$WORK/ref2" 120 --workers 2 --spares 0 "${BASE[@]}" --steps 400; rc0=$?
 mkdir -p "$WORK/redis"
-"$DP" run --out "$WORK/redis" --workers 2 --spares 1 "${BASE[@]}" --steps 120 --detect-timeout-ms 1000 \
+"$DP" run --out "$WORK/redis" --workers 2 --spares 1 "${BASE[@]}" --steps 400 --detect-timeout-ms 1000 \
   >"$WORK/redis.stdout" 2>"$WORK/redis.log" &
 lp=$!
 for _ in $(seq 300); do [ "$(count_lines "$WORK/redis/metrics.jsonl")" -ge 20 ] && break; sleep 0.05; done

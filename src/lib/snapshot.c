@@ -348,13 +348,22 @@ int snapshot_wait_previous(Snapshot *s, double *waited_ms) {
     return rc;
 }
 
+/* A generation read back from the caller's memory is checked first: that memory is the
+ * application's state, and an older generation's block is overwritten by the update two steps
+ * later (a rollback never needs it then, but a persist of both buffers may look). Our own
+ * buffers are written only here. */
+static int slot_intact(const Slot *slot) {
+    if (slot->data == slot->own) return 1;
+    return crc32c(0, slot->data, slot->header.length) == slot->header.crc;
+}
+
 int snapshot_local_use(Snapshot *s, int64_t step, int (*use)(const SnapHeader *h, const void *payload, void *arg),
                        void *arg) {
     int rc = -1;
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < 2; i++) {
         Slot *slot = &s->slots[i];
-        if (slot->committed && slot->header.step == step) {
+        if (slot->committed && slot->header.step == step && slot_intact(slot)) {
             rc = use(&slot->header, slot->data, arg);
             break;
         }
@@ -368,7 +377,7 @@ int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < 2; i++) {
         Slot *slot = &s->slots[i];
-        if (!slot->committed || slot->header.step != step) continue;
+        if (!slot->committed || slot->header.step != step || !slot_intact(slot)) continue;
         *payload = malloc(slot->header.length ? slot->header.length : 1);
         if (*payload) {
             memcpy(*payload, slot->data, slot->header.length);

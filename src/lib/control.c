@@ -1243,11 +1243,12 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms) {
         if (strcmp(l.jobs[i], c->job) == 0) continue;
         char key[CTL_KEY_MAX], pattern[CTL_KEY_MAX];
         long long n;
-        snprintf(key, sizeof key, "dp:%s:launcher", l.jobs[i]);
+        char suffix[32];
+        snprintf(key, sizeof key, "dp:%s:%s", l.jobs[i], ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER, 0, 0));
         if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) { removed = -1; break; }
         if (n > 0) continue;
         char seen[32], full[CTL_KEY_MAX];
-        snprintf(full, sizeof full, "dp:%s:launcher:seen", l.jobs[i]);
+        snprintf(full, sizeof full, "dp:%s:%s", l.jobs[i], ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER_SEEN, 0, 0));
         redisReply *r = ctl_command(c, "GET %s", full);
         if (!r) { removed = -1; break; }
         int judged = r->type == REDIS_REPLY_STRING && copy_checked(seen, sizeof seen, r->str, r->len) == 0;

@@ -366,16 +366,26 @@ dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *er
     return DP_OK;
 }
 
-void *dp_state(const dp_t *dp, uint32_t id, int64_t gen) {
-    for (int i = 0; i < dp->nstate; i++)
-        if (dp->state[i].id == id) return dp->block[gen & 1] + dp->head_area + dp->state_off[i];
-    return NULL;
-}
-
 static int state_index(const dp_t *dp, uint32_t id) {
     for (int i = 0; i < dp->nstate; i++)
         if (dp->state[i].id == id) return i;
     return -1;
+}
+
+/* Generation gen of the k-th declared region. */
+static unsigned char *state_at(const dp_t *dp, int k, int64_t gen) {
+    return dp->block[gen & 1] + dp->head_area + dp->state_off[k];
+}
+
+void *dp_state(const dp_t *dp, uint32_t id, int64_t gen) {
+    int k = state_index(dp, id);
+    return k < 0 ? NULL : state_at(dp, k, gen);
+}
+
+/* The declared regions of generation gen into out (dp->nstate of them). */
+static void declared_regions(const dp_t *dp, int64_t gen, dp_region *out) {
+    for (int k = 0; k < dp->nstate; k++)
+        out[k] = (dp_region){dp->state[k].id, DP_SHARDED, state_at(dp, k, gen), dp->state[k].len};
 }
 
 /* The application's regions now, then the declared state of generation gen. -1 + dp->err. */
@@ -394,15 +404,14 @@ static int app_regions(dp_t *dp, int64_t gen, dp_region *out, int max) {
             snprintf(dp->err, sizeof dp->err, "region %u is both declared (dp_state_declare) and reported", out[i].id);
             return -1;
         }
-    for (int i = 0; i < dp->nstate; i++)
-        out[n++] = (dp_region){dp->state[i].id, DP_SHARDED, dp_state(dp, dp->state[i].id, gen), dp->state[i].len};
-    return n;
+    declared_regions(dp, gen, out + n);
+    return n + dp->nstate;
 }
 
 /* Generation `step` as one payload where it lies, when the job snapshots every step and all
  * of this rank's state is declared: the head goes right before the regions in block[step & 1]
  * and the snapshot thread checksums and replicates from there. 1 captured, 0 not possible
- * (copy as usual), -1 + dp->err. */
+ * (copy as usual). */
 static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t extra_len) {
     if (!dp->nstate || dp->cfg.snapshot_every != 1 || extra_len > DP_STATE_EXTRA_MAX) return 0;
     dp_region now[GEN_MAX_REGIONS];
@@ -411,15 +420,13 @@ static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t e
     for (int i = 0; i < n; i++)
         if (now[i].kind == DP_SHARDED || dp->rank == 0) return 0; /* state of its own to copy */
     dp_region kept[GEN_MAX_REGIONS];
-    for (int i = 0; i < dp->nstate; i++)
-        kept[i] = (dp_region){dp->state[i].id, DP_SHARDED, dp_state(dp, dp->state[i].id, step), dp->state[i].len};
+    declared_regions(dp, step, kept);
     size_t hb = gen_head_bytes(dp->nstate, extra_len);
     unsigned char *payload = dp->block[step & 1] + dp->head_area - hb;
     gen_head_write(payload, dp->cfg.seed, step + 1, kept, dp->nstate, extra, extra_len);
     snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area);
     return 1;
 }
-
 
 /* The application's regions now, with the snapshot regions of this rank's generation:
  * the head first, then the regions this rank keeps (identical ones on rank 0 only). The
@@ -484,7 +491,7 @@ static int restore_declared(dp_t *dp, const dp_generation *g, char *err, size_t 
                      dp->state[k].len);
             return -1;
         }
-        void *dst = dp_state(dp, dp->state[k].id, g->step);
+        void *dst = state_at(dp, k, g->step);
         if (dst != g->regions[i].ptr) memmove(dst, g->regions[i].ptr, g->regions[i].len);
     }
     if (g->rank == dp->rank && seen != dp->nstate) {
@@ -625,7 +632,7 @@ static void warm_restore_buffer(dp_t *dp) {
     if (dp->nstate && dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS) == 0) return; /* all declared: lands in a block */
     int n = app_regions(dp, 0, r, GEN_MAX_REGIONS);
     if (n < 0) return;
-    size_t bytes = gen_head_bytes(n, 64 << 10); /* extra state: a cursor, an RNG; 64 KiB is ample */
+    size_t bytes = gen_head_bytes(n, DP_STATE_EXTRA_MAX); /* extra state: a cursor, an RNG */
     for (int i = 0; i < n; i++) bytes += r[i].len;
     void *b = alloc_huge(bytes);
     if (!b) return; /* only slower */
@@ -1357,10 +1364,10 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
     if (m && (!isfinite(m->loss) || !isfinite(m->grad_norm))) return diverged(dp, step, m);
     if (dp->snap && (step + 1) % dp->cfg.snapshot_every == 0) {
         snapshot_wait_previous(dp->snap, NULL); /* the head buffer is the thread's until then */
-        int zc = capture_zero_copy(dp, step, extra, extra_len);
-        int n = zc == 0 ? gather_regions(dp, step, extra, extra_len) : 0;
-        if (zc < 0 || n < 0 || (zc == 0 && snapshot_capture_regions(dp->snap, step, dp->snap_regions, n) != 0))
-            return DP_ERR;
+        if (!capture_zero_copy(dp, step, extra, extra_len)) {
+            int n = gather_regions(dp, step, extra, extra_len);
+            if (n < 0 || snapshot_capture_regions(dp->snap, step, dp->snap_regions, n) != 0) return DP_ERR;
+        }
     } else if (dp->cfg.ft == FT_DISK && (step + 1) % dp->cfg.ckpt_every == 0) {
         /* A synchronous checkpoint is part of the step it follows. */
         st = disk_checkpoint(dp, step, extra, extra_len);

@@ -153,6 +153,10 @@ int dp_finish(dp_t *dp, dp_status how);
 dp_role dp_get_role(const dp_t *dp);
 int dp_rank(const dp_t *dp);            /* -1 while a spare waits */
 int dp_world(const dp_t *dp);
+/* This rank's place among the job's ranks on its machine (0 = the lowest rank there), -1 for
+ * a spare or when it cannot be known (the control plane is gone). What every machine should
+ * have once, such as the final model in each machine's --out, is written where it is 0. */
+int dp_local_rank(dp_t *dp);
 int64_t dp_next_step(const dp_t *dp);   /* the step to run next (after a join or a recovery) */
 int64_t dp_steps(const dp_t *dp);       /* --steps */
 uint64_t dp_seed(const dp_t *dp);       /* --seed */

@@ -117,7 +117,7 @@ if [ "$(id -u)" -eq 0 ] && ip netns add dp_probe_$$ 2>/dev/null; then
   ip netns del dp_probe_$$
   expect_recovered network_loss 1 --spares 1 --inject netdown:3@10 --detect-timeout-ms 1000
   e="$WORK/network_loss/events.jsonl"
-  if grep -q '"failure_kind":"network"' "$e" && grep -q '"event":"fenced"' "$e" && ! ip netns list | grep -q '^dp'; then
+  if grep -q '"failure_kind":"network"' "$e" && grep -q '"event":"fenced"' "$e" && ! ip netns list | grep -q '^dp[0-9a-f]\{8\}r'; then
     ok "network_loss_detected_fenced_and_cleaned_up"
   else notok "network_loss_detected_fenced_and_cleaned_up" "$(grep -E 'failure|fenced' "$e")" "$(ip netns list)"; fi
 else

@@ -141,7 +141,58 @@ static void test_adamw_matches_reference(void) {
     CHECK(grad_clip_scale(&o, 0.3) == 1.0f, "no clip");
 }
 
+/* Machines of one job must agree on every option but their own (--out, --bind, ...). */
+static void test_node_options(void) {
+    JobConfig a, b;
+    char err[512], ta[JOB_CONFIG_TEXT_MAX], tb[JOB_CONFIG_TEXT_MAX];
+    job_config_defaults(&a);
+    job_config_set(&a, "nnodes", "2", err, sizeof err);
+    job_config_set(&a, "nproc-per-node", "2", err, sizeof err);
+    job_config_set(&a, "workers", "4", err, sizeof err);
+    job_config_set(&a, "redis", "redis://10.0.0.1:6379", err, sizeof err);
+    job_config_set(&a, "job", "j1", err, sizeof err);
+    CHECK(job_config_validate(&a, err, sizeof err) == 0, "valid: %s", err);
+    b = a;
+    snprintf(b.out, sizeof b.out, "/other");
+    snprintf(b.bind, sizeof b.bind, "10.0.0.2");
+    snprintf(b.node_id, sizeof b.node_id, "m2");
+    job_config_serialize(&a, ta, sizeof ta);
+    job_config_serialize(&b, tb, sizeof tb);
+    CHECK(job_config_mismatch(tb, ta, err, sizeof err) == 0, "machine-local options may differ: %s", err);
+    b.steps = 7;
+    job_config_serialize(&b, tb, sizeof tb);
+    CHECK(job_config_mismatch(tb, ta, err, sizeof err) != 0 && strstr(err, "--steps") && strstr(err, "'7'") &&
+              strstr(err, "'100'"), "steps differ, named with both values: %s", err);
+    /* what a multi-node job needs, named */
+    b = a;
+    b.redis[0] = 0;
+    CHECK(job_config_validate(&b, err, sizeof err) != 0 && strstr(err, "--redis"), "no redis: %s", err);
+    b = a;
+    b.job[0] = 0;
+    CHECK(job_config_validate(&b, err, sizeof err) != 0 && strstr(err, "--job"), "no job: %s", err);
+    b = a;
+    b.workers = 5;
+    CHECK(job_config_validate(&b, err, sizeof err) != 0 && strstr(err, "--nnodes x --nproc-per-node"), "world: %s", err);
+    b = a;
+    snprintf(b.job, sizeof b.job, "a:b");
+    CHECK(job_config_validate(&b, err, sizeof err) != 0 && strstr(err, "--job"), "job name: %s", err);
+}
+
+/* Replica holders: one per other machine first (same local rank), then the rest of the ring. */
+static void test_holder_offsets(void) {
+    int off[7];
+    holder_offsets(8, 2, off);
+    int want[7] = {2, 4, 6, 1, 3, 5, 7};
+    for (int i = 0; i < 7; i++) CHECK(off[i] == want[i], "8 ranks, 2 per machine: offset %d is %d, expected %d", i, off[i], want[i]);
+    holder_offsets(4, 0, off);
+    for (int i = 0; i < 3; i++) CHECK(off[i] == i + 1, "one machine: the plain ring (%d: %d)", i, off[i]);
+    holder_offsets(4, 4, off);
+    for (int i = 0; i < 3; i++) CHECK(off[i] == i + 1, "every rank on one machine: the plain ring (%d: %d)", i, off[i]);
+}
+
 int main(void) {
+    RUN_TEST(test_node_options);
+    RUN_TEST(test_holder_offsets);
     RUN_TEST(test_roundtrip);
     RUN_TEST(test_bad_values_named);
     RUN_TEST(test_train_options);

@@ -442,7 +442,35 @@ static void test_decision_parse_malformed(void) {
     CHECK(refused("", "empty", NULL), "empty text");
 }
 
+/* Whole machines: 3 machines x 2 ranks (machine of rank r = r / 2), rank 6 joined by hand. */
+static void test_nodes_lost(void) {
+    int node[7] = {0, 0, 1, 1, 2, 2, -1}, alive[7], node_alive[3], fail[7];
+    for (int r = 0; r < 7; r++) alive[r] = 1;
+    for (int k = 0; k < 3; k++) node_alive[k] = 1;
+    CHECK(decide_nodes_lost(7, node, alive, node_alive, 3, fail) == 0, "all alive: nobody fails");
+    /* rank 2 silent, its machine's launcher alive: it hangs by itself, fails alone (not here) */
+    alive[2] = 0;
+    CHECK(decide_nodes_lost(7, node, alive, node_alive, 3, fail) == 0, "a lone hang is not a machine loss");
+    /* machine 1's launcher silent too: both its ranks, the one still heartbeating included */
+    node_alive[1] = 0;
+    CHECK(decide_nodes_lost(7, node, alive, node_alive, 3, fail) == 2 && fail[2] && fail[3] && !fail[0] && !fail[4],
+          "machine 1 lost as a whole");
+    /* a machine whose launcher is silent but whose ranks all heartbeat: nothing yet */
+    alive[2] = 1;
+    CHECK(decide_nodes_lost(7, node, alive, node_alive, 3, fail) == 0, "a silent launcher alone fails no rank");
+    /* a hand-joined process (no machine) fails alone, never drags others */
+    alive[6] = 0;
+    node_alive[1] = 1;
+    CHECK(decide_nodes_lost(7, node, alive, node_alive, 3, fail) == 0, "no machine, no machine loss");
+    /* two machines at once */
+    alive[0] = alive[4] = 0;
+    node_alive[0] = node_alive[2] = 0;
+    CHECK(decide_nodes_lost(7, node, alive, node_alive, 3, fail) == 4 && fail[0] && fail[1] && fail[4] && fail[5],
+          "machines 0 and 2 lost");
+}
+
 int main(void) {
+    RUN_TEST(test_nodes_lost);
     RUN_TEST(test_one_failure);
     RUN_TEST(test_two_failures_one_epoch);
     RUN_TEST(test_failure_during_recovery);

@@ -21,6 +21,8 @@ static void usage(FILE *f) {
             "usage: deadpool run [--workers N] [--spares S] [--steps K] [--seed X] [--out DIR] [options]\n"
             "                    [--model PRESET|FILE] [--data FILE] [trainer options]   (built-in GPT-2 trainer)\n"
             "       deadpool run [options] -- PROGRAM [ARGS...]                          (your training program)\n"
+            "       deadpool run --nnodes N --nproc-per-node P --redis URL --job ID [--bind ADDR] [options]\n"
+            "                    (the same command on every machine; machines beyond N are spare machines)\n"
             "       deadpool worker --redis URL --job ID [--spare] [--rank R] [--bind HOST]\n"
             "       deadpool report DIR [--output FILE]                                 (DIR/report.html of a job)\n"
             "       deadpool run --help     (every option with its default)\n");
@@ -107,7 +109,7 @@ static int cmd_run(int argc, char **argv) {
     int builtin = !strncmp(cfg.program, DP_BUILTIN_PROGRAM, strlen(DP_BUILTIN_PROGRAM));
     TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
     train_options_defaults(&topt);
-    int i = 0;
+    int i = 0, workers_given = 0, spares_given = 0;
     for (; i < argc && strcmp(argv[i], "--") != 0;) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -128,6 +130,8 @@ static int cmd_run(int argc, char **argv) {
         if (!used) return 2;
         if (!strcmp(name, "resume") || !strcmp(name, "resume-step")) { i += used; continue; }
         if (job_config_has(name)) {
+            workers_given |= !strcmp(name, "workers");
+            spares_given |= !strcmp(name, "spares");
             if (job_config_set(&cfg, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
         } else if (train_options_has(name)) {
             char flag[80];
@@ -167,6 +171,10 @@ static int cmd_run(int argc, char **argv) {
             snprintf(cfg.redis, sizeof cfg.redis, "redis://%s%s%s:%d", v6 ? "[" : "", addr.host, v6 ? "]" : "", addr.port);
         }
     }
+    /* Across machines the world is --nnodes x --nproc-per-node, and spares are whole spare
+     * machines (the same command run on one more machine) unless --spares asks for more. */
+    if (cfg.nnodes > 0 && !workers_given) cfg.workers = cfg.nnodes * cfg.nproc_per_node;
+    if (cfg.nnodes > 0 && !spares_given) cfg.spares = 0;
     if (job_config_validate(&cfg, err, sizeof err) != 0 ||
         (builtin && train_options_validate(&topt, cfg.steps, err, sizeof err) != 0)) {
         fprintf(stderr, "deadpool: %s\n", err);

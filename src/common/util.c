@@ -1,4 +1,4 @@
-/* util.c — clocks, logging, JSON escaping, directories. */
+/* util.c — clocks, logging, JSON escaping, directories, a TCP liveness probe. */
 #include "util.h"
 
 #include <errno.h>
@@ -13,6 +13,9 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 double now_ms(void) {
     struct timespec ts;
@@ -26,11 +29,15 @@ double thread_cpu_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+static _Atomic int64_t wall_offset_ms;
+
 int64_t wall_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + wall_offset_ms;
 }
+
+void wall_clock_offset_set(int64_t offset_ms) { wall_offset_ms = offset_ms; }
 
 void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -162,4 +169,50 @@ int write_file_atomic(const char *path, const struct iovec *parts, int nparts, c
         return -1;
     }
     return 0;
+}
+
+void tcp_probe_many(const char *endpoints, size_t len, int n, int timeout_ms, int *state) {
+    struct pollfd *p = calloc((size_t)(n > 0 ? n : 1), sizeof *p);
+    for (int i = 0; i < n; i++) {
+        state[i] = -1;
+        if (p) p[i].fd = -1;
+    }
+    if (!p) return;
+    for (int i = 0; i < n; i++) {
+        char host[300];
+        snprintf(host, sizeof host, "%s", endpoints + (size_t)i * len);
+        char *colon = strrchr(host, ':');
+        if (!colon) continue;
+        *colon = 0;
+        struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV}, *ai = NULL;
+        if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai) continue;
+        int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd >= 0) {
+            int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+            if (rc == 0) state[i] = 1;
+            else if (errno == ECONNREFUSED) state[i] = 0;
+            if (rc == 0 || errno != EINPROGRESS) close(fd);
+            else p[i] = (struct pollfd){.fd = fd, .events = POLLOUT};
+        }
+        freeaddrinfo(ai);
+    }
+    double deadline = now_ms() + timeout_ms;
+    for (;;) {
+        int waiting = 0;
+        for (int i = 0; i < n; i++) waiting += p[i].fd >= 0;
+        int left = (int)(deadline - now_ms());
+        if (!waiting || left <= 0 || poll(p, (nfds_t)n, left) < 0) break;
+        for (int i = 0; i < n; i++) {
+            if (p[i].fd < 0 || !p[i].revents) continue;
+            int e = 0;
+            socklen_t el = sizeof e;
+            getsockopt(p[i].fd, SOL_SOCKET, SO_ERROR, &e, &el);
+            state[i] = e == 0 ? 1 : e == ECONNREFUSED ? 0 : -1;
+            close(p[i].fd);
+            p[i].fd = -1;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (p[i].fd >= 0) close(p[i].fd);
+    free(p);
 }

@@ -7,7 +7,11 @@
 
 double now_ms(void);       /* monotonic clock, milliseconds */
 double thread_cpu_ms(void); /* CPU time of the calling thread, milliseconds */
-int64_t wall_ms(void);     /* realtime clock, milliseconds since the epoch (shared across hosts) */
+int64_t wall_ms(void);     /* the job's clock, milliseconds since the epoch (shared across hosts) */
+/* wall_ms = this machine's realtime clock + offset_ms: every process of a job sets the offset
+ * to its control plane's clock (ctl_clock_offset), so that times taken on different machines
+ * (a failure on one, its recovery on another) are on one clock. */
+void wall_clock_offset_set(int64_t offset_ms);
 void sleep_ms(int ms);
 
 /* "[deadpool <role>] message" on stderr, one line. */
@@ -37,5 +41,9 @@ int write_file_atomic(const char *path, const struct iovec *parts, int nparts, c
 
 /* Creates dir and its parents (mkdir -p). 0 / -1 with errno. */
 int mkdir_p(const char *dir);
+/* Connects to each "HOST:PORT" in endpoints (n strings of stride len) at once and waits up to
+ * timeout_ms: state[i] = 1 something listens there, 0 refused (nothing listens: on a live
+ * kernel, the process that listened is gone), -1 no answer within the bound or no address. */
+void tcp_probe_many(const char *endpoints, size_t len, int n, int timeout_ms, int *state);
 
 #endif

@@ -307,7 +307,9 @@ int gpt2_main(int argc, char **argv) {
         if (st != DP_FAILED) break;
         st = dp_recover(dp, err, sizeof err);
     }
-    if (st == DP_OK && dp_rank(dp) == 0) st = save_final_model(t, dp);
+    /* Every rank holds the whole model after the last step: the first rank of each machine
+     * writes it to that machine's --out (a multi-node job has no shared filesystem). */
+    if (st == DP_OK && dp_local_rank(dp) == 0) st = save_final_model(t, dp);
     int rc = dp_finish(dp, st);
     trainer_free(t);
     return rc;

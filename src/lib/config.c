@@ -40,6 +40,10 @@ static const OptSpec OPTIONS[] = {
     {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},
     {"bind", OPT_STR, S(bind), 0, 0, NULL, "address the metrics server listens on (default 127.0.0.1, loopback only)"},
     {"report", OPT_INT, F(report), 0, 0, 1, NULL, "write DIR/report.html (plots of the run) when the job ends; --report alone = 1"},
+    {"nnodes", OPT_INT, F(nnodes), 0, 0, DP_MAX_RANKS, NULL, "machines that run ranks: run the same command on each (and on spare machines); needs --redis and --job"},
+    {"nproc-per-node", OPT_INT, F(nproc_per_node), 0, 0, DP_MAX_RANKS, NULL, "with --nnodes: ranks per machine (a spare machine starts as many spares)"},
+    {"job", OPT_STR, S(job), 0, 0, NULL, "with --nnodes: the job's name, the same on every machine"},
+    {"node-id", OPT_STR, S(node_id), 0, 0, NULL, "with --nnodes: what identifies this machine (default: its boot id and hostname)"},
     {"program", OPT_STR, S(program), 0, 0, NULL, "(internal) the training program and its arguments"},
 };
 #undef F
@@ -74,6 +78,43 @@ int job_config_set(JobConfig *c, const char *name, const char *value, char *err,
 
 int job_config_has(const char *name) { return opt_find(TABLE, name) != NULL; }
 
+static const char *const NODE_LOCAL[] = {"out", "redis", "bind", "metrics-port", "report", "node-id", "resume", NULL};
+
+int job_config_node_local(const char *name) {
+    for (int i = 0; NODE_LOCAL[i]; i++)
+        if (!strcmp(NODE_LOCAL[i], name)) return 1;
+    return 0;
+}
+
+/* The value of option `name` in a serialised config ("" when absent) into out. */
+static void config_value(const char *text, const char *name, char *out, size_t len) {
+    size_t n = strlen(name);
+    out[0] = 0;
+    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (!strncmp(line, name, n) && line[n] == '=') {
+            snprintf(out, len, "%.*s", (int)strcspn(line + n + 1, "\n"), line + n + 1);
+            return;
+        }
+}
+
+int job_config_mismatch(const char *mine, const char *job, char *err, size_t errlen) {
+    static char a[JOB_CONFIG_TEXT_MAX], b[JOB_CONFIG_TEXT_MAX];
+    for (size_t i = 0; i < TABLE.n; i++) {
+        const char *name = TABLE.opts[i].name;
+        if (job_config_node_local(name)) continue;
+        config_value(mine, name, a, sizeof a);
+        config_value(job, name, b, sizeof b);
+        if (strcmp(a, b) != 0) {
+            for (char *p = a; *p; p++) if (*p == DP_ARG_SEP) *p = ' ';
+            for (char *p = b; *p; p++) if (*p == DP_ARG_SEP) *p = ' ';
+            snprintf(err, errlen, "--%s: this machine has '%.300s', the job (as its first machine created it) has "
+                     "'%.300s'", name, a, b);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
     if (!c->out[0]) { snprintf(err, errlen, "--out: expected a directory, found nothing"); return -1; }
     if (!c->program[0]) { snprintf(err, errlen, "expected a program to run, found nothing"); return -1; }
@@ -91,6 +132,26 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
                  c->replicas, c->spares);
         return -1;
     }
+    if (c->nnodes > 0) {
+        if (!c->redis[0]) { snprintf(err, errlen, "--nnodes: expected --redis URL (every machine must reach the same Redis), found none"); return -1; }
+        if (!c->job[0]) { snprintf(err, errlen, "--nnodes: expected --job NAME (the same on every machine), found none"); return -1; }
+        if (c->nproc_per_node < 1) { snprintf(err, errlen, "--nnodes: expected --nproc-per-node P (P >= 1), found %d", c->nproc_per_node); return -1; }
+        if ((long)c->nnodes * c->nproc_per_node > DP_MAX_RANKS) {
+            snprintf(err, errlen, "--nnodes %d x --nproc-per-node %d: expected at most %d ranks", c->nnodes, c->nproc_per_node, DP_MAX_RANKS);
+            return -1;
+        }
+        if (c->workers != c->nnodes * c->nproc_per_node) {
+            snprintf(err, errlen, "--workers %d: with --nnodes it is --nnodes x --nproc-per-node = %d", c->workers,
+                     c->nnodes * c->nproc_per_node);
+            return -1;
+        }
+        if (inject_netdown_rank(c->inject) >= 0) { snprintf(err, errlen, "--inject netdown: one machine only (cut a machine's link instead)"); return -1; }
+    }
+    for (const char *p = c->job; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.')) {
+            snprintf(err, errlen, "--job: expected letters, digits, '-', '_' or '.', found '%.60s'", c->job);
+            return -1;
+        }
     FaultSpec faults[INJECT_MAX];
     if (inject_parse(c->inject, c->workers, faults, INJECT_MAX, err, errlen) < 0) return -1;
     if (c->redis[0] && inject_netdown_rank(c->inject) >= 0) { /* redis must listen on the namespace's link */

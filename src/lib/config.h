@@ -51,6 +51,10 @@ typedef struct {
     int metrics_port;     /* serve Prometheus /metrics on this port while the job runs (0 = off) */
     char bind[256];       /* address this host listens on for the metrics server ("" = 127.0.0.1) */
     int report;           /* 1: write DIR/report.html when the job ends */
+    int nnodes;           /* --nnodes: machines that run ranks (0 = one machine, --workers ranks) */
+    int nproc_per_node;   /* --nproc-per-node: ranks per machine (and spares per spare machine) */
+    char job[40];         /* --job: the job's name in a Redis shared by its machines (the replica wire format holds 39 bytes) */
+    char node_id[128];    /* --node-id: what identifies this machine ("" = boot id + hostname) */
     char program[8192];   /* PROGRAM and ARGS joined by DP_ARG_SEP; DP_BUILTIN_PROGRAM first = GPT-2 */
 } JobConfig;
 
@@ -64,6 +68,13 @@ void job_config_defaults(JobConfig *c);
 int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen);
 /* 1 if `name` is one of the job's options. */
 int job_config_has(const char *name);
+/* 1 if option `name` belongs to one machine of a multi-node job (its --out, --bind, ...):
+ * machines joining a job may differ in these, never in the others. */
+int job_config_node_local(const char *name);
+/* Compares the job-wide options of mine with the job's (each a serialised config): 0 when
+ * they agree, else -1 with err naming the first option that differs, both values. */
+int job_config_mismatch(const char *mine, const char *job, char *err, size_t errlen);
+
 /* Checks cross-field constraints after all options are set. 0 / -1 + err. */
 int job_config_validate(const JobConfig *c, char *err, size_t errlen);
 

@@ -21,6 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
 
 #define CTL_JOB_MAX 128
 #define CTL_KEY_MAX 256
@@ -639,6 +642,11 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_JOIN_STATS: snprintf(buf, len, "e%lld:join:%lld", a, b); break;
     case KEY_LAUNCHER: snprintf(buf, len, "launcher"); break;
     case KEY_LAUNCHER_SEEN: snprintf(buf, len, "launcher:seen"); break;
+    case KEY_NODES: snprintf(buf, len, "nodes"); break;
+    case KEY_NODE_COUNT: snprintf(buf, len, "nodes:n"); break;
+    case KEY_NODE_ALIVE: snprintf(buf, len, "node:%lld:alive", a); break;
+    case KEY_EXIT: snprintf(buf, len, "exit:%lld", a); break;
+    case KEY_PROGRESS: snprintf(buf, len, "metrics:last"); break;
     default: snprintf(buf, len, "unknown"); break;
     }
     return buf;
@@ -1052,7 +1060,17 @@ static int push_to_list(ctl_t *c, const char *list, const char *json) {
 
 int ctl_push_event(ctl_t *c, const char *json) { return push_to_list(c, "events", json); }
 
-int ctl_push_metric(ctl_t *c, const char *json) { return push_to_list(c, "metrics", json); }
+/* The line goes to the launcher that drains the list, and stays readable as the newest
+ * progress for the launchers of the other machines: one round trip for both. */
+int ctl_push_metric(ctl_t *c, const char *json) {
+    char key[CTL_KEY_MAX], last[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, "metrics");
+    ctl_key_full(c, last, sizeof last, KEY_PROGRESS, 0, 0);
+    if (ctl_batch_begin(c) != 0) return -1;
+    batch_append(c, "RPUSH %s %s", key, json);
+    batch_append(c, "SET %s %s", last, json);
+    return ctl_batch_end(c);
+}
 
 /* Reads the four pipelined replies of MULTI / LRANGE / LTRIM / EXEC and returns the EXEC
  * reply (an array whose first element is the LRANGE result), or NULL with c->err set. */
@@ -1194,6 +1212,89 @@ int ctl_launcher_beat(ctl_t *c, const char *who, int ttl_ms) {
                    ctl_command_ok(c, "SET %s %lld", seen, (long long)wall_ms()) == 0
                ? 0
                : -1;
+}
+
+int ctl_node_join(ctl_t *c, const char *node_id, int *index) {
+    char nodes[CTL_KEY_MAX], count[CTL_KEY_MAX];
+    ctl_key_full(c, nodes, sizeof nodes, KEY_NODES, 0, 0);
+    ctl_key_full(c, count, sizeof count, KEY_NODE_COUNT, 0, 0);
+    long long added, n;
+    /* The id first: a second launcher with the same id must not take an index (a gap in
+     * 0..N-1 would leave a machine's ranks unstarted). */
+    if (ctl_command_integer(c, &added, "HSETNX %s %s -1", nodes, node_id) != 0) return -1;
+    if (!added) return 0;
+    if (ctl_command_integer(c, &n, "INCR %s", count) != 0) return -1;
+    *index = (int)(n - 1);
+    if (ctl_command_ok(c, "HSET %s %s %d", nodes, node_id, *index) != 0) return -1;
+    return 1;
+}
+
+int ctl_node_beat(ctl_t *c, int index, int ttl_ms) {
+    char key[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_NODE_ALIVE, index, 0);
+    return ctl_command_ok(c, "SET %s 1 PX %d", key, ttl_ms);
+}
+
+int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max) {
+    char key[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_NODES, 0, 0);
+    redisReply *r = ctl_command(c, "HGETALL %s", key);
+    if (!r) return -1;
+    int n = 0;
+    if (r->type == REDIS_REPLY_ARRAY)
+        for (size_t i = 0; i + 1 < r->elements && n < max; i += 2) {
+            const redisReply *id = r->element[i], *v = r->element[i + 1];
+            if (id->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || copy_checked(ids + (size_t)n * idlen, idlen, id->str, id->len) != 0)
+                continue;
+            index[n++] = atoi(v->str);
+        }
+    freeReplyObject(r);
+    return n;
+}
+
+int ctl_exit_report(ctl_t *c, long proc, const char *how) {
+    char key[CTL_KEY_MAX], hb[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_EXIT, proc, 0);
+    snprintf(hb, sizeof hb, "dp:%s:hb:%ld", c->job, proc);
+    if (ctl_batch_begin(c) != 0) return -1;
+    /* How first: whoever sees the heartbeat gone finds why. */
+    batch_append(c, "SET %s %s EX 86400", key, how);
+    batch_append(c, "DEL %s", hb);
+    return ctl_batch_end(c);
+}
+
+static int64_t realtime_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int ctl_clock_offset(ctl_t *c, int64_t *offset_ms) {
+    int64_t best_rtt = -1;
+    for (int i = 0; i < 5; i++) {
+        int64_t t0 = realtime_us();
+        redisReply *r = ctl_command(c, "TIME");
+        int64_t t1 = realtime_us();
+        if (!r) return -1;
+        if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_STRING &&
+            r->element[1]->type == REDIS_REPLY_STRING && (best_rtt < 0 || t1 - t0 < best_rtt)) {
+            int64_t server_us = strtoll(r->element[0]->str, NULL, 10) * 1000000 + strtoll(r->element[1]->str, NULL, 10);
+            best_rtt = t1 - t0;
+            *offset_ms = (server_us - (t0 + t1) / 2) / 1000;
+        }
+        freeReplyObject(r);
+    }
+    return best_rtt < 0 ? -1 : 0;
+}
+
+int ctl_local_addr(ctl_t *c, char *buf, size_t len) {
+    if (ensure_connected(c) != 0) return -1;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(c->rc->fd, (struct sockaddr *)&ss, &sl) != 0) return -1;
+    const void *a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                             : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    return inet_ntop(ss.ss_family, a, buf, (socklen_t)len) ? 0 : -1;
 }
 
 int ctl_launcher_alive(ctl_t *c) {

@@ -9,6 +9,7 @@
 #define DEADPOOL_CONTROL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ctl ctl_t;
 
@@ -69,7 +70,12 @@ typedef enum {
     KEY_PERSISTED,    /* persisted:STEP — set of ranks whose state of STEP is on disk */
     KEY_JOIN_STATS,   /* eEPOCH:join:RANK — "CTL STORE RENDEZVOUS_MS BARRIER_MS": RANK joining EPOCH */
     KEY_LAUNCHER,     /* launcher — "HOST PID" of the job's launcher, with a TTL it keeps renewing */
-    KEY_LAUNCHER_SEEN /* launcher:seen — wall ms of the launcher's newest renewal (no TTL) */
+    KEY_LAUNCHER_SEEN,/* launcher:seen — wall ms of the launcher's newest renewal (no TTL) */
+    KEY_NODES,        /* nodes — hash: node id -> its index (the order machines joined in) */
+    KEY_NODE_COUNT,   /* nodes:n — machines that joined (INCR draws the next index) */
+    KEY_NODE_ALIVE,   /* node:INDEX:alive — that machine's launcher is alive (a TTL it renews) */
+    KEY_EXIT,         /* exit:PROC — how PROC ended, by its machine's launcher: crash|departed|bad_job */
+    KEY_PROGRESS      /* metrics:last — the newest step's metrics line (every machine prints it) */
 } ctl_key;
 
 /* The suffix of key k into buf; returns buf. */
@@ -88,6 +94,25 @@ int ctl_launcher_alive(ctl_t *c);
  * heartbeat either (a launcher killed with -9 leaves its keys behind). A job without a
  * last-seen time is left alone. The number of jobs removed, -1 on error. */
 int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms);
+
+/* --- machines (multi-node jobs) ------------------------------------------------------
+ * A machine joins with its node id: ctl_node_join gives it the next index (1 joined, 0 the
+ * id is already in the job, -1 error). ctl_node_beat keeps KEY_NODE_ALIVE of index alive
+ * for ttl_ms. ctl_nodes_read: every joined node's id (ids + i * idlen) and index, up to max;
+ * the count, -1 on error. */
+int ctl_node_join(ctl_t *c, const char *node_id, int *index);
+int ctl_node_beat(ctl_t *c, int index, int ttl_ms);
+int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max);
+/* A launcher saw its process `proc` end: records how (KEY_EXIT) and deletes its heartbeat,
+ * in one round trip, so that the coordinator on another machine knows within a liveness
+ * period. 0 / -1. */
+int ctl_exit_report(ctl_t *c, long proc, const char *how);
+/* Redis's clock minus this machine's realtime clock, in ms, from the TIME round trip with the
+ * least delay of a few (error: half that round trip). 0 / -1. */
+int ctl_clock_offset(ctl_t *c, int64_t *offset_ms);
+/* The local address of this connection (the interface that reaches Redis: what peers on
+ * other machines can reach us at, when nothing better is given). 0 / -1. */
+int ctl_local_addr(ctl_t *c, char *buf, size_t len);
 
 /* Adds member to the set under suffix; the set's size after, -1 on error. */
 long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member);

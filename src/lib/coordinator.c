@@ -27,16 +27,27 @@ typedef struct {
     int64_t t_fail_ms, t_detect_ms;
 } Pending;
 
+#define NODE_ID_MAX 128
+#define ENDPOINT_MAX 300
+
 struct Coordinator {
     ctl_t *ctl;
     const JobConfig *cfg;
     int64_t t0_wall_ms;
-    char my_host[256];
+    char my_node[NODE_ID_MAX];
     long epoch;
     long long rollback;      /* restore point of the current epoch */
     int have_members;
     long procs[RECOVERY_MAX_RANKS];
-    pid_t pids[RECOVERY_MAX_RANKS]; /* 0 when the member is not on this host */
+    pid_t pids[RECOVERY_MAX_RANKS]; /* 0 when the member is not on this machine */
+    char node[RECOVERY_MAX_RANKS][NODE_ID_MAX];         /* each member's machine */
+    char endpoint[RECOVERY_MAX_RANKS][ENDPOINT_MAX];    /* each member's replica server, HOST:PORT */
+    /* the machines with a launcher (KEY_NODES), read when a member falls silent */
+    char node_ids[DP_MAX_RANKS][NODE_ID_MAX];
+    int node_index[DP_MAX_RANKS], nnodes_known;
+    double probe_due;        /* a member reported a failed collective: probe the members (0 = no) */
+    int64_t probe_report_wall_ms; /* ...reported then: a death the probe confirms is dated there */
+    double last_probe_ms;
     char departed[RECOVERY_MAX_RANKS]; /* the member's process exited on purpose */
     Pending pending[MAX_PENDING];
     int npending;
@@ -60,14 +71,14 @@ struct Coordinator {
     int rtt_counting;
 };
 
-Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms) {
+Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms, const char *node) {
     Coordinator *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->ctl = ctl;
     c->cfg = cfg;
     c->t0_wall_ms = t0_wall_ms;
     c->rollback = cfg->resume_step;
-    gethostname(c->my_host, sizeof c->my_host - 1);
+    snprintf(c->my_node, sizeof c->my_node, "%s", node);
     return c;
 }
 
@@ -83,18 +94,22 @@ const char *coord_message(const Coordinator *c) { return c->message; }
 long coord_epoch(const Coordinator *c) { return c->epoch; }
 void coord_progress(Coordinator *c, int step) { if (step > c->last_step) c->last_step = step; }
 
-/* pids[i] = the pid of procs[i] when it runs on this host, else 0: one round trip for all. */
-#define HOST_FIELD_MAX 256
-static void local_pids(Coordinator *c, const long *procs, int n, pid_t *pids) {
-    static const char *const fields[] = {"host", "pid"};
-    char (*v)[HOST_FIELD_MAX] = n > 0 ? malloc(sizeof *v * 2 * (size_t)n) : NULL;
+/* Facts of procs[0..n) in one round trip: pids[i] = its pid when it runs on this machine,
+ * else 0; nodes[i] its machine and endpoints[i] its replica server (either may be NULL). */
+static void member_facts(Coordinator *c, const long *procs, int n, pid_t *pids, char (*nodes)[NODE_ID_MAX],
+                         char (*endpoints)[ENDPOINT_MAX]) {
+    static const char *const fields[] = {"node", "pid", "replica"};
+    char (*v)[ENDPOINT_MAX] = n > 0 ? malloc(sizeof *v * 3 * (size_t)n) : NULL;
     for (int i = 0; i < n; i++) pids[i] = 0;
-    if (!v || ctl_proc_get_many(c->ctl, procs, n, fields, 2, v[0], HOST_FIELD_MAX) != 0) {
+    if (!v || ctl_proc_get_many(c->ctl, procs, n, fields, 3, v[0], ENDPOINT_MAX) != 0) {
         free(v);
         return;
     }
-    for (int i = 0; i < n; i++)
-        if (!strcmp(v[2 * i], c->my_host)) pids[i] = (pid_t)atoi(v[2 * i + 1]);
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(v[3 * i], c->my_node)) pids[i] = (pid_t)atoi(v[3 * i + 1]);
+        if (nodes) snprintf(nodes[i], NODE_ID_MAX, "%.*s", NODE_ID_MAX - 1, v[3 * i]);
+        if (endpoints) snprintf(endpoints[i], ENDPOINT_MAX, "%s", v[3 * i + 2]);
+    }
     free(v);
 }
 
@@ -106,7 +121,7 @@ static int load_members(Coordinator *c) {
     for (int r = 0; r < c->cfg->workers; r++)
         if (procs[r] <= 0) return -1;
     memcpy(c->procs, procs, sizeof(long) * (size_t)c->cfg->workers);
-    local_pids(c, c->procs, c->cfg->workers, c->pids);
+    member_facts(c, c->procs, c->cfg->workers, c->pids, c->node, c->endpoint);
     c->have_members = 1;
     return 0;
 }
@@ -193,7 +208,7 @@ static void child_exited(Coordinator *c, pid_t pid, int status) {
     long spares[DP_MAX_RANKS];
     pid_t spids[DP_MAX_RANKS];
     int n = ctl_spare_list(c->ctl, spares, DP_MAX_RANKS);
-    if (n > 0) local_pids(c, spares, n, spids);
+    if (n > 0) member_facts(c, spares, n, spids, NULL, NULL);
     for (int i = 0; i < n; i++)
         if (spids[i] == pid) {
             ctl_heartbeat_clear(c->ctl, spares[i]);
@@ -202,7 +217,109 @@ static void child_exited(Coordinator *c, pid_t pid, int status) {
 }
 
 void coord_comm_failure(Coordinator *c, long epoch) {
-    if (epoch == c->epoch && c->suspicion_ms == 0) c->suspicion_ms = now_ms();
+    if (epoch != c->epoch) return;
+    if (c->suspicion_ms == 0) c->suspicion_ms = now_ms();
+    if (c->probe_due == 0) {
+        c->probe_due = now_ms();
+        c->probe_report_wall_ms = wall_ms();
+    }
+}
+
+/* A member reported a failed collective: a peer's connection was reset, most likely because
+ * the peer died. Its replica server's port answers as long as the process lives (the kernel
+ * accepts for it even while it hangs), so a refused connection confirms the death at once,
+ * without waiting for its heartbeat to expire: a crashed machine's ranks are all found in
+ * this one probe, hence one decision. A silent port (a cut link) proves nothing: the
+ * heartbeat decides then. One probe per report, at most every 50 ms. */
+static void probe_members(Coordinator *c) {
+    if (!c->probe_due || !c->have_members || now_ms() - c->last_probe_ms < 50) return;
+    c->probe_due = 0;
+    c->last_probe_ms = now_ms();
+    int world = c->cfg->workers, *state = malloc(sizeof *state * (size_t)world);
+    if (!state) return;
+    tcp_probe_many(c->endpoint[0], ENDPOINT_MAX, world, 200, state);
+    for (int r = 0; r < world; r++)
+        if (state[r] == 0 && !c->departed[r] && !pending_has(c, r)) {
+            ctl_heartbeat_clear(c->ctl, c->procs[r]);
+            add_failure(c, r, "crash");
+            /* it died before its peer noticed: at the latest when the report came */
+            Pending *p = &c->pending[c->npending - 1];
+            if (p->rank == r && c->probe_report_wall_ms < p->t_fail_ms) p->t_fail_ms = c->probe_report_wall_ms;
+        }
+    free(state);
+}
+
+static const char *silent_kind(pid_t pid);
+
+/* The index of machine `id` among those with a launcher (as last read), -1 if it has none. */
+static int node_index_of(const Coordinator *c, const char *id) {
+    for (int k = 0; k < c->nnodes_known; k++)
+        if (!strcmp(c->node_ids[k], id)) return c->node_index[k];
+    return -1;
+}
+
+/* Silent members: how their own machine's launcher saw them end (KEY_EXIT), and whole
+ * machines lost (decide_nodes_lost); the rest failed by their silence alone. */
+static void silent_members(Coordinator *c, const int *alive) {
+    int world = c->cfg->workers;
+    int *node = malloc(sizeof *node * (size_t)world), *fail = malloc(sizeof *fail * (size_t)world);
+    int *node_alive = calloc(DP_MAX_RANKS, sizeof *node_alive);
+    char (*how)[32] = malloc(sizeof *how * (size_t)world);
+    char (*keys)[48] = malloc(sizeof *keys * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
+    const char **kp = malloc(sizeof *kp * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
+    if (!node || !fail || !node_alive || !how || !keys || !kp) goto out;
+    for (int r = 0; r < world; r++) {
+        ctl_key_suffix(keys[r], sizeof keys[r], KEY_EXIT, c->procs[r], 0);
+        kp[r] = keys[r];
+    }
+    if (ctl_get_many(c->ctl, kp, world, how[0], sizeof how[0], NULL) != 0)
+        for (int r = 0; r < world; r++) how[r][0] = 0;
+    for (int r = 0; r < world; r++) {
+        node[r] = -1;
+        if (alive[r] || c->departed[r] || pending_has(c, r)) continue;
+        if (!strcmp(how[r], "departed")) { c->departed[r] = 1; continue; }
+        if (!strcmp(how[r], "bad_job")) {
+            snprintf(c->message, sizeof c->message, "rank %d's process stopped on a bad job (its machine's log says why)", r);
+            c->unrestorable = 1;
+        }
+    }
+    /* The machines as registered now (a spare machine may have joined since the last look). */
+    int known = ctl_nodes_read(c->ctl, c->node_ids[0], NODE_ID_MAX, c->node_index, DP_MAX_RANKS);
+    if (known >= 0) c->nnodes_known = known;
+    for (int r = 0; r < world; r++) node[r] = node_index_of(c, c->node[r]);
+    int nn = 0;
+    for (int k = 0; k < c->nnodes_known; k++) {
+        if (c->node_index[k] >= DP_MAX_RANKS || c->node_index[k] < 0) continue;
+        ctl_key_suffix(keys[nn], sizeof keys[nn], KEY_NODE_ALIVE, c->node_index[k], 0);
+        kp[nn] = keys[nn];
+        nn++;
+    }
+    int *present = malloc(sizeof *present * (size_t)(nn > 0 ? nn : 1));
+    char (*vals)[8] = malloc(sizeof *vals * (size_t)(nn > 0 ? nn : 1));
+    if (present && vals && nn > 0 && ctl_get_many(c->ctl, kp, nn, vals[0], sizeof vals[0], present) == 0) {
+        int k2 = 0;
+        for (int k = 0; k < c->nnodes_known; k++)
+            if (c->node_index[k] >= 0 && c->node_index[k] < DP_MAX_RANKS) node_alive[c->node_index[k]] = present[k2++];
+    } else {
+        for (int k = 0; k < DP_MAX_RANKS; k++) node_alive[k] = 1; /* unknown: nobody is lost as a whole */
+    }
+    free(present);
+    free(vals);
+    int effective_alive[RECOVERY_MAX_RANKS];
+    for (int r = 0; r < world; r++) effective_alive[r] = alive[r] || c->departed[r];
+    decide_nodes_lost(world, node, effective_alive, node_alive, DP_MAX_RANKS, fail);
+    for (int r = 0; r < world; r++) {
+        if (c->departed[r] || pending_has(c, r)) continue;
+        if (fail[r]) add_failure(c, r, "node");
+        else if (!alive[r]) add_failure(c, r, !strcmp(how[r], "crash") ? "crash" : silent_kind(c->pids[r]));
+    }
+out:
+    free(node);
+    free(fail);
+    free(node_alive);
+    free(how);
+    free(keys);
+    free(kp);
 }
 
 /* What a member whose heartbeat expired is doing, when it runs here. */
@@ -235,7 +352,10 @@ static void check_liveness(Coordinator *c) {
     c->last_liveness_ok = now;
     if (now < c->silence_ignored_until) return;
     for (int r = 0; r < c->cfg->workers; r++)
-        if (!alive[r] && !c->departed[r]) add_failure(c, r, silent_kind(c->pids[r]));
+        if (!alive[r] && !c->departed[r] && !pending_has(c, r)) {
+            silent_members(c, alive);
+            break;
+        }
     long spares[DP_MAX_RANKS];
     int n = ctl_spare_list(c->ctl, spares, DP_MAX_RANKS);
     if (n <= 0) return;
@@ -345,7 +465,17 @@ static void decide(Coordinator *c, Decision *d) {
     long spares[RECOVERY_MAX_RANKS];
     pid_t spids[RECOVERY_MAX_RANKS];
     for (int i = 0; i < d->nfailed; i++) spares[i] = d->failed[i].spare_proc;
-    local_pids(c, spares, d->nfailed, spids);
+    char (*nodes)[NODE_ID_MAX] = malloc(sizeof *nodes * (size_t)(d->nfailed > 0 ? d->nfailed : 1));
+    char (*eps)[ENDPOINT_MAX] = malloc(sizeof *eps * (size_t)(d->nfailed > 0 ? d->nfailed : 1));
+    if (nodes && eps) member_facts(c, spares, d->nfailed, spids, nodes, eps);
+    for (int i = 0; i < d->nfailed; i++) {
+        int r = d->failed[i].rank;
+        if (!nodes || !eps) spids[i] = 0;
+        snprintf(c->node[r], NODE_ID_MAX, "%s", nodes && eps ? nodes[i] : "");
+        snprintf(c->endpoint[r], ENDPOINT_MAX, "%s", nodes && eps ? eps[i] : "");
+    }
+    free(nodes);
+    free(eps);
     for (int i = 0; i < d->nfailed; i++) {
         c->pids[d->failed[i].rank] = spids[i];
         c->departed[d->failed[i].rank] = 0;
@@ -468,6 +598,7 @@ static coord_state tick(Coordinator *c, int *spares_used) {
         c->last_liveness_ms = now;
         check_liveness(c);
     }
+    probe_members(c);
     /* A failed collective with no failed member, for long enough: rebuild the communicator. */
     int suspicion_due = c->npending == 0 && c->suspicion_ms > 0 && now - c->suspicion_ms > 1.5 * c->cfg->detect_timeout_ms;
     if (c->npending == 0 && !suspicion_due) return COORD_RUNNING;

@@ -1,7 +1,8 @@
 /* coordinator.h — failure detection and the one decision per epoch (runs in the launcher).
  *
- * It watches the members of the current epoch (local child exits, heartbeat keys, reported
- * communication failures), and when members fail it decides the next epoch: a live spare for
+ * It watches the members of the current epoch (local child exits, exits other machines'
+ * launchers report, heartbeat keys, whole machines whose launcher fell silent, reported
+ * communication failures confirmed by a probe of the peers), and when members fail it decides the next epoch: a live spare for
  * each failed rank and the rollback generation (the newest committed by every rank). Its
  * state is the job's Redis keys (epoch, decisions, committed generations, spare pool), so a
  * restarted coordinator would find everything it needs there. When no spare is left it
@@ -23,7 +24,8 @@ typedef struct Coordinator Coordinator;
 
 typedef enum { COORD_RUNNING = 0, COORD_FAILED = 1 } coord_state;
 
-Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms);
+/* node: the id of the machine the coordinator runs on (its members there are its children). */
+Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms, const char *node);
 void coord_free(Coordinator *c);
 
 /* A local child process exited (waitpid status). */

@@ -148,3 +148,15 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
     }
     return DECIDE_SWAP;
 }
+
+int decide_nodes_lost(int world, const int *node, const int *alive, const int *node_alive, int nnodes, int *fail) {
+    int marked = 0;
+    for (int r = 0; r < world; r++) fail[r] = 0;
+    for (int r = 0; r < world; r++) {
+        int k = node[r];
+        if (alive[r] || k < 0 || k >= nnodes || node_alive[k]) continue;
+        for (int q = 0; q < world; q++)
+            if (node[q] == k && !fail[q]) { fail[q] = 1; marked++; }
+    }
+    return marked;
+}

@@ -67,6 +67,16 @@ typedef enum {
  * "" when there is none. */
 decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size_t whylen);
 
+/* Whole-machine loss: which members fail together with silent ones. node[r] is the index of
+ * rank r's machine among those with a launcher (-1: none, e.g. a process joined by hand);
+ * alive[r] its heartbeat; node_alive[k] machine k's launcher key (nnodes entries). A machine
+ * whose launcher is silent and which has a silent member is lost as a whole: every member on
+ * it gets fail[r] = 1, the ones still heartbeating too, so that the loss is one decision and
+ * not one per heartbeat expiry. A silent member on a machine whose launcher is alive fails
+ * alone (its launcher would have reported an exit: it hangs or is cut off by itself). The
+ * number of members marked. */
+int decide_nodes_lost(int world, const int *node, const int *alive, const int *node_alive, int nnodes, int *fail);
+
 /* "wait", "swap", "rebuild", "no_spare", "state_lost", "no_ft", "invalid". */
 const char *decide_outcome_name(decide_outcome o);
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,7 @@
 
 typedef struct {
     pid_t pid;
+    long proc;   /* its process id in the job (drawn here: exits are reported by it) */
     int rank;    /* -1 for a spare */
     int exited;
     int status;  /* waitpid status */
@@ -56,7 +58,7 @@ typedef struct {
     JobConfig run_cfg;      /* cfg as the current incarnation runs it (restarts change it) */
     redis_addr addr;
     Restart restart;
-    char job[32];
+    char job[40];
     char url[600];          /* redis URL without the password */
     redis_server server;    /* embedded server; pid 0 when --redis was given */
     ctl_t *ctl;
@@ -83,6 +85,14 @@ typedef struct {
     int respawn_due;        /* spares used by a decision, started once the recovery is over */
     double respawn_at;      /* ...or at this time (now_ms) should no `recovered` event come */
     double beat_ms;         /* when the launcher key was last renewed */
+    /* machines: every launcher is one machine of the job (one for `--workers N`) */
+    char node_id[128];      /* this machine's id (--node-id, else node_id_default) */
+    int node_index;         /* the order it joined in: < --nnodes runs ranks, beyond it spares */
+    int coordinating;       /* this launcher runs the coordinator (the job's first machine) */
+    char bind_addr[256];    /* where this machine's processes listen ("" = loopback) */
+    double node_beat_ms;    /* when KEY_NODE_ALIVE was last renewed */
+    double progress_ms;     /* another machine's launcher: when the progress was last read */
+    char progress_seen[64]; /* ...and the newest step's line it printed (its "t") */
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -121,6 +131,8 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     L->addr = addr;
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
     if (!L->ctl) return -1;
+    int64_t offset;
+    if (ctl_clock_offset(L->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
     /* A Redis shared between jobs: sweep what launchers killed with -9 left behind. */
     int orphans = L->cfg->redis[0] ? ctl_orphan_jobs_delete(L->ctl, ORPHAN_GRACE_MS) : 0;
     if (orphans > 0) log_msg("removed the keys of %d job(s) whose launcher and processes are gone", orphans);
@@ -143,6 +155,35 @@ static void launcher_beat(Launcher *L) {
     gethostname(host, sizeof host - 1);
     snprintf(who, sizeof who, "%s %d", host, (int)getpid());
     if (ctl_launcher_beat(L->ctl, who, launcher_ttl_ms(L->cfg)) == 0) L->beat_ms = now;
+}
+
+/* KEY_NODE_ALIVE lives half a detect timeout and is renewed every eighth: when a machine's
+ * first rank falls silent (its heartbeat lives a whole detect timeout), the machine's key
+ * has already expired if the machine is gone as a whole, so that all its ranks fail in one
+ * decision (decide_nodes_lost). */
+static void node_beat(Launcher *L) {
+    double now = now_ms();
+    int period = L->cfg->detect_timeout_ms / 8;
+    if (L->node_beat_ms && now - L->node_beat_ms < (period > 0 ? period : 1)) return;
+    if (ctl_node_beat(L->ctl, L->node_index, L->cfg->detect_timeout_ms / 2 > 0 ? L->cfg->detect_timeout_ms / 2 : 1) == 0)
+        L->node_beat_ms = now;
+}
+
+/* An event of this machine: into its own events.jsonl, and the job's (the first machine's). */
+static void node_event(Launcher *L, const char *name, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void node_event(Launcher *L, const char *name, const char *fmt, ...) {
+    char fields[2048], json[2600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fields, sizeof fields, fmt, ap);
+    va_end(ap);
+    snprintf(json, sizeof json, "{\"event\":\"%s\",\"t\":%.3f,\"node\":%d,%s}", name,
+             (double)(wall_ms() - L->t0_wall_ms) / 1e3, L->node_index, fields);
+    ctl_push_event(L->ctl, json);
+    if (L->events && !L->coordinating) { /* the first machine's own copy comes from the job's list */
+        fprintf(L->events, "%s\n", json);
+        fflush(L->events);
+    }
 }
 
 static int publish_job(Launcher *L, char *err, size_t errlen) {
@@ -206,7 +247,7 @@ static int open_outputs(Launcher *L, char *err, size_t errlen) {
 /* Starts one process of the job: the job's program (the built-in trainer is this executable's
  * `train` command), the job handed over in the environment; the netdown rank runs inside its
  * network namespace. */
-static pid_t spawn_process(Launcher *L, int rank) {
+static pid_t spawn_process(Launcher *L, int rank, long proc) {
     char ns_url[700], buf[sizeof L->run_cfg.program];
     int in_ns = L->netns.active && rank == L->netns.rank && L->restart.count == 0;
     char *argv[1100];
@@ -220,7 +261,9 @@ static pid_t spawn_process(Launcher *L, int rank) {
     }
     program_argv(&L->run_cfg, L->self_path, buf, sizeof buf, argv + n, 1100 - n);
     WorkerArgs a = {.redis_url = in_ns ? ns_url : L->url, .job = L->job, .spare = rank < 0, .rank = rank,
-                    .bind_host = L->netns.active ? (in_ns ? L->netns.ns_addr : L->netns.host_addr) : NULL};
+                    .bind_host = L->netns.active ? (in_ns ? L->netns.ns_addr : L->netns.host_addr)
+                                 : L->bind_addr[0] ? L->bind_addr : NULL,
+                    .node = L->node_id, .out = L->cfg->nnodes > 0 ? L->cfg->out : NULL, .proc = proc};
     fflush(NULL);
     pid_t pid = fork();
     if (pid != 0) return pid;
@@ -256,8 +299,20 @@ static int setup_netns(Launcher *L, char *err, size_t errlen) {
     return 0;
 }
 
-static void add_child(Launcher *L, pid_t pid, int rank) {
-    L->children[L->nchildren++] = (Child){.pid = pid, .rank = rank, .pidfd = (int)syscall(SYS_pidfd_open, pid, 0)};
+static void add_child(Launcher *L, pid_t pid, long proc, int rank) {
+    L->children[L->nchildren++] =
+        (Child){.pid = pid, .proc = proc, .rank = rank, .pidfd = (int)syscall(SYS_pidfd_open, pid, 0)};
+}
+
+/* Draws the process id, starts the process, supervises it. 0 / -1. */
+static int start_process(Launcher *L, int rank) {
+    if (L->nchildren >= MAX_CHILDREN) return -1;
+    long proc = ctl_new_proc_id(L->ctl);
+    if (proc <= 0) return -1;
+    pid_t pid = spawn_process(L, rank, proc);
+    if (pid < 0) return -1;
+    add_child(L, pid, proc, rank);
+    return 0;
 }
 
 static void forget_children(Launcher *L) {
@@ -279,15 +334,20 @@ static void wait_for_children(Launcher *L, int ms) {
     if (poll(p, (nfds_t)n, ms) < 0) { /* EINTR: a stop signal, seen by the caller */ }
 }
 
+/* This machine's processes: all ranks and spares on one machine; with --nnodes, machine k <
+ * N runs ranks k*P .. k*P+P-1 (and --spares spares), a machine beyond N runs P spares. */
 static int spawn_all(Launcher *L) {
-    int total = L->cfg->workers + L->cfg->spares;
-    if (total > MAX_CHILDREN) return -1;
-    for (int i = 0; i < total; i++) {
-        int rank = i < L->cfg->workers ? i : -1;
-        pid_t pid = spawn_process(L, rank);
-        if (pid < 0) return -1;
-        add_child(L, pid, rank);
+    const JobConfig *c = L->cfg;
+    int first = 0, ranks = c->workers, spares = c->spares;
+    if (c->nnodes > 0) {
+        int worker_node = L->node_index < c->nnodes;
+        first = worker_node ? L->node_index * c->nproc_per_node : 0;
+        ranks = worker_node ? c->nproc_per_node : 0;
+        spares = worker_node ? c->spares : c->nproc_per_node;
     }
+    if (ranks + spares > MAX_CHILDREN) return -1;
+    for (int i = 0; i < ranks + spares; i++)
+        if (start_process(L, i < ranks ? first + i : -1) != 0) return -1;
     return 0;
 }
 
@@ -545,6 +605,17 @@ static void describe_exit(int status, char *out, size_t len) {
     else snprintf(out, len, "status %d", status);
 }
 
+/* On a machine that does not coordinate: tells the coordinator how a process ended (it sees
+ * the record within a liveness period, long before the heartbeat would expire). The same
+ * classification as the coordinator's own (coord_child_exited). */
+static void report_exit(Launcher *L, const Child *c) {
+    int code = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : -1;
+    const char *how = code == DP_EXIT_BAD_JOB ? "bad_job"
+                      : code == DP_EXIT_DONE || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT ? "departed"
+                      : "crash";
+    if (ctl_exit_report(L->ctl, c->proc, how) != 0) log_msg("reporting process %d's exit: %s", (int)c->pid, ctl_last_error(L->ctl));
+}
+
 /* Reaps exited children and tells the coordinator. Returns the number still running. */
 static int reap_children(Launcher *L) {
     pid_t pid;
@@ -561,6 +632,7 @@ static int reap_children(Launcher *L) {
         if (!c) continue;
         c->exited = 1;
         c->status = status;
+        if (!L->coordinating) report_exit(L, c);
         if (stop_signal || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) continue;
         char how[64];
         describe_exit(status, how, sizeof how);
@@ -571,7 +643,7 @@ static int reap_children(Launcher *L) {
         } else if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_OUTPUT) {
             log_msg("process %d trained every step but could not write its output (see the message above)", (int)pid);
             L->failed = 1; /* not a crash: a spare would not write it any better */
-        } else {
+        } else if (L->coord) {
             coord_child_exited(L->coord, pid, status);
         }
     }
@@ -608,10 +680,8 @@ static void stop_children(Launcher *L, int grace_ms) {
 }
 
 static void respawn_spares(Launcher *L, int n) {
-    for (int i = 0; i < n && L->nchildren < MAX_CHILDREN; i++) {
-        pid_t pid = spawn_process(L, -1);
-        if (pid > 0) add_child(L, pid, -1);
-    }
+    for (int i = 0; i < n && L->nchildren < MAX_CHILDREN; i++)
+        if (start_process(L, -1) != 0) break;
 }
 
 /* Replacements for the spares a decision used start after the recovery, not during it: a
@@ -662,7 +732,7 @@ static int restart_from_disk(Launcher *L) {
     L->ctl = ctl_connect(&L->addr, L->job, 5000, err, sizeof err);
     L->coord = NULL;
     if (!L->ctl || publish_job(L, err, sizeof err) != 0) { log_msg("restart failed: %s", err); return -1; }
-    L->coord = coord_create(L->ctl, &L->run_cfg, L->t0_wall_ms);
+    L->coord = coord_create(L->ctl, &L->run_cfg, L->t0_wall_ms, L->node_id);
     if (!L->coord || spawn_all(L) != 0) return -1;
     r->pending = 1;
     r->count++;
@@ -700,7 +770,8 @@ static void supervise(Launcher *L) {
             break;
         }
         launcher_beat(L);
-        if (used && L->cfg->respawn_spares) respawn_later(L, used);
+        node_beat(L);
+        if (used && L->cfg->respawn_spares && L->cfg->nnodes == 0) respawn_later(L, used);
         if (L->respawn_due && now_ms() >= L->respawn_at) respawn_now(L);
         /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */
         if (L->netdown_epoch >= 0 && L->coord && coord_epoch(L->coord) > L->netdown_epoch) {
@@ -712,6 +783,136 @@ static void supervise(Launcher *L) {
         wait_for_children(L, coord_tick_due_ms(L->coord));
     }
     drain_outputs(L);
+}
+
+/* Registers this machine in the job: the order of joining gives its index (0 creates the
+ * job and coordinates it). 0 / -1 + err. */
+static int join_as_node(Launcher *L, char *err, size_t errlen) {
+    int r = ctl_node_join(L->ctl, L->node_id, &L->node_index);
+    if (r < 0) { snprintf(err, errlen, "registering this machine failed: %s", ctl_last_error(L->ctl)); return -1; }
+    if (r == 0) {
+        snprintf(err, errlen, "machine '%s' has already joined job '%s' (two launchers on one machine need distinct "
+                 "--node-id)", L->node_id, L->job);
+        return -1;
+    }
+    L->coordinating = L->node_index == 0;
+    if (L->cfg->nnodes > 0 && !L->cfg->bind[0] && ctl_local_addr(L->ctl, L->bind_addr, sizeof L->bind_addr) != 0) {
+        snprintf(err, errlen, "--bind: cannot tell this machine's address (give --bind ADDR)");
+        return -1;
+    }
+    if (L->cfg->nnodes > 0 && L->cfg->bind[0]) snprintf(L->bind_addr, sizeof L->bind_addr, "%s", L->cfg->bind);
+    node_beat(L);
+    return 0;
+}
+
+/* A machine other than the first: the job as its first machine published it, which must
+ * agree with this machine's options (bar the machine's own: --out, --bind, ...). 0 / -1. */
+static int follow_job(Launcher *L, char *err, size_t errlen) {
+    static char text[JOB_CONFIG_TEXT_MAX], mine[JOB_CONFIG_TEXT_MAX];
+    char t0[32], state[32], why[900];
+    double deadline = now_ms() + L->cfg->start_timeout_ms;
+    while (ctl_config_get(L->ctl, "config", text, sizeof text) != 0) {
+        if (now_ms() > deadline || stop_signal) {
+            snprintf(err, errlen, "job '%s': its first machine did not publish the job within --start-timeout-ms %d",
+                     L->job, L->cfg->start_timeout_ms);
+            return -1;
+        }
+        node_beat(L);
+        sleep_ms(50);
+    }
+    if (ctl_launcher_alive(L->ctl) == 0 || ctl_state_get(L->ctl, state, sizeof state) != 0 || strcmp(state, "running") != 0) {
+        snprintf(err, errlen, "job '%s' is in redis but not running (its first machine's launcher is gone, or it "
+                 "ended): a new run needs a new --job", L->job);
+        return -1;
+    }
+    if (job_config_serialize(L->cfg, mine, sizeof mine) != 0 || job_config_mismatch(mine, text, why, sizeof why) != 0) {
+        snprintf(err, errlen, "this machine's options differ from job '%s': %s", L->job, why);
+        return -1;
+    }
+    if (ctl_config_get(L->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job '%s' has no start time", L->job); return -1; }
+    L->t0_wall_ms = strtoll(t0, NULL, 10);
+    return 0;
+}
+
+/* The newest step's progress line, on a machine that does not drain the job's metrics. */
+static void show_progress(Launcher *L) {
+    char json[4096], t[64] = "";
+    if (now_ms() - L->progress_ms < 500) return;
+    L->progress_ms = now_ms();
+    char key[32];
+    if (ctl_get(L->ctl, ctl_key_suffix(key, sizeof key, KEY_PROGRESS, 0, 0), json, sizeof json) != 0) return;
+    const char *at = strstr(json, "\"t\":");
+    if (at) snprintf(t, sizeof t, "%.*s", (int)strcspn(at + 4, ",}"), at + 4);
+    if (!strcmp(t, L->progress_seen)) return;
+    snprintf(L->progress_seen, sizeof L->progress_seen, "%s", t);
+    fprintf(L->metrics, "%s\n", json);
+    fflush(L->metrics);
+    double step = 0, loss = 0, ms = 0, tps = 0, tt = 0;
+    json_number(json, "step", &step);
+    json_number(json, "loss", &loss);
+    json_number(json, "step_ms", &ms);
+    json_number(json, "tokens_per_s", &tps);
+    json_number(json, "t", &tt);
+    L->last_step = (int)step;
+    L->last_loss = (float)loss;
+    observe_metric(L, json, step, loss, ms, tps, tt);
+    fflush(stdout);
+}
+
+/* A machine other than the first supervises its own processes: it reports their exits, keeps
+ * its machine key alive, prints the job's progress, and ends when the job does (or when the
+ * coordinating launcher is gone: nobody could decide a failure any more). */
+static void follow(Launcher *L) {
+    double state_ms = 0, launcher_ms = now_ms(), reached_ms = now_ms();
+    while (!stop_signal && !L->failed && !L->job_done) {
+        reap_children(L);
+        node_beat(L);
+        double now = now_ms();
+        if (now - state_ms >= 100) {
+            char state[32];
+            state_ms = now;
+            int got = ctl_state_get(L->ctl, state, sizeof state);
+            if (got == 0) reached_ms = now;
+            if (got == 0 && !strcmp(state, "done")) L->job_done = 1;
+            else if (got == 0 && strcmp(state, "running") != 0) L->failed = 1;
+            /* Cut off for as long as the job takes to forget a launcher: this machine's ranks
+             * have been replaced (they stop by themselves once they see it), and so has it. */
+            if (now - reached_ms > launcher_ttl_ms(L->cfg)) {
+                log_msg("this machine has not reached the control plane for %.0f s (%s): leaving the job",
+                        (now - reached_ms) / 1e3, ctl_last_error(L->ctl));
+                L->failed = 1;
+            }
+        }
+        if (now - launcher_ms >= 1000) {
+            launcher_ms = now;
+            if (ctl_launcher_alive(L->ctl) == 0) {
+                log_msg("the job's coordinating launcher (on its first machine) is gone: no failure can be decided any "
+                        "more; stopping this machine's processes");
+                L->failed = 1;
+            }
+        }
+        show_progress(L);
+        wait_for_children(L, 25);
+    }
+    show_progress(L);
+    if (L->job_done) L->last_step = L->cfg->steps;
+}
+
+/* The first machine of a multi-node job keeps the job's keys until the other machines'
+ * launchers have seen its end (their machine keys go), bounded. */
+static void wait_other_nodes(Launcher *L, int ms) {
+    double deadline = now_ms() + ms;
+    char ids[64][128];
+    int idx[64];
+    while (now_ms() < deadline) {
+        int n = ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, 64), alive = 0;
+        for (int i = 0; i < n; i++) {
+            char key[64], v[8];
+            if (idx[i] != L->node_index && ctl_get(L->ctl, ctl_key_suffix(key, sizeof key, KEY_NODE_ALIVE, idx[i], 0), v, sizeof v) == 0) alive++;
+        }
+        if (n < 0 || alive == 0) return;
+        sleep_ms(50);
+    }
 }
 
 int launcher_run(const JobConfig *cfg) {
@@ -727,7 +928,15 @@ int launcher_run(const JobConfig *cfg) {
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
     log_set_role("deadpool");
-    make_job_id(L.job, sizeof L.job);
+    if (cfg->nnodes > 0) snprintf(L.job, sizeof L.job, "%s", cfg->job);
+    else make_job_id(L.job, sizeof L.job);
+    if (cfg->node_id[0]) {
+        snprintf(L.node_id, sizeof L.node_id, "%s", cfg->node_id);
+        node_id_clean(L.node_id);
+    } else if (node_id_default(L.node_id, sizeof L.node_id) != 0 && cfg->nnodes > 0) {
+        log_msg("--nnodes: cannot read this machine's boot id (/proc/sys/kernel/random/boot_id): give --node-id");
+        return 1;
+    }
     ssize_t self_len = readlink("/proc/self/exe", L.self_path, sizeof L.self_path - 1);
     if (self_len > 0) L.self_path[self_len] = 0;
     /* The control plane must stay responsive while the workers saturate every core: when
@@ -746,8 +955,46 @@ int launcher_run(const JobConfig *cfg) {
         return 1;
     }
     if (open_outputs(&L, err, sizeof err) != 0 || start_control_plane(&L, err, sizeof err) != 0 ||
-        setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0) {
+        join_as_node(&L, err, sizeof err) != 0 ||
+        (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0
+                        : follow_job(&L, err, sizeof err) != 0)) {
         log_msg("%s", err);
+        goto out;
+    }
+    if (cfg->nnodes > 0) {
+        int worker_node = L.node_index < cfg->nnodes, first = L.node_index * cfg->nproc_per_node;
+        if (worker_node)
+            log_msg("machine %d of %d (%s, %s): ranks %d..%d%s", L.node_index, cfg->nnodes, L.node_id, L.bind_addr, first,
+                    first + cfg->nproc_per_node - 1, L.coordinating ? "; this machine coordinates the job" : "");
+        else
+            log_msg("spare machine %d (%s, %s): %d warm spare processes", L.node_index - cfg->nnodes, L.node_id, L.bind_addr,
+                    cfg->nproc_per_node);
+        node_event(&L, "node_joined", "\"id\":\"%s\",\"addr\":\"%s\",\"role\":\"%s\"", L.node_id, L.bind_addr,
+                   worker_node ? "ranks" : "spares");
+        if (L.coordinating && cfg->ft == FT_DEADPOOL && cfg->nnodes > 1)
+            log_msg("each rank's %d replica(s) live on %d other machine(s): the job survives the loss of any %d machine(s) "
+                    "at once, given spare machines to take their ranks", cfg->replicas, cfg->replicas, cfg->replicas);
+    }
+    if (!L.coordinating) {
+        if (spawn_all(&L) != 0) {
+            log_msg("cannot start this machine's processes: %s", strerror(errno));
+            L.failed = 1;
+        } else {
+            follow(&L);
+        }
+        stop_children(&L, 10000);
+        int ok = L.job_done && !stop_signal;
+        if (ok) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/model.bin", cfg->out);
+            log_msg("done: the job finished%s%s", access(path, R_OK) == 0 ? "; the model is in " : " (no rank ran here at the end: "
+                    "the model is on the machines that ran ranks)", access(path, R_OK) == 0 ? path : "");
+        } else {
+            log_msg("this machine leaves job %s (%s)", L.job, stop_signal ? "stopped by a signal" : "the job failed or its coordinator is gone");
+        }
+        node_event(&L, "node_left", "\"status\":\"%s\"", ok ? "done" : "failed");
+        ctl_node_beat(L.ctl, L.node_index, 1); /* gone now, not in half a detect timeout */
+        rc = stop_signal ? 130 : ok ? 0 : 1;
         goto out;
     }
     /* The program as a user reads it: arguments separated by spaces. */
@@ -775,7 +1022,7 @@ int launcher_run(const JobConfig *cfg) {
         log_msg("resuming from the checkpoint of step %d in %s", cfg->resume_step + 1, cfg->resume);
         event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", cfg->resume_step + 1);
     }
-    L.coord = coord_create(L.ctl, &L.run_cfg, L.t0_wall_ms);
+    L.coord = coord_create(L.ctl, &L.run_cfg, L.t0_wall_ms, L.node_id);
     if (!L.coord || spawn_all(&L) != 0) {
         log_msg("cannot start worker processes: %s", strerror(errno));
         L.failed = 1;
@@ -837,7 +1084,10 @@ out:
     forget_children(&L);
     netns_destroy(&L.netns);
     coord_free(L.coord);
-    if (L.ctl && cfg->redis[0]) ctl_job_delete(L.ctl);
+    if (L.ctl && cfg->redis[0] && L.coordinating) {
+        if (cfg->nnodes > 0) wait_other_nodes(&L, 15000);
+        ctl_job_delete(L.ctl);
+    }
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);
     if (L.events) fclose(L.events);

@@ -20,7 +20,7 @@ typedef struct {
 } LiveKindCount;
 
 typedef struct {
-    char job[32];
+    char job[40];
     int workers, spares_configured, steps_target;
     /* From the newest metrics line (NAN until the first step). */
     double step, loss, lr, grad_norm, step_ms, tokens_per_s, epoch, committed_step, snapshot_wait_ms, t;

@@ -42,6 +42,7 @@ struct dp {
     long proc_id;
     ctl_t *ctl;
     char bind_host[256];
+    char node[128];           /* the machine this process runs on (node_id_default) */
     char resume_dir[4200];
     ReplicaServer *replicas; /* holds other ranks' snapshots; every process runs one */
     FaultSpec faults[INJECT_MAX];
@@ -204,6 +205,9 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
         return -1;
     }
     if (job_config_parse_lines(&dp->cfg, dp->cfg_text, err, errlen) != 0) return -1;
+    /* Each machine of a multi-node job writes into its own --out. */
+    const char *out = getenv(DP_ENV_OUT);
+    if (out && *out) snprintf(dp->cfg.out, sizeof dp->cfg.out, "%s", out);
     char t0[32];
     if (ctl_config_get(dp->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job has no start time"); return -1; }
     dp->t0_wall_ms = strtoll(t0, NULL, 10);
@@ -247,11 +251,29 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     snprintf(pid, sizeof pid, "%d", (int)getpid());
     gethostname(host, sizeof host - 1);
     if (ctl_proc_set(dp->ctl, dp->proc_id, "replica", addr) != 0 || ctl_proc_set(dp->ctl, dp->proc_id, "host", host) != 0 ||
-        ctl_proc_set(dp->ctl, dp->proc_id, "pid", pid) != 0) {
+        ctl_proc_set(dp->ctl, dp->proc_id, "node", dp->node) != 0 || ctl_proc_set(dp->ctl, dp->proc_id, "pid", pid) != 0) {
         snprintf(err, errlen, "registering the replica server failed: %s", ctl_last_error(dp->ctl));
         return -1;
     }
     return 0;
+}
+
+int node_id_default(char *buf, size_t len) {
+    char host[256] = "", boot[64] = "";
+    gethostname(host, sizeof host - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    int ok = f && fgets(boot, sizeof boot, f) != NULL;
+    if (f) fclose(f);
+    boot[strcspn(boot, "\n")] = 0;
+    snprintf(buf, len, "%.100s-%.12s", host[0] ? host : "host", boot);
+    node_id_clean(buf);
+    return ok && boot[0] ? 0 : -1;
+}
+
+void node_id_clean(char *id) {
+    for (char *p = id; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-'))
+            *p = '_';
 }
 
 static void options_from_env(dp_options *o) {
@@ -299,11 +321,24 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     dp->rank = -1;
     snprintf(dp->job, sizeof dp->job, "%s", o.job);
     snprintf(dp->bind_host, sizeof dp->bind_host, "%s", o.bind_host && *o.bind_host ? o.bind_host : "127.0.0.1");
+    const char *node = getenv(DP_ENV_NODE), *proc = getenv(DP_ENV_PROC);
+    if (node && *node) {
+        snprintf(dp->node, sizeof dp->node, "%s", node);
+        node_id_clean(dp->node);
+    } else {
+        node_id_default(dp->node, sizeof dp->node);
+    }
     log_set_role(o.spare ? "spare" : "rank");
     if (redis_addr_parse(o.redis_url, &dp->addr, err, errlen) != 0) goto fail;
     dp->ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen);
-    if (!dp->ctl || read_job(dp, err, errlen) != 0) goto fail;
-    dp->proc_id = ctl_new_proc_id(dp->ctl);
+    if (!dp->ctl) goto fail;
+    int64_t offset;
+    if (ctl_clock_offset(dp->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
+    if (read_job(dp, err, errlen) != 0) goto fail;
+    /* A launcher draws its processes' ids, so that it can report their exits by id. Read once:
+     * a process this one starts must not take the same id. */
+    dp->proc_id = proc && atol(proc) > 0 ? atol(proc) : ctl_new_proc_id(dp->ctl);
+    unsetenv(DP_ENV_PROC);
     if (dp->proc_id < 0) { snprintf(err, errlen, "registration failed: %s", ctl_last_error(dp->ctl)); goto fail; }
     if (start_replica_server(dp, err, errlen) != 0) goto fail;
     ctl_heartbeat(dp->ctl, dp->proc_id, dp->cfg.detect_timeout_ms);
@@ -790,7 +825,7 @@ static void answer_persist_request(dp_t *dp) {
 typedef struct {
     long proc;
     Holder h;
-    char host[256];
+    char node[128];
 } ProcFacts;
 
 static struct {
@@ -803,7 +838,7 @@ static struct {
 /* Facts of procs[0..n) into out (out[i].proc = 0 when proc i has registered no replica
  * server), the unknown ones fetched in one round trip. 0 / -1 (Redis unreachable). */
 static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
-    static const char *const fields[] = {"replica", "host"};
+    static const char *const fields[] = {"replica", "node"};
     pthread_mutex_lock(&proc_facts_cache.lock);
     if (strcmp(proc_facts_cache.job, dp->job) != 0) { /* another job in this process */
         snprintf(proc_facts_cache.job, sizeof proc_facts_cache.job, "%s", dp->job);
@@ -829,7 +864,7 @@ static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
         f->h.proc = missing[j];
         snprintf(f->h.host, sizeof f->h.host, "%.255s", v[2 * j]);
         f->h.port = atoi(colon + 1);
-        snprintf(f->host, sizeof f->host, "%s", v[2 * j + 1]);
+        snprintf(f->node, sizeof f->node, "%.127s", v[2 * j + 1]);
         if (proc_facts_cache.n == proc_facts_cache.cap) {
             int cap = proc_facts_cache.cap ? 2 * proc_facts_cache.cap : 64;
             ProcFacts *grown = realloc(proc_facts_cache.v, sizeof *grown * (size_t)cap);
@@ -846,29 +881,73 @@ static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
     return rc;
 }
 
-/* Ring buddies rank+1, rank+2, ... preferring holders on another host than ours. At most two
- * round trips whatever the world: the owners (from the decision being joined, else one MGET)
- * and the facts of the processes not cached yet. */
+/* The order in which rank looks for holders among the other ranks: offsets P, 2P, ... first
+ * (with P ranks per machine, the same local rank on the next machines: one holder per
+ * machine, and each machine holds one replica of each other machine's ranks), then the rest
+ * of the ring rank+1, rank+2, ... (P = 0: the plain ring). offsets gets world - 1 entries. */
+void holder_offsets(int world, int per_node, int *offsets) {
+    int n = 0;
+    if (per_node > 0 && per_node < world)
+        for (int j = per_node; j < world; j += per_node) offsets[n++] = j;
+    for (int j = 1; j < world; j++)
+        if (!(per_node > 0 && per_node < world && j % per_node == 0)) offsets[n++] = j;
+}
+
+/* Holders of this rank's replicas: on other machines than ours and than each other's (so
+ * that losing any `want` machines leaves a copy), in holder_offsets order. A single-machine
+ * job falls back to holders on this machine; a multi-node job never does (a holder beside
+ * its owner dies with it). At most two round trips whatever the world: the owners (from the
+ * decision being joined, else one MGET) and the facts of the processes not cached yet. */
 static int ring_holders(dp_t *dp, int want, Holder *out) {
-    char my_host[256] = "";
-    gethostname(my_host, sizeof my_host - 1);
     int world = dp->cfg.workers, m = world - 1, n = 0;
     long *owners = malloc(sizeof *owners * (size_t)world), *ring = malloc(sizeof *ring * (size_t)(m > 0 ? m : 1));
+    int *off = malloc(sizeof *off * (size_t)(m > 0 ? m : 1));
     ProcFacts *f = malloc(sizeof *f * (size_t)(m > 0 ? m : 1));
-    int ok = owners && ring && f;
+    const char *used[HOLDERS_MAX + 1];
+    int ok = owners && ring && f && off;
     if (ok && dp->epoch > 0 && dp->decision.epoch == dp->epoch && dp->decision.world == world)
         memcpy(owners, dp->decision.procs, sizeof *owners * (size_t)world);
     else if (ok)
         ok = ctl_rank_owners(dp->ctl, world, owners) == 0;
-    for (int j = 1; ok && j < world; j++) ring[j - 1] = owners[(dp->rank + j) % world];
+    if (ok) holder_offsets(world, dp->cfg.nnodes > 0 ? dp->cfg.nproc_per_node : 0, off);
+    for (int j = 0; ok && j < m; j++) ring[j] = owners[(dp->rank + off[j]) % world];
     if (ok) ok = proc_facts(dp, ring, m, f) == 0;
-    for (int pass = 0; ok && pass < 2 && n < want; pass++)
-        for (int j = 0; j < m && n < want; j++)
-            if (f[j].proc > 0 && (strcmp(f[j].host, my_host) != 0) == (pass == 0)) out[n++] = f[j].h;
+    used[0] = dp->node;
+    /* pass 0: a machine not used yet; pass 1: any other machine; pass 2 (one machine only): ours */
+    for (int pass = 0; ok && pass < 3 && n < want; pass++) {
+        if (pass == 2 && dp->cfg.nnodes > 0) break;
+        for (int j = 0; j < m && n < want; j++) {
+            if (f[j].proc <= 0) continue;
+            int seen = 0, taken = 0;
+            for (int u = 0; u <= n; u++) seen |= !strcmp(f[j].node, used[u]);
+            for (int u = 0; u < n; u++) taken |= out[u].proc == f[j].proc;
+            if (taken || (pass == 0 && seen) || (pass == 1 && !strcmp(f[j].node, dp->node))) continue;
+            out[n] = f[j].h;
+            used[++n] = f[j].node;
+        }
+    }
     free(owners);
     free(ring);
+    free(off);
     free(f);
     return n;
+}
+
+int dp_local_rank(dp_t *dp) {
+    if (dp->rank < 0) return -1;
+    int world = dp->cfg.workers, below = 0;
+    long *owners = malloc(sizeof *owners * (size_t)world);
+    ProcFacts *f = malloc(sizeof *f * (size_t)world);
+    int ok = owners && f;
+    if (ok && dp->epoch > 0 && dp->decision.epoch == dp->epoch && dp->decision.world == world)
+        memcpy(owners, dp->decision.procs, sizeof *owners * (size_t)world);
+    else if (ok)
+        ok = ctl_rank_owners(dp->ctl, world, owners) == 0;
+    if (ok) ok = proc_facts(dp, owners, dp->rank, f) == 0;
+    for (int r = 0; ok && r < dp->rank; r++) below += f[r].proc > 0 && !strcmp(f[r].node, dp->node);
+    free(owners);
+    free(f);
+    return ok ? below : -1;
 }
 
 /* Spares (sorted by process id) rank, rank+1, ... mod S; waits for enough spares to register. */
@@ -920,7 +999,8 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
                          .bytes_hint = hint, .targets = targets, .ntargets = n, .timeout_ms = job_comm_timeout_ms(&dp->cfg),
                          .allow_pull = dp->cfg.replica_transport == TRANSPORT_AUTO,
                          .external = dp->nstate > 0 && dp->cfg.snapshot_every == 1 && nr == dp->nstate + 1,
-                         .key = replica_server_key(dp->replicas), .on_commit = on_commit, .arg = dp};
+                         .key = replica_server_key(dp->replicas), .on_commit = on_commit, .arg = dp,
+                         .abort = &dp->abort_step};
     dp->snap = snapshot_create(&sc, err, errlen);
     return dp->snap ? 0 : -1;
 }
@@ -1015,6 +1095,9 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     /* The old snapshots stay until the new epoch has committed its restore point: if this
      * join fails, they are still the only local copy. */
     if (dp->snap) {
+        /* A generation may still be in flight (the wait for it was aborted): its thread shares
+         * snap_ctl with the next epoch's, so it finishes first (bounded by its send timeout). */
+        if (snapshot_drain(dp->snap, 2 * job_comm_timeout_ms(&dp->cfg)) != 0) log_msg("a snapshot is still in flight");
         snapshot_abandon(dp->restore_src);
         dp->restore_src = dp->snap;
         dp->snap = NULL;
@@ -1559,7 +1642,7 @@ int dp_checkpoint_read(const char *dir, int rank, int (*fn)(void *arg, const dp_
 /* --- launching: the environment a job's process is started with ------------------------ */
 
 void worker_env_set(const WorkerArgs *a) {
-    char rank[16];
+    char rank[32];
     setenv(DP_ENV_REDIS, a->redis_url, 1);
     setenv(DP_ENV_JOB, a->job, 1);
     if (a->bind_host) setenv(DP_ENV_BIND, a->bind_host, 1);
@@ -1569,6 +1652,11 @@ void worker_env_set(const WorkerArgs *a) {
     snprintf(rank, sizeof rank, "%d", a->rank);
     if (a->rank >= 0) setenv(DP_ENV_RANK, rank, 1);
     else unsetenv(DP_ENV_RANK);
+    if (a->node) setenv(DP_ENV_NODE, a->node, 1);
+    if (a->out) setenv(DP_ENV_OUT, a->out, 1);
+    snprintf(rank, sizeof rank, "%ld", a->proc);
+    if (a->proc > 0) setenv(DP_ENV_PROC, rank, 1);
+    else unsetenv(DP_ENV_PROC);
 }
 
 int program_argv(const JobConfig *c, const char *self_exe, char *buf, size_t len, char **argv, int max) {

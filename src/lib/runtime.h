@@ -25,6 +25,9 @@ typedef enum {
 #define DP_ENV_RANK "DEADPOOL_RANK"         /* the rank to claim; absent: the first free one */
 #define DP_ENV_SPARE "DEADPOOL_SPARE"       /* "1": join as a spare */
 #define DP_ENV_BIND "DEADPOOL_BIND"         /* the address peers reach this process at */
+#define DP_ENV_NODE "DEADPOOL_NODE"         /* the machine (failure domain) this process runs on */
+#define DP_ENV_OUT "DEADPOOL_OUT"           /* this machine's output directory (else the job's --out) */
+#define DP_ENV_PROC "DEADPOOL_PROC"         /* the process id its launcher drew for it (else drawn at init) */
 
 typedef struct {
     const char *redis_url;  /* password from the URL or DEADPOOL_REDIS_PASSWORD */
@@ -32,7 +35,21 @@ typedef struct {
     int spare;              /* join as a spare even if a rank is free */
     int rank;               /* claim this rank; -1 = first free rank */
     const char *bind_host;  /* address peers reach this process at (NULL: 127.0.0.1) */
+    const char *node;       /* the machine's node id (NULL: node_id_default) */
+    const char *out;        /* this machine's output directory (NULL: the job's --out) */
+    long proc;              /* a process id drawn by the launcher (0: drawn by the process) */
 } WorkerArgs;
+
+/* Node ids name failure domains: two processes share a node when they would die with the same
+ * machine. The default is the hostname and the kernel's boot id (a hostname alone is not
+ * unique: clusters reuse them, containers copy them). Only [A-Za-z0-9._-] (it is part of
+ * Redis keys); 0, or -1 when the boot id cannot be read. */
+int node_id_default(char *buf, size_t len);
+/* Where rank looks for replica holders (runtime.c's ring_holders): offsets into the ring of
+ * world ranks, per_node ranks per machine (0 = one machine); world - 1 entries. */
+void holder_offsets(int world, int per_node, int *offsets);
+/* Keeps only [A-Za-z0-9._-] of an id given by the user (other bytes become '_'). */
+void node_id_clean(char *id);
 
 /* `deadpool worker`: reads the job's program from its Redis and replaces this process with
  * it, the job handed over in the environment. self_exe runs the built-in trainer. Returns

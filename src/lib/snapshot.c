@@ -102,13 +102,17 @@ static void warm_up(Snapshot *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Sends the slot to every holder; reconnects once per holder on a broken connection. */
+/* Sends the slot to every holder; reconnects once per holder on a connection that broke
+ * (a reset: the holder restarted its end), but not after one that timed out: a holder cut off
+ * with its machine costs one timeout, not two. */
 static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
     int ok = 1;
     *pulled = 0;
     for (int i = 0; i < s->cfg.ntargets; i++) {
         replica_status st = REPLICA_IO;
+        double t0 = now_ms();
         for (int attempt = 0; attempt < 2 && st == REPLICA_IO; attempt++) {
+            if (attempt > 0 && now_ms() - t0 > s->cfg.timeout_ms / 2) break;
             if (!target_conn(s, i)) continue;
             st = replica_put(s->conns[i], &slot->header, slot->data, s->cfg.timeout_ms);
             if (st == REPLICA_OK && replica_last_put_pulled(s->conns[i])) *pulled += slot->header.length;
@@ -335,14 +339,25 @@ void snapshot_capture(Snapshot *s, int64_t step) {
 int snapshot_wait_previous(Snapshot *s, double *waited_ms) {
     pthread_mutex_lock(&s->mu);
     double waited = 0.0;
+    int aborted = 0;
     if (s->busy) {
         double t0 = now_ms();
-        while (s->busy) pthread_cond_wait(&s->done_cv, &s->mu);
+        while (s->busy && !(aborted = s->cfg.abort && atomic_load(s->cfg.abort))) {
+            if (!s->cfg.abort) {
+                pthread_cond_wait(&s->done_cv, &s->mu);
+                continue;
+            }
+            struct timespec ts; /* the abort flag has no condition variable: look every 5 ms */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 5000000;
+            if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+            pthread_cond_timedwait(&s->done_cv, &s->mu, &ts);
+        }
         waited = now_ms() - t0;
         s->stats.waits++;
         s->stats.wait_ms_total += waited;
     }
-    int rc = s->last_failed ? -1 : 0;
+    int rc = s->last_failed || aborted ? -1 : 0;
     pthread_mutex_unlock(&s->mu);
     if (waited_ms) *waited_ms = waited;
     return rc;

@@ -17,6 +17,7 @@
 #define DEADPOOL_SNAPSHOT_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "replica.h"
@@ -46,6 +47,10 @@ typedef struct {
     int external;                 /* generations come from snapshot_capture_external: no buffers of our own */
     /* Called on the snapshot thread after generation `h->step` commits, with the local copy. */
     void (*on_commit)(const SnapHeader *h, const void *payload, void *arg);
+    /* Non-zero while the epoch is being closed (the runtime's abort flag; may be NULL):
+     * snapshot_wait_previous stops waiting then, so that a holder cut off with its machine
+     * never keeps a survivor from its recovery for longer than the detection. */
+    const atomic_int *abort;
     void *arg;
 } SnapshotConfig;
 
@@ -78,9 +83,10 @@ int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *region
  * those bytes unchanged until generation step + 1 has committed (the training loop's order
  * guarantees that: see runtime.c, zero-copy state). Waits for a generation in flight first. */
 int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len);
-/* Blocks until the generation in flight (if any) is committed or has failed; *waited_ms gets
- * the time spent. 0 if every captured generation committed, -1 if the last one failed
- * (a replica holder is lost: the job must re-place its replicas). */
+/* Blocks until the generation in flight (if any) is committed or has failed, or until
+ * *cfg.abort; *waited_ms gets the time spent. 0 if every captured generation committed, -1 if
+ * the last one failed (a replica holder is lost: the job must re-place its replicas) or the
+ * wait was aborted (the generation may still be in flight: snapshot_drain before reuse). */
 int snapshot_wait_previous(Snapshot *s, double *waited_ms);
 /* Copy (malloc'ed) of the local committed generation `step`, if either buffer holds it. 0 / -1. */
 int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload);

@@ -469,7 +469,26 @@ static void test_nodes_lost(void) {
           "machines 0 and 2 lost");
 }
 
+/* Resuming from private disks: the newest step all ranks of which are on some machine. */
+static void test_resume_choose(void) {
+    char why[256];
+    const char *a[] = {"99:0,1;49:0,1", "99:2;49:2,3", ""};
+    CHECK(resume_choose(a, 3, 4, why, sizeof why) == 49, "step 99 lacks rank 3: step 49");
+    CHECK(strstr(why, "step 100") && strstr(why, " 3"), "why names the newest step and its missing rank: %s", why);
+    const char *b[] = {"99:0,1;49:0,1", "99:2,3;49:2,3"};
+    CHECK(resume_choose(b, 2, 4, why, sizeof why) == 99 && why[0] == 0, "both machines together have step 99");
+    const char *c[] = {"99:0,1,2,3"};
+    CHECK(resume_choose(c, 1, 4, why, sizeof why) == 99, "one machine with everything");
+    const char *d[] = {"", ""};
+    CHECK(resume_choose(d, 2, 4, why, sizeof why) == -1 && strstr(why, "no machine"), "nothing: %s", why);
+    const char *e[] = {"99:0,1", "x:2,3", "99:9"};
+    CHECK(resume_choose(e, 3, 4, why, sizeof why) == -1, "malformed and out-of-range entries count for nothing");
+    const char *f[] = {"149:1;99:0,1", "149:0;99:2,3"};
+    CHECK(resume_choose(f, 2, 2, why, sizeof why) == 149, "the newest covered step wins (2 ranks)");
+}
+
 int main(void) {
+    RUN_TEST(test_resume_choose);
     RUN_TEST(test_nodes_lost);
     RUN_TEST(test_one_failure);
     RUN_TEST(test_two_failures_one_epoch);

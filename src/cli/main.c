@@ -70,12 +70,24 @@ static int program_append(JobConfig *cfg, const char *arg) {
  * checkpoint; options given on the command line still apply on top of it. */
 static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, size_t errlen) {
     const char *dir = NULL;
+    int machines = 0;
     for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (!strcmp(argv[i], "--resume") && i + 1 < argc) dir = argv[i + 1];
         else if (!strncmp(argv[i], "--resume=", 9)) dir = argv[i] + 9;
+        machines |= !strcmp(argv[i], "--nnodes") || !strncmp(argv[i], "--nnodes=", 9);
     }
     if (!dir) return 0;
     int64_t step = checkpoint_latest_intact(dir, err, errlen);
+    /* Across machines without a shared filesystem a machine holds part of a checkpoint (its
+     * ranks' states and the job's config), or none at all: the machines together find the
+     * step to resume (resume_choose), and a machine with nothing takes the job's options. */
+    if (step < 0 && machines) step = checkpoint_latest_config(dir, err, errlen);
+    if (step < 0 && machines) {
+        fprintf(stderr, "deadpool: --resume %s: nothing on this machine (%s): it joins with the other machines' "
+                "checkpoint\n", dir, err);
+        snprintf(cfg->resume, sizeof cfg->resume, "%s", dir);
+        return 0;
+    }
     if (step < 0) return -1;
     char path[4200], text[32768];
     checkpoint_path(path, sizeof path, dir, step, "config.txt");
@@ -91,6 +103,9 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, 
     if (job_config_parse_lines(cfg, text, err, errlen) != 0) return -1;
     snprintf(cfg->out, sizeof cfg->out, "%s", dir);
     snprintf(cfg->resume, sizeof cfg->resume, "%s", dir);
+    /* The machine that wrote the checkpoint is not necessarily this one. */
+    cfg->node_id[0] = 0;
+    cfg->bind[0] = 0;
     /* Injected faults belong to the run that asked for them, not to its continuation. */
     cfg->inject[0] = 0;
     cfg->chaos = 0.0f;

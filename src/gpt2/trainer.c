@@ -38,10 +38,10 @@ struct Trainer {
 static int load_model_config(const TrainOptions *o, const char *resume_dir, char *model_file, size_t len,
                              GPT2Config *mc, int *from_file, char *err, size_t errlen) {
     *from_file = 1;
-    if (resume_dir) {
-        snprintf(model_file, len, "%s/model.bin", resume_dir);
-        return modelfile_read_config(model_file, mc, err, errlen);
-    }
+    /* A checkpoint split over machines' disks has no model.bin: the shape comes from --model,
+     * the parameters from the ranks' restored shards (gathered by the rebuild). */
+    if (resume_dir) snprintf(model_file, len, "%s/model.bin", resume_dir);
+    if (resume_dir && access(model_file, R_OK) == 0) return modelfile_read_config(model_file, mc, err, errlen);
     snprintf(model_file, len, "%s", o->model);
     *from_file = 0;
     if (gpt2_preset(o->model, mc) == 0) return 0;

@@ -344,3 +344,92 @@ int64_t checkpoint_latest_below(const char *dir, int64_t below, char *err, size_
     if (best < 0) snprintf(err, errlen, "%s: no complete checkpoint (none has DONE)", ck);
     return best;
 }
+
+/* Every step directory in DIR (0-based steps), newest first; the count (at most max). */
+static int step_dirs(const char *dir, int64_t *steps, int max) {
+    char ck[4096];
+    snprintf(ck, sizeof ck, "%s/ckpt", dir);
+    DIR *d = opendir(ck);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < max) {
+        int64_t s;
+        if (parse_step_dir(e->d_name, &s) == 0) steps[n++] = s;
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* newest first */
+        for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
+            int64_t t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    return n;
+}
+
+int checkpoint_inventory(const char *dir, char *out, size_t len) {
+    int64_t steps[4096];
+    int n = step_dirs(dir, steps, 4096);
+    size_t used = 0;
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        char d[4096], what[64];
+        step_dir(d, sizeof d, dir, steps[i]);
+        DIR *sd = opendir(d);
+        if (!sd) continue;
+        int any = 0;
+        struct dirent *e;
+        while ((e = readdir(sd)) != NULL) {
+            int rank;
+            char tail;
+            if (sscanf(e->d_name, "rank_%d.stat%c", &rank, &tail) != 2 || tail != 'e' || rank < 0) continue;
+            SnapHeader h;
+            void *payload = NULL;
+            char err[256];
+            if (checkpoint_read_state(d, rank, steps[i], &h, &payload, err, sizeof err) != 0) {
+                log_msg("checkpoint inventory: %s", err); /* damaged: not offered */
+                continue;
+            }
+            free(payload);
+            if (!any) snprintf(what, sizeof what, "%s%lld:%d", used ? ";" : "", (long long)steps[i], rank);
+            else snprintf(what, sizeof what, ",%d", rank);
+            any = 1;
+            size_t w = strlen(what);
+            if (used + w + 1 > len) { closedir(sd); return -1; }
+            memcpy(out + used, what, w + 1);
+            used += w;
+        }
+        closedir(sd);
+    }
+    return 0;
+}
+
+int checkpoint_write_config(const char *dir, int64_t step, const char *text, char *err, size_t errlen) {
+    char path[4200];
+    checkpoint_path(path, sizeof path, dir, step, "config.txt");
+    if (access(path, F_OK) == 0) return 0;
+    struct iovec part = {(void *)text, strlen(text)};
+    return write_file_atomic(path, &part, 1, err, errlen);
+}
+
+int64_t checkpoint_latest_config(const char *dir, char *err, size_t errlen) {
+    int64_t steps[4096];
+    int n = step_dirs(dir, steps, 4096);
+    for (int i = 0; i < n; i++) {
+        char path[4200];
+        checkpoint_path(path, sizeof path, dir, steps[i], "config.txt");
+        if (access(path, R_OK) == 0) return steps[i];
+    }
+    snprintf(err, errlen, "%s/ckpt: no checkpoint with a config.txt", dir);
+    return -1;
+}
+
+void checkpoint_prune_partial(const char *dir, int keep) {
+    int64_t steps[4096];
+    int n = step_dirs(dir, steps, 4096);
+    for (int i = keep; i < n; i++) {
+        char p[4200];
+        step_dir(p, sizeof p, dir, steps[i]);
+        remove_tree(p);
+    }
+}

@@ -647,6 +647,8 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_NODE_ALIVE: snprintf(buf, len, "node:%lld:alive", a); break;
     case KEY_EXIT: snprintf(buf, len, "exit:%lld", a); break;
     case KEY_PROGRESS: snprintf(buf, len, "metrics:last"); break;
+    case KEY_INVENTORY: snprintf(buf, len, "inventory"); break;
+    case KEY_RESUME_HOLDER: snprintf(buf, len, "resume:holder:%lld", a); break;
     default: snprintf(buf, len, "unknown"); break;
     }
     return buf;
@@ -661,9 +663,15 @@ const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long 
 long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member) {
     char key[CTL_KEY_MAX];
     make_key(c, key, sizeof key, suffix);
-    long long v;
-    if (ctl_command_integer(c, &v, "SADD %s %lld", key, member) != 0) return -1;
-    if (ctl_command_integer(c, &v, "SCARD %s", key) != 0) return -1;
+    /* One script: of members added at the same time only the last one sees the full count,
+     * and a member added again sees 0 (with SADD and SCARD apart, two could see it, and both
+     * would finish the same checkpoint). */
+    redisReply *r = ctl_command(c, "EVAL %s 1 %s %lld", "if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end return redis.call('SCARD', KEYS[1])",
+                                key, member);
+    if (!r) return -1;
+    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    if (v < 0) ctl_set_error(c, "redis: unexpected reply to SADD+SCARD");
+    freeReplyObject(r);
     return v;
 }
 
@@ -1247,6 +1255,31 @@ int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max) {
             if (id->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || copy_checked(ids + (size_t)n * idlen, idlen, id->str, id->len) != 0)
                 continue;
             index[n++] = atoi(v->str);
+        }
+    freeReplyObject(r);
+    return n;
+}
+
+int ctl_hash_set(ctl_t *c, const char *suffix, const char *field, const char *value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
+}
+
+int ctl_hash_getall(ctl_t *c, const char *suffix, char *fields, size_t flen, char *values, size_t vlen, int max) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, suffix);
+    redisReply *r = ctl_command(c, "HGETALL %s", key);
+    if (!r) return -1;
+    int n = 0;
+    if (r->type == REDIS_REPLY_ARRAY)
+        for (size_t i = 0; i + 1 < r->elements && n < max; i += 2) {
+            const redisReply *f = r->element[i], *v = r->element[i + 1];
+            if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
+                copy_checked(fields + (size_t)n * flen, flen, f->str, f->len) != 0 ||
+                copy_checked(values + (size_t)n * vlen, vlen, v->str, v->len) != 0)
+                continue;
+            n++;
         }
     freeReplyObject(r);
     return n;

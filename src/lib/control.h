@@ -75,7 +75,9 @@ typedef enum {
     KEY_NODE_COUNT,   /* nodes:n — machines that joined (INCR draws the next index) */
     KEY_NODE_ALIVE,   /* node:INDEX:alive — that machine's launcher is alive (a TTL it renews) */
     KEY_EXIT,         /* exit:PROC — how PROC ended, by its machine's launcher: crash|departed|bad_job */
-    KEY_PROGRESS      /* metrics:last — the newest step's metrics line (every machine prints it) */
+    KEY_PROGRESS,     /* metrics:last — the newest step's metrics line (every machine prints it) */
+    KEY_INVENTORY,    /* inventory — hash: machine index -> the checkpoints on its disk (checkpoint_inventory) */
+    KEY_RESUME_HOLDER /* resume:holder:RANK — "HOST:PORT" of a launcher serving RANK's resumed state */
 } ctl_key;
 
 /* The suffix of key k into buf; returns buf. */
@@ -103,6 +105,10 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms);
 int ctl_node_join(ctl_t *c, const char *node_id, int *index);
 int ctl_node_beat(ctl_t *c, int index, int ttl_ms);
 int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max);
+/* A job hash dp:{job}:{suffix}: HSET, and HGETALL into fields + i * flen and values + i *
+ * vlen (pairs that do not fit are skipped); the count, -1 on error. */
+int ctl_hash_set(ctl_t *c, const char *suffix, const char *field, const char *value);
+int ctl_hash_getall(ctl_t *c, const char *suffix, char *fields, size_t flen, char *values, size_t vlen, int max);
 /* A launcher saw its process `proc` end: records how (KEY_EXIT) and deletes its heartbeat,
  * in one round trip, so that the coordinator on another machine knows within a liveness
  * period. 0 / -1. */
@@ -114,7 +120,8 @@ int ctl_clock_offset(ctl_t *c, int64_t *offset_ms);
  * other machines can reach us at, when nothing better is given). 0 / -1. */
 int ctl_local_addr(ctl_t *c, char *buf, size_t len);
 
-/* Adds member to the set under suffix; the set's size after, -1 on error. */
+/* Adds member to the set under suffix, atomically: the set's size after, 0 when member was
+ * in it already, -1 on error. */
 long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member);
 
 /* Newest committed snapshot generation of each rank in an epoch (dp:{job}:e{epoch}:committed:{rank}). */

@@ -160,3 +160,63 @@ int decide_nodes_lost(int world, const int *node, const int *alive, const int *n
     }
     return marked;
 }
+
+/* Marks in have[] the ranks of `step` listed in one inventory. */
+static void inventory_ranks(const char *inv, int64_t step, int world, char *have) {
+    for (const char *p = inv; p && *p;) {
+        char *end;
+        long long s = strtoll(p, &end, 10);
+        if (end == p || *end != ':') return;
+        p = end + 1;
+        for (;;) {
+            long r = strtol(p, &end, 10);
+            if (end == p) return;
+            if (s == step && r >= 0 && r < world) have[r] = 1;
+            p = end;
+            if (*p == ',') { p++; continue; }
+            if (*p == ';') p++;
+            break;
+        }
+    }
+}
+
+/* Every step named in one inventory into steps (up to max), appended; the new count. */
+static int inventory_steps(const char *inv, int64_t *steps, int n, int max) {
+    for (const char *p = inv; p && *p && n < max;) {
+        char *end;
+        long long s = strtoll(p, &end, 10);
+        if (end == p || *end != ':') break;
+        steps[n++] = s;
+        p = strchr(end, ';');
+        if (p) p++;
+    }
+    return n;
+}
+
+int64_t resume_choose(const char *const *inventories, int n, int world, char *why, size_t whylen) {
+    int64_t steps[512];
+    int ns = 0;
+    for (int i = 0; i < n; i++) ns = inventory_steps(inventories[i], steps, ns, 512);
+    char *have = malloc(world > 0 ? (size_t)world : 1);
+    int64_t best = -1, newest = -1;
+    for (int k = 0; k < ns && have; k++) {
+        if (steps[k] > newest) newest = steps[k];
+        if (steps[k] <= best) continue;
+        memset(have, 0, (size_t)world);
+        for (int i = 0; i < n; i++) inventory_ranks(inventories[i], steps[k], world, have);
+        int all = 1;
+        for (int r = 0; r < world && all; r++) all = have[r];
+        if (all) best = steps[k];
+    }
+    if (why) why[0] = 0;
+    if (why && best < 0 && newest < 0) snprintf(why, whylen, "no machine has a checkpoint");
+    if (why && best < newest && have) {
+        memset(have, 0, (size_t)world);
+        for (int i = 0; i < n; i++) inventory_ranks(inventories[i], newest, world, have);
+        size_t used = (size_t)snprintf(why, whylen, "the checkpoint of step %lld lacks rank(s)", (long long)newest + 1);
+        for (int r = 0, shown = 0; r < world && used < whylen && shown < 16; r++)
+            if (!have[r]) { used += (size_t)snprintf(why + used, whylen - used, " %d", r); shown++; }
+    }
+    free(have);
+    return best;
+}

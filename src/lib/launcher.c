@@ -21,6 +21,7 @@
 #include "checkpoint.h"
 #include "control.h"
 #include "coordinator.h"
+#include "decide.h"
 #include "events.h"
 #include "inject.h"
 #include "metrics_http.h"
@@ -93,6 +94,7 @@ typedef struct {
     double node_beat_ms;    /* when KEY_NODE_ALIVE was last renewed */
     double progress_ms;     /* another machine's launcher: when the progress was last read */
     char progress_seen[64]; /* ...and the newest step's line it printed (its "t") */
+    ReplicaServer *shards;  /* --resume across machines: serves this machine's state files */
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -263,7 +265,8 @@ static pid_t spawn_process(Launcher *L, int rank, long proc) {
     WorkerArgs a = {.redis_url = in_ns ? ns_url : L->url, .job = L->job, .spare = rank < 0, .rank = rank,
                     .bind_host = L->netns.active ? (in_ns ? L->netns.ns_addr : L->netns.host_addr)
                                  : L->bind_addr[0] ? L->bind_addr : NULL,
-                    .node = L->node_id, .out = L->cfg->nnodes > 0 ? L->cfg->out : NULL, .proc = proc};
+                    .node = L->node_id, .out = L->cfg->nnodes > 0 ? L->cfg->out : NULL,
+                    .resume = L->cfg->nnodes > 0 && L->cfg->resume[0] ? L->cfg->resume : NULL, .proc = proc};
     fflush(NULL);
     pid_t pid = fork();
     if (pid != 0) return pid;
@@ -825,12 +828,114 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
                  "ended): a new run needs a new --job", L->job);
         return -1;
     }
-    if (job_config_serialize(L->cfg, mine, sizeof mine) != 0 || job_config_mismatch(mine, text, why, sizeof why) != 0) {
+    /* Resuming, the job's options come from the checkpoint on the first machine's disk (this
+     * machine may have none): they are taken as they are. */
+    if (!L->cfg->resume[0] &&
+        (job_config_serialize(L->cfg, mine, sizeof mine) != 0 || job_config_mismatch(mine, text, why, sizeof why) != 0)) {
         snprintf(err, errlen, "this machine's options differ from job '%s': %s", L->job, why);
         return -1;
     }
+    JobConfig job;
+    if (job_config_parse_lines(&job, text, why, sizeof why) != 0) {
+        snprintf(err, errlen, "job '%s': its config does not parse: %s", L->job, why);
+        return -1;
+    }
+    L->run_cfg.resume_step = job.resume_step;
     if (ctl_config_get(L->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job '%s' has no start time", L->job); return -1; }
     L->t0_wall_ms = strtoll(t0, NULL, 10);
+    return 0;
+}
+
+/* --- resuming across machines without a shared filesystem ------------------------------ */
+
+/* What this machine's --resume directory holds, for the first machine to choose from. */
+static int publish_inventory(Launcher *L, char *err, size_t errlen) {
+    static char inv[65536];
+    char idx[16], key[32];
+    if (checkpoint_inventory(L->cfg->resume, inv, sizeof inv) != 0) {
+        snprintf(err, errlen, "--resume %.900s: too many checkpoints to list", L->cfg->resume);
+        return -1;
+    }
+    snprintf(idx, sizeof idx, "%d", L->node_index);
+    if (ctl_hash_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_INVENTORY, 0, 0), idx, inv) != 0) {
+        snprintf(err, errlen, "publishing this machine's checkpoints: %s", ctl_last_error(L->ctl));
+        return -1;
+    }
+    log_msg("--resume: this machine has %s", inv[0] ? inv : "no checkpoint");
+    return 0;
+}
+
+/* The first machine: waits (--start-timeout-ms) for every machine that runs ranks to say what
+ * it has, a second more for spare machines, and resumes from the newest step whose every
+ * rank's state is on some machine. 0 / -1 + err. */
+#define INVENTORY_MAX 65536
+static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
+    int max = DP_MAX_RANKS, n = 0;
+    char (*fields)[16] = malloc(sizeof *fields * (size_t)max), *values = malloc((size_t)max * 2048);
+    const char **inv = malloc(sizeof *inv * (size_t)max);
+    char key[32], why[512];
+    if (!fields || !values || !inv) { snprintf(err, errlen, "out of memory"); goto fail; }
+    ctl_key_suffix(key, sizeof key, KEY_INVENTORY, 0, 0);
+    double t0 = now_ms(), all_at = 0;
+    for (;;) {
+        n = ctl_hash_getall(L->ctl, key, fields[0], sizeof fields[0], values, 2048, max);
+        int workers_in = 0; /* machines 0..nnodes-1 (spare machines may come too) */
+        for (int i = 0; i < n; i++) workers_in += atoi(fields[i]) < L->cfg->nnodes;
+        if (workers_in >= L->cfg->nnodes && !all_at) all_at = now_ms();
+        if ((all_at && now_ms() - all_at >= 1000) || now_ms() - t0 > L->cfg->start_timeout_ms || stop_signal) break;
+        node_beat(L);
+        sleep_ms(50);
+    }
+    if (!all_at) {
+        snprintf(err, errlen, "--resume: not all %d machines joined within --start-timeout-ms %d", L->cfg->nnodes,
+                 L->cfg->start_timeout_ms);
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) inv[i] = values + (size_t)i * 2048;
+    int64_t step = resume_choose(inv, n, L->cfg->workers, why, sizeof why);
+    if (step < 0) { snprintf(err, errlen, "--resume: no complete checkpoint across the %d machines: %s", n, why); goto fail; }
+    if (why[0]) log_msg("--resume: %s; resuming from step %lld instead", why, (long long)step + 1);
+    L->run_cfg.resume_step = (int)step;
+    free(fields); free(values); free(inv);
+    return 0;
+fail:
+    free(fields); free(values); free(inv);
+    return -1;
+}
+
+/* Every machine serves the state files of the chosen step on its disk to the ranks that run
+ * elsewhere (through a replica server of its own: the job's key, verified on arrival), and
+ * says so in Redis. 0 / -1 + err. */
+static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
+    int64_t step = L->run_cfg.resume_step;
+    char secret[REPLICA_SECRET_HEX_LEN + 2];
+    unsigned char k[REPLICA_KEY_BYTES];
+    int keyed = ctl_config_get(L->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, k) == 0;
+    explicit_bzero(secret, sizeof secret);
+    if (!keyed) { snprintf(err, errlen, "job '%s' has no replica channel secret", L->job); return -1; }
+    L->shards = replica_server_start(L->bind_addr, 0, L->job, L->cfg->workers, k, err, errlen);
+    ReplicaConn *c = L->shards ? replica_connect(L->bind_addr, replica_server_port(L->shards), 10000, 0, k, err, errlen) : NULL;
+    explicit_bzero(k, sizeof k);
+    if (!c) return -1;
+    int served = 0;
+    for (int r = 0; r < L->cfg->workers; r++) {
+        SnapHeader h;
+        void *payload = NULL;
+        char e[512], key[48], where[300];
+        if (checkpoint_read_shard(L->cfg->resume, step, r, &h, &payload, e, sizeof e) != 0) continue;
+        snprintf(h.job, sizeof h.job, "%s", L->job); /* the previous run's job name: ours now */
+        snap_header_seal(&h);
+        replica_status st = replica_put(c, &h, payload, 10000);
+        free(payload);
+        snprintf(where, sizeof where, "%s:%d", L->bind_addr, replica_server_port(L->shards));
+        if (st != REPLICA_OK || ctl_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_RESUME_HOLDER, r, 0), where) != 0) {
+            log_msg("--resume: cannot offer rank %d's state: %s", r, st != REPLICA_OK ? replica_status_str(st) : ctl_last_error(L->ctl));
+            continue;
+        }
+        served++;
+    }
+    replica_close(c);
+    if (served) log_msg("--resume: serving %d rank state(s) of step %lld from this machine's disk", served, (long long)step + 1);
     return 0;
 }
 
@@ -954,10 +1059,14 @@ int launcher_run(const JobConfig *cfg) {
         log_msg("--metrics-port: %s", err);
         return 1;
     }
+    int resuming = cfg->nnodes > 0 && cfg->resume[0];
     if (open_outputs(&L, err, sizeof err) != 0 || start_control_plane(&L, err, sizeof err) != 0 ||
         join_as_node(&L, err, sizeof err) != 0 ||
+        (resuming && publish_inventory(&L, err, sizeof err) != 0) ||
+        (L.coordinating && resuming && choose_resume_step(&L, err, sizeof err) != 0) ||
         (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0
-                        : follow_job(&L, err, sizeof err) != 0)) {
+                        : follow_job(&L, err, sizeof err) != 0) ||
+        (resuming && serve_resumed_states(&L, err, sizeof err) != 0)) {
         log_msg("%s", err);
         goto out;
     }
@@ -1018,9 +1127,9 @@ int launcher_run(const JobConfig *cfg) {
     }
     log_msg("job %s: %d workers + %d spares, %d steps, out %s, ft %s, program: %s", L.job, cfg->workers, cfg->spares,
             cfg->steps, cfg->out, ft_names[cfg->ft], program);
-    if (cfg->resume_step >= 0) {
-        log_msg("resuming from the checkpoint of step %d in %s", cfg->resume_step + 1, cfg->resume);
-        event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", cfg->resume_step + 1);
+    if (L.run_cfg.resume_step >= 0) {
+        log_msg("resuming from the checkpoint of step %d in %s", L.run_cfg.resume_step + 1, cfg->resume);
+        event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", L.run_cfg.resume_step + 1);
     }
     L.coord = coord_create(L.ctl, &L.run_cfg, L.t0_wall_ms, L.node_id);
     if (!L.coord || spawn_all(&L) != 0) {
@@ -1081,6 +1190,7 @@ finished:
     metrics_server_publish(L.metrics_srv, &L.live);
 out:
     metrics_server_stop(L.metrics_srv); /* NULL when off */
+    replica_server_stop(L.shards);      /* NULL when not resuming across machines */
     forget_children(&L);
     netns_destroy(&L.netns);
     coord_free(L.coord);

@@ -206,8 +206,9 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
     }
     if (job_config_parse_lines(&dp->cfg, dp->cfg_text, err, errlen) != 0) return -1;
     /* Each machine of a multi-node job writes into its own --out. */
-    const char *out = getenv(DP_ENV_OUT);
+    const char *out = getenv(DP_ENV_OUT), *resume = getenv(DP_ENV_RESUME);
     if (out && *out) snprintf(dp->cfg.out, sizeof dp->cfg.out, "%s", out);
+    if (resume && *resume) snprintf(dp->cfg.resume, sizeof dp->cfg.resume, "%s", resume);
     char t0[32];
     if (ctl_config_get(dp->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job has no start time"); return -1; }
     dp->t0_wall_ms = strtoll(t0, NULL, 10);
@@ -634,6 +635,36 @@ static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_ep
     return -1;
 }
 
+/* Rank's state of the resumed checkpoint: from this machine's disk, else (machines without a
+ * shared filesystem) from the launcher that serves it from its machine's disk (verified on
+ * the way like any replica). 0 / -1 + err. */
+static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload, char *err, size_t errlen) {
+    int64_t step = dp->cfg.resume_step;
+    if (checkpoint_read_shard(dp->cfg.resume, step, rank, h, payload, err, errlen) == 0) return 0;
+    char k[48], where[300];
+    if (dp->cfg.nnodes == 0 || ctl_get(dp->ctl, key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0)
+        return -1;
+    char *colon = strrchr(where, ':');
+    if (!colon) return -1;
+    *colon = 0;
+    char cerr[256];
+    ReplicaConn *c = replica_connect(where, atoi(colon + 1), job_comm_timeout_ms(&dp->cfg) + 5000, 0,
+                                     replica_server_key(dp->replicas), cerr, sizeof cerr);
+    if (!c) {
+        snprintf(err, errlen, "rank %d's state of step %lld: not on this machine, and its machine's launcher at %s:%s "
+                 "cannot be reached: %s", rank, (long long)step + 1, where, colon + 1, cerr);
+        return -1;
+    }
+    replica_status st = replica_get(c, dp->job, rank, step, h, payload, job_comm_timeout_ms(&dp->cfg) + 5000);
+    replica_close(c);
+    if (st == REPLICA_OK && h->step == step) return 0;
+    if (st == REPLICA_OK) free(*payload);
+    *payload = NULL;
+    snprintf(err, errlen, "rank %d's state of step %lld from %s:%s: %s", rank, (long long)step + 1, where, colon + 1,
+             st == REPLICA_OK ? "another step" : replica_status_str(st));
+    return -1;
+}
+
 /* Puts this rank's state at generation `rollback`: from our own ping-pong buffer, else from
  * a replica holder, else (the resumed checkpoint) from disk; -1 means the initial state. */
 static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char *err, size_t errlen) {
@@ -646,8 +677,7 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
     SnapHeader h;
     void *payload = NULL;
     int found = fetch_from_holders(dp, dp->rank, rollback, dp->epoch - 1, &h, &payload) == 0;
-    if (!found && rollback == dp->cfg.resume_step)
-        found = checkpoint_read_shard(dp->cfg.resume, rollback, dp->rank, &h, &payload, err, errlen) == 0;
+    if (!found && rollback == dp->cfg.resume_step) found = read_resumed_state(dp, dp->rank, &h, &payload, err, errlen) == 0;
     if (!found) {
         snprintf(err, errlen, "no copy of rank %d's state at step %lld is reachable", dp->rank, rollback + 1);
         return -1;
@@ -741,6 +771,13 @@ static int app_checkpoint(void *arg, const char *dir, int64_t step, int world, c
 static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char *kind) {
     char k[64], err[1024];
     if (ctl_set_add_count(c, key(k, sizeof k, KEY_PERSISTED, h->step, 0), h->rank) != dp->cfg.workers) return;
+    if (dp->cfg.nnodes > 0) { /* each machine has its ranks' files: complete across machines */
+        log_msg("checkpoint of step %lld complete: every rank's state is on its machine's disk (--resume gathers them)",
+                (long long)h->step + 1);
+        event_emit(c, dp->t0_wall_ms, "checkpoint", "\"step\":%lld,\"kind\":\"%s\",\"machines\":true",
+                   (long long)h->step + 1, kind);
+        return;
+    }
     if (checkpoint_finish(dp->cfg.out, h->step, dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, err, sizeof err) != 0) {
         log_msg("checkpoint of step %lld: %s", (long long)h->step + 1, err);
         return;
@@ -751,10 +788,12 @@ static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char 
 static void persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const void *payload) {
     char err[1024];
     SnapRegion all = {payload, h->length};
-    if (checkpoint_write_shard(dp->cfg.out, h, &all, 1, err, sizeof err) != 0) {
+    if (checkpoint_write_shard(dp->cfg.out, h, &all, 1, err, sizeof err) != 0 ||
+        (dp->cfg.nnodes > 0 && checkpoint_write_config(dp->cfg.out, h->step, dp->cfg_text, err, sizeof err) != 0)) {
         log_msg("persist step %lld: %s", (long long)h->step + 1, err);
         return;
     }
+    if (dp->cfg.nnodes > 0) checkpoint_prune_partial(dp->cfg.out, 3);
     count_persisted(dp, c, h, "persist");
 }
 
@@ -1200,7 +1239,7 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
     if (dp->cfg.resume_step >= 0) { /* resumed from disk: every rank restores its state file */
         SnapHeader h;
         void *payload = NULL;
-        int rc = checkpoint_read_shard(dp->cfg.resume, dp->cfg.resume_step, dp->rank, &h, &payload, err, errlen);
+        int rc = read_resumed_state(dp, dp->rank, &h, &payload, err, errlen);
         if (rc == 0) rc = restore_payload(dp, &h, payload, err, errlen);
         free(payload);
         if (rc != 0) { emit_error(dp, "resume: ", err); return DP_ERR; }
@@ -1654,6 +1693,7 @@ void worker_env_set(const WorkerArgs *a) {
     else unsetenv(DP_ENV_RANK);
     if (a->node) setenv(DP_ENV_NODE, a->node, 1);
     if (a->out) setenv(DP_ENV_OUT, a->out, 1);
+    if (a->resume) setenv(DP_ENV_RESUME, a->resume, 1);
     snprintf(rank, sizeof rank, "%ld", a->proc);
     if (a->proc > 0) setenv(DP_ENV_PROC, rank, 1);
     else unsetenv(DP_ENV_PROC);

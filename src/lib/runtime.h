@@ -27,6 +27,7 @@ typedef enum {
 #define DP_ENV_BIND "DEADPOOL_BIND"         /* the address peers reach this process at */
 #define DP_ENV_NODE "DEADPOOL_NODE"         /* the machine (failure domain) this process runs on */
 #define DP_ENV_OUT "DEADPOOL_OUT"           /* this machine's output directory (else the job's --out) */
+#define DP_ENV_RESUME "DEADPOOL_RESUME"     /* this machine's --resume directory (else the job's) */
 #define DP_ENV_PROC "DEADPOOL_PROC"         /* the process id its launcher drew for it (else drawn at init) */
 
 typedef struct {
@@ -37,6 +38,7 @@ typedef struct {
     const char *bind_host;  /* address peers reach this process at (NULL: 127.0.0.1) */
     const char *node;       /* the machine's node id (NULL: node_id_default) */
     const char *out;        /* this machine's output directory (NULL: the job's --out) */
+    const char *resume;     /* this machine's --resume directory (NULL: the job's) */
     long proc;              /* a process id drawn by the launcher (0: drawn by the process) */
 } WorkerArgs;
 

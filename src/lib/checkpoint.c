@@ -424,10 +424,11 @@ int64_t checkpoint_latest_config(const char *dir, char *err, size_t errlen) {
     return -1;
 }
 
-void checkpoint_prune_partial(const char *dir, int keep) {
+void checkpoint_prune_below(const char *dir, int64_t step) {
     int64_t steps[4096];
     int n = step_dirs(dir, steps, 4096);
-    for (int i = keep; i < n; i++) {
+    for (int i = 0; i < n; i++) {
+        if (steps[i] >= step) continue;
         char p[4200];
         step_dir(p, sizeof p, dir, steps[i]);
         remove_tree(p);

@@ -48,7 +48,8 @@ int checkpoint_read_state(const char *step_dir, int rank, int64_t step, SnapHead
 /* --- machines without a shared filesystem (multi-node jobs) -----------------------------
  * Every machine keeps the state files of the ranks it ran, beside the job's config.txt; a
  * checkpoint is complete when every rank's state is on some machine's disk, which only the
- * machines together can tell (`deadpool run --resume` gathers their inventories, resume.h).
+ * machines together can tell (`deadpool run --resume` gathers their inventories; decide.h's
+ * resume_choose picks the step).
  * checkpoint_inventory: for each step directory in DIR, newest first, the ranks whose state
  * file verifies, as "STEP:R,R,...;STEP:..." (0-based steps); 0, or -1 when it does not fit. */
 int checkpoint_inventory(const char *dir, char *out, size_t len);
@@ -56,8 +57,9 @@ int checkpoint_inventory(const char *dir, char *out, size_t len);
 int checkpoint_write_config(const char *dir, int64_t step, const char *text, char *err, size_t errlen);
 /* Newest step directory holding a config.txt, complete or not; -1 + err if none. */
 int64_t checkpoint_latest_config(const char *dir, char *err, size_t errlen);
-/* Keeps the `keep` newest step directories (complete or not), removing older ones. */
-void checkpoint_prune_partial(const char *dir, int keep);
+/* Removes the step directories older than `step` (the newest one known complete across the
+ * machines: what is newer may still be completing, what is older is not needed any more). */
+void checkpoint_prune_below(const char *dir, int64_t step);
 
 /* Path of a file inside checkpoint `step` ("model.bin", "config.txt", ...). */
 void checkpoint_path(char *out, size_t len, const char *dir, int64_t step, const char *file);

@@ -36,9 +36,9 @@ static const OptSpec OPTIONS[] = {
     {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left (and a waiting spare, for a launcher that went away)"},
     {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown:RANK@STEP (mid-step), or rkill:RANK@EPOCH (dies recovering); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
-    {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used"},
+    {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used (one machine only: across machines spares are spare machines)"},
     {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},
-    {"bind", OPT_STR, S(bind), 0, 0, NULL, "address the metrics server listens on (default 127.0.0.1, loopback only)"},
+    {"bind", OPT_STR, S(bind), 0, 0, NULL, "address the metrics server listens on (default 127.0.0.1, loopback only); with --nnodes also where this machine's processes are reached (default: the address it reaches Redis from)"},
     {"report", OPT_INT, F(report), 0, 0, 1, NULL, "write DIR/report.html (plots of the run) when the job ends; --report alone = 1"},
     {"nnodes", OPT_INT, F(nnodes), 0, 0, DP_MAX_RANKS, NULL, "machines that run ranks: run the same command on each (and on spare machines); needs --redis and --job"},
     {"nproc-per-node", OPT_INT, F(nproc_per_node), 0, 0, DP_MAX_RANKS, NULL, "with --nnodes: ranks per machine (a spare machine starts as many spares)"},
@@ -101,7 +101,7 @@ int job_config_mismatch(const char *mine, const char *job, char *err, size_t err
     static char a[JOB_CONFIG_TEXT_MAX], b[JOB_CONFIG_TEXT_MAX];
     for (size_t i = 0; i < TABLE.n; i++) {
         const char *name = TABLE.opts[i].name;
-        if (job_config_node_local(name)) continue;
+        if (job_config_node_local(name) || !strcmp(name, "resume-step")) continue; /* the first machine chooses it */
         config_value(mine, name, a, sizeof a);
         config_value(job, name, b, sizeof b);
         if (strcmp(a, b) != 0) {
@@ -146,6 +146,16 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
             return -1;
         }
         if (inject_netdown_rank(c->inject) >= 0) { snprintf(err, errlen, "--inject netdown: one machine only (cut a machine's link instead)"); return -1; }
+        if (c->ft == FT_DISK) {
+            snprintf(err, errlen, "--ft disk: one machine only (its restart needs every checkpoint file on one disk); "
+                     "across machines use --ft deadpool with --persist-every K");
+            return -1;
+        }
+        if (c->ft == FT_DEADPOOL && c->replica_placement == PLACE_RING && c->replicas > c->nnodes - 1) {
+            snprintf(err, errlen, "--replicas %d: each rank's replicas live on other machines, so --nnodes must be at least "
+                     "%d, found %d (or --replica-placement spares)", c->replicas, c->replicas + 1, c->nnodes);
+            return -1;
+        }
     }
     for (const char *p = c->job; *p; p++)
         if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.')) {

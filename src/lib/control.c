@@ -648,6 +648,7 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_EXIT: snprintf(buf, len, "exit:%lld", a); break;
     case KEY_PROGRESS: snprintf(buf, len, "metrics:last"); break;
     case KEY_INVENTORY: snprintf(buf, len, "inventory"); break;
+    case KEY_PERSIST_COMPLETE: snprintf(buf, len, "persist:complete"); break;
     case KEY_RESUME_HOLDER: snprintf(buf, len, "resume:holder:%lld", a); break;
     default: snprintf(buf, len, "unknown"); break;
     }
@@ -1230,7 +1231,18 @@ int ctl_node_join(ctl_t *c, const char *node_id, int *index) {
     /* The id first: a second launcher with the same id must not take an index (a gap in
      * 0..N-1 would leave a machine's ranks unstarted). */
     if (ctl_command_integer(c, &added, "HSETNX %s %s -1", nodes, node_id) != 0) return -1;
-    if (!added) return 0;
+    if (!added) { /* the id is known: a launcher of this machine that is gone takes its place back */
+        redisReply *r = ctl_command(c, "HGET %s %s", nodes, node_id);
+        if (!r) return -1;
+        int idx = r->type == REDIS_REPLY_STRING ? atoi(r->str) : -1;
+        freeReplyObject(r);
+        char alive[CTL_KEY_MAX];
+        long long exists = 1;
+        ctl_key_full(c, alive, sizeof alive, KEY_NODE_ALIVE, idx, 0);
+        if (idx < 0 || ctl_command_integer(c, &exists, "EXISTS %s", alive) != 0 || exists) return 0;
+        *index = idx;
+        return 1;
+    }
     if (ctl_command_integer(c, &n, "INCR %s", count) != 0) return -1;
     *index = (int)(n - 1);
     if (ctl_command_ok(c, "HSET %s %s %d", nodes, node_id, *index) != 0) return -1;

@@ -76,6 +76,7 @@ typedef enum {
     KEY_NODE_ALIVE,   /* node:INDEX:alive — that machine's launcher is alive (a TTL it renews) */
     KEY_EXIT,         /* exit:PROC — how PROC ended, by its machine's launcher: crash|departed|bad_job */
     KEY_PROGRESS,     /* metrics:last — the newest step's metrics line (every machine prints it) */
+    KEY_PERSIST_COMPLETE, /* persist:complete — newest step persisted by every rank (machines' disks) */
     KEY_INVENTORY,    /* inventory — hash: machine index -> the checkpoints on its disk (checkpoint_inventory) */
     KEY_RESUME_HOLDER /* resume:holder:RANK — "HOST:PORT" of a launcher serving RANK's resumed state */
 } ctl_key;
@@ -99,7 +100,8 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms);
 
 /* --- machines (multi-node jobs) ------------------------------------------------------
  * A machine joins with its node id: ctl_node_join gives it the next index (1 joined, 0 the
- * id is already in the job, -1 error). ctl_node_beat keeps KEY_NODE_ALIVE of index alive
+ * id belongs to a machine whose launcher is alive, -1 error); a launcher of a machine whose
+ * previous launcher is gone (its KEY_NODE_ALIVE expired) gets that machine's index back. ctl_node_beat keeps KEY_NODE_ALIVE of index alive
  * for ttl_ms. ctl_nodes_read: every joined node's id (ids + i * idlen) and index, up to max;
  * the count, -1 on error. */
 int ctl_node_join(ctl_t *c, const char *node_id, int *index);

@@ -100,7 +100,11 @@ static void member_facts(Coordinator *c, const long *procs, int n, pid_t *pids, 
                          char (*endpoints)[ENDPOINT_MAX]) {
     static const char *const fields[] = {"node", "pid", "replica"};
     char (*v)[ENDPOINT_MAX] = n > 0 ? malloc(sizeof *v * 3 * (size_t)n) : NULL;
-    for (int i = 0; i < n; i++) pids[i] = 0;
+    for (int i = 0; i < n; i++) {
+        pids[i] = 0;
+        if (nodes) nodes[i][0] = 0;
+        if (endpoints) endpoints[i][0] = 0;
+    }
     if (!v || ctl_proc_get_many(c->ctl, procs, n, fields, 3, v[0], ENDPOINT_MAX) != 0) {
         free(v);
         return;
@@ -305,6 +309,8 @@ static void silent_members(Coordinator *c, const int *alive) {
     }
     free(present);
     free(vals);
+    int mine = node_index_of(c, c->my_node); /* this launcher runs: its machine is not lost */
+    if (mine >= 0 && mine < DP_MAX_RANKS) node_alive[mine] = 1;
     int effective_alive[RECOVERY_MAX_RANKS];
     for (int r = 0; r < world; r++) effective_alive[r] = alive[r] || c->departed[r];
     decide_nodes_lost(world, node, effective_alive, node_alive, DP_MAX_RANKS, fail);
@@ -365,13 +371,23 @@ static void check_liveness(Coordinator *c) {
         if (!spare_alive[i]) spare_lost(c, spares[i]);
 }
 
-/* Live spares, in process-id order. */
+/* Live spares, in process-id order. Across machines, not the spares of a machine a failed rank
+ * ran on: a crashed machine's spares still heartbeat for up to a detect timeout, and a spare
+ * that dies while it joins costs a second decision. */
 static int live_spares(Coordinator *c, long *out, int max) {
-    long ids[DP_MAX_RANKS];
-    int n = ctl_spare_list(c->ctl, ids, DP_MAX_RANKS), alive[DP_MAX_RANKS], k = 0;
+    static long ids[DP_MAX_RANKS];
+    static int alive[DP_MAX_RANKS];
+    static pid_t pids[DP_MAX_RANKS];
+    static char nodes[DP_MAX_RANKS][NODE_ID_MAX];
+    int n = ctl_spare_list(c->ctl, ids, DP_MAX_RANKS), k = 0;
     if (n <= 0 || ctl_alive_many(c->ctl, ids, n, alive) != 0) return 0;
-    for (int i = 0; i < n && k < max; i++)
-        if (alive[i]) out[k++] = ids[i];
+    if (c->cfg->nnodes > 0) member_facts(c, ids, n, pids, nodes, NULL);
+    for (int i = 0; i < n && k < max; i++) {
+        int suspect = 0;
+        for (int f = 0; c->cfg->nnodes > 0 && f < c->npending && !suspect; f++)
+            suspect = nodes[i][0] && !strcmp(nodes[i], c->node[c->pending[f].rank]);
+        if (alive[i] && !suspect) out[k++] = ids[i];
+    }
     return k;
 }
 

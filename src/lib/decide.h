@@ -79,8 +79,9 @@ int decide_nodes_lost(int world, const int *node, const int *alive, const int *n
 
 /* Resuming without a shared filesystem: inventories[i] is what machine i has on disk
  * (checkpoint_inventory's "STEP:R,R;STEP:..." text). The newest step whose state files of all
- * `world` ranks are on some machine, -1 if none (why then names the newest step's missing
- * ranks, or says that no machine has a checkpoint). */
+ * `world` ranks are on some machine, -1 if none. `why` (may be NULL) is "" when the newest
+ * step is complete; otherwise it names the newest step's missing ranks (an older step was
+ * chosen, or none), or says that no machine has a checkpoint. */
 int64_t resume_choose(const char *const *inventories, int n, int world, char *why, size_t whylen);
 
 /* "wait", "swap", "rebuild", "no_spare", "state_lost", "no_ft", "invalid". */

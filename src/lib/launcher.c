@@ -95,6 +95,7 @@ typedef struct {
     double progress_ms;     /* another machine's launcher: when the progress was last read */
     char progress_seen[64]; /* ...and the newest step's line it printed (its "t") */
     ReplicaServer *shards;  /* --resume across machines: serves this machine's state files */
+    int stopped_elsewhere;  /* another machine's launcher was stopped (Ctrl-C): the job ends */
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -515,6 +516,14 @@ static void write_report(Launcher *L) {
 
 static void respawn_now(Launcher *L);
 
+/* Once the job is two steps past its resumed step every rank has restored (a rollback goes to
+ * a newer generation from then on): the state files served from this machine's disk can go. */
+static void resumed_states_done(Launcher *L, double step) {
+    if (!L->shards || step < L->run_cfg.resume_step + 3) return;
+    replica_server_stop(L->shards);
+    L->shards = NULL;
+}
+
 static void on_metric(const char *json, void *arg) {
     Launcher *L = arg;
     fprintf(L->metrics, "%s\n", json);
@@ -526,6 +535,7 @@ static void on_metric(const char *json, void *arg) {
     json_number(json, "t", &t);
     L->last_step = (int)step;
     L->last_loss = (float)loss;
+    resumed_states_done(L, step);
     if (L->coord) coord_progress(L->coord, (int)step);
     if (L->restart.pending) {
         Restart *r = &L->restart;
@@ -580,6 +590,7 @@ static void control_plane_lost(Launcher *L, const char *why) {
 
 static void drain_outputs(Launcher *L) {
     int n;
+    if (!L->coordinating) return; /* the job's lists are the coordinating machine's to drain */
     while ((n = ctl_drain(L->ctl, "events", 256, on_event, L)) > 0) {
     }
     /* Redis unreachable for longer than a failure takes to detect: the control plane is lost
@@ -639,7 +650,8 @@ static int reap_children(Launcher *L) {
         if (stop_signal || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) continue;
         char how[64];
         describe_exit(status, how, sizeof how);
-        event_emit(L->ctl, L->t0_wall_ms, "process_exit", "\"pid\":%d,\"status\":\"%s\"", (int)pid, how);
+        if (L->coordinating) event_emit(L->ctl, L->t0_wall_ms, "process_exit", "\"pid\":%d,\"status\":\"%s\"", (int)pid, how);
+        else node_event(L, "process_exit", "\"pid\":%d,\"proc\":%ld,\"status\":\"%s\"", (int)pid, c->proc, how);
         if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_BAD_JOB) {
             log_msg("process %d stopped on a bad job (see the message above)", (int)pid);
             L->failed = 1; /* a configuration problem: every replacement would fail alike */
@@ -670,6 +682,7 @@ static void stop_children(Launcher *L, int grace_ms) {
         if (!left) return;
         if (now_ms() > deadline) break;
         drain_outputs(L);
+        node_beat(L); /* still here: the first machine keeps the job's keys until we leave */
         sleep_ms(10);
     }
     for (int i = 0; i < L->nchildren; i++) {
@@ -745,7 +758,7 @@ static int restart_from_disk(Launcher *L) {
 static void supervise(Launcher *L) {
     while (!stop_signal && !L->failed && !L->job_done && !L->redis_lost) {
         /* Exits first: a crash is known the moment waitpid says so. */
-        if (reap_children(L) == 0) {
+        if (reap_children(L) == 0 && L->cfg->nnodes == 0) { /* across machines the job lives elsewhere too */
             char err[256];
             int64_t ck = checkpoint_latest(L->run_cfg.out, err, sizeof err);
             if (ck >= 0)
@@ -794,8 +807,8 @@ static int join_as_node(Launcher *L, char *err, size_t errlen) {
     int r = ctl_node_join(L->ctl, L->node_id, &L->node_index);
     if (r < 0) { snprintf(err, errlen, "registering this machine failed: %s", ctl_last_error(L->ctl)); return -1; }
     if (r == 0) {
-        snprintf(err, errlen, "machine '%s' has already joined job '%s' (two launchers on one machine need distinct "
-                 "--node-id)", L->node_id, L->job);
+        snprintf(err, errlen, "machine id '%s' is in use in job '%s' by a launcher that is running (two launchers on one "
+                 "machine need distinct --node-id)", L->node_id, L->job);
         return -1;
     }
     L->coordinating = L->node_index == 0;
@@ -804,6 +817,10 @@ static int join_as_node(Launcher *L, char *err, size_t errlen) {
         return -1;
     }
     if (L->cfg->nnodes > 0 && L->cfg->bind[0]) snprintf(L->bind_addr, sizeof L->bind_addr, "%s", L->cfg->bind);
+    if (L->cfg->nnodes > 0 && (!strcmp(L->bind_addr, "0.0.0.0") || !strcmp(L->bind_addr, "::"))) {
+        snprintf(err, errlen, "--bind %s: the other machines need an address of this one they can reach", L->bind_addr);
+        return -1;
+    }
     node_beat(L);
     return 0;
 }
@@ -812,9 +829,16 @@ static int join_as_node(Launcher *L, char *err, size_t errlen) {
  * agree with this machine's options (bar the machine's own: --out, --bind, ...). 0 / -1. */
 static int follow_job(Launcher *L, char *err, size_t errlen) {
     static char text[JOB_CONFIG_TEXT_MAX], mine[JOB_CONFIG_TEXT_MAX];
-    char t0[32], state[32], why[900];
+    char t0[32], state[32] = "", why[900];
     double deadline = now_ms() + L->cfg->start_timeout_ms;
-    while (ctl_config_get(L->ctl, "config", text, sizeof text) != 0) {
+    /* The first machine writes the job's fields one by one and "running" last. */
+    for (;;) {
+        int got = ctl_state_get(L->ctl, state, sizeof state) == 0 && state[0]; /* "" = not set yet */
+        if (got && !strcmp(state, "running")) break;
+        if (got) { /* failed, done, stopping */
+            snprintf(err, errlen, "job '%s' is %s: a new run needs a new --job", L->job, state);
+            return -1;
+        }
         if (now_ms() > deadline || stop_signal) {
             snprintf(err, errlen, "job '%s': its first machine did not publish the job within --start-timeout-ms %d",
                      L->job, L->cfg->start_timeout_ms);
@@ -823,21 +847,27 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
         node_beat(L);
         sleep_ms(50);
     }
-    if (ctl_launcher_alive(L->ctl) == 0 || ctl_state_get(L->ctl, state, sizeof state) != 0 || strcmp(state, "running") != 0) {
-        snprintf(err, errlen, "job '%s' is in redis but not running (its first machine's launcher is gone, or it "
-                 "ended): a new run needs a new --job", L->job);
+    if (ctl_launcher_alive(L->ctl) == 0 || ctl_config_get(L->ctl, "config", text, sizeof text) != 0) {
+        snprintf(err, errlen, "job '%s' is in redis but its first machine's launcher is gone: a new run needs a new "
+                 "--job", L->job);
         return -1;
     }
-    /* Resuming, the job's options come from the checkpoint on the first machine's disk (this
-     * machine may have none): they are taken as they are. */
-    if (!L->cfg->resume[0] &&
-        (job_config_serialize(L->cfg, mine, sizeof mine) != 0 || job_config_mismatch(mine, text, why, sizeof why) != 0)) {
-        snprintf(err, errlen, "this machine's options differ from job '%s': %s", L->job, why);
-        return -1;
-    }
+    /* Resuming, the job's options come from the checkpoint on the first machine's disk; a
+     * machine with none on its disk must agree on the job's shape at least. */
     JobConfig job;
     if (job_config_parse_lines(&job, text, why, sizeof why) != 0) {
         snprintf(err, errlen, "job '%s': its config does not parse: %s", L->job, why);
+        return -1;
+    }
+    const JobConfig *c = L->cfg;
+    if (c->resume[0] && c->resume_step < 0) { /* nothing on this disk: at least the same shape */
+        if (c->nnodes != job.nnodes || c->nproc_per_node != job.nproc_per_node || c->workers != job.workers) {
+            snprintf(err, errlen, "this machine's --nnodes %d --nproc-per-node %d differ from job '%s' (%d x %d)",
+                     c->nnodes, c->nproc_per_node, L->job, job.nnodes, job.nproc_per_node);
+            return -1;
+        }
+    } else if (job_config_serialize(c, mine, sizeof mine) != 0 || job_config_mismatch(mine, text, why, sizeof why) != 0) {
+        snprintf(err, errlen, "this machine's options differ from job '%s': %s", L->job, why);
         return -1;
     }
     L->run_cfg.resume_step = job.resume_step;
@@ -849,11 +879,13 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
 /* --- resuming across machines without a shared filesystem ------------------------------ */
 
 /* What this machine's --resume directory holds, for the first machine to choose from. */
+#define INVENTORY_MAX 8192 /* one machine's checkpoints, as checkpoint_inventory lists them */
 static int publish_inventory(Launcher *L, char *err, size_t errlen) {
-    static char inv[65536];
+    static char inv[INVENTORY_MAX];
     char idx[16], key[32];
     if (checkpoint_inventory(L->cfg->resume, inv, sizeof inv) != 0) {
-        snprintf(err, errlen, "--resume %.900s: too many checkpoints to list", L->cfg->resume);
+        snprintf(err, errlen, "--resume %.900s: the checkpoints there take more than %d bytes to list: remove old "
+                 "ones", L->cfg->resume, INVENTORY_MAX);
         return -1;
     }
     snprintf(idx, sizeof idx, "%d", L->node_index);
@@ -868,17 +900,16 @@ static int publish_inventory(Launcher *L, char *err, size_t errlen) {
 /* The first machine: waits (--start-timeout-ms) for every machine that runs ranks to say what
  * it has, a second more for spare machines, and resumes from the newest step whose every
  * rank's state is on some machine. 0 / -1 + err. */
-#define INVENTORY_MAX 65536
 static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
     int max = DP_MAX_RANKS, n = 0;
-    char (*fields)[16] = malloc(sizeof *fields * (size_t)max), *values = malloc((size_t)max * 2048);
+    char (*fields)[16] = malloc(sizeof *fields * (size_t)max), *values = malloc((size_t)max * INVENTORY_MAX);
     const char **inv = malloc(sizeof *inv * (size_t)max);
     char key[32], why[512];
     if (!fields || !values || !inv) { snprintf(err, errlen, "out of memory"); goto fail; }
     ctl_key_suffix(key, sizeof key, KEY_INVENTORY, 0, 0);
     double t0 = now_ms(), all_at = 0;
     for (;;) {
-        n = ctl_hash_getall(L->ctl, key, fields[0], sizeof fields[0], values, 2048, max);
+        n = ctl_hash_getall(L->ctl, key, fields[0], sizeof fields[0], values, INVENTORY_MAX, max);
         int workers_in = 0; /* machines 0..nnodes-1 (spare machines may come too) */
         for (int i = 0; i < n; i++) workers_in += atoi(fields[i]) < L->cfg->nnodes;
         if (workers_in >= L->cfg->nnodes && !all_at) all_at = now_ms();
@@ -891,7 +922,7 @@ static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
                  L->cfg->start_timeout_ms);
         goto fail;
     }
-    for (int i = 0; i < n; i++) inv[i] = values + (size_t)i * 2048;
+    for (int i = 0; i < n; i++) inv[i] = values + (size_t)i * INVENTORY_MAX;
     int64_t step = resume_choose(inv, n, L->cfg->workers, why, sizeof why);
     if (step < 0) { snprintf(err, errlen, "--resume: no complete checkpoint across the %d machines: %s", n, why); goto fail; }
     if (why[0]) log_msg("--resume: %s; resuming from step %lld instead", why, (long long)step + 1);
@@ -925,7 +956,7 @@ static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
         if (checkpoint_read_shard(L->cfg->resume, step, r, &h, &payload, e, sizeof e) != 0) continue;
         snprintf(h.job, sizeof h.job, "%s", L->job); /* the previous run's job name: ours now */
         snap_header_seal(&h);
-        replica_status st = replica_put(c, &h, payload, 10000);
+        replica_status st = replica_put(c, &h, payload, 10000 + (int)(h.length / 20000)); /* >= 20 MB/s */
         free(payload);
         snprintf(where, sizeof where, "%s:%d", L->bind_addr, replica_server_port(L->shards));
         if (st != REPLICA_OK || ctl_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_RESUME_HOLDER, r, 0), where) != 0) {
@@ -960,6 +991,7 @@ static void show_progress(Launcher *L) {
     json_number(json, "t", &tt);
     L->last_step = (int)step;
     L->last_loss = (float)loss;
+    resumed_states_done(L, step);
     observe_metric(L, json, step, loss, ms, tps, tt);
     fflush(stdout);
 }
@@ -979,7 +1011,10 @@ static void follow(Launcher *L) {
             int got = ctl_state_get(L->ctl, state, sizeof state);
             if (got == 0) reached_ms = now;
             if (got == 0 && !strcmp(state, "done")) L->job_done = 1;
-            else if (got == 0 && strcmp(state, "running") != 0) L->failed = 1;
+            else if (got == 0 && strcmp(state, "running") != 0) {
+                L->failed = 1;
+                L->stopped_elsewhere = !strcmp(state, "stopping");
+            }
             /* Cut off for as long as the job takes to forget a launcher: this machine's ranks
              * have been replaced (they stop by themselves once they see it), and so has it. */
             if (now - reached_ms > launcher_ttl_ms(L->cfg)) {
@@ -1007,17 +1042,19 @@ static void follow(Launcher *L) {
  * launchers have seen its end (their machine keys go), bounded. */
 static void wait_other_nodes(Launcher *L, int ms) {
     double deadline = now_ms() + ms;
-    char ids[64][128];
-    int idx[64];
-    while (now_ms() < deadline) {
-        int n = ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, 64), alive = 0;
+    char (*ids)[128] = malloc(sizeof *ids * DP_MAX_RANKS);
+    int *idx = malloc(sizeof *idx * DP_MAX_RANKS);
+    while (ids && idx && now_ms() < deadline) {
+        int n = ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, DP_MAX_RANKS), alive = 0;
         for (int i = 0; i < n; i++) {
             char key[64], v[8];
             if (idx[i] != L->node_index && ctl_get(L->ctl, ctl_key_suffix(key, sizeof key, KEY_NODE_ALIVE, idx[i], 0), v, sizeof v) == 0) alive++;
         }
-        if (n < 0 || alive == 0) return;
+        if (n < 0 || alive == 0) break;
         sleep_ms(50);
     }
+    free(ids);
+    free(idx);
 }
 
 int launcher_run(const JobConfig *cfg) {
@@ -1068,6 +1105,7 @@ int launcher_run(const JobConfig *cfg) {
                         : follow_job(&L, err, sizeof err) != 0) ||
         (resuming && serve_resumed_states(&L, err, sizeof err) != 0)) {
         log_msg("%s", err);
+        if (L.coordinating && L.ctl && cfg->nnodes > 0) ctl_state_set(L.ctl, "failed"); /* the others stop waiting */
         goto out;
     }
     if (cfg->nnodes > 0) {
@@ -1080,7 +1118,7 @@ int launcher_run(const JobConfig *cfg) {
                     cfg->nproc_per_node);
         node_event(&L, "node_joined", "\"id\":\"%s\",\"addr\":\"%s\",\"role\":\"%s\"", L.node_id, L.bind_addr,
                    worker_node ? "ranks" : "spares");
-        if (L.coordinating && cfg->ft == FT_DEADPOOL && cfg->nnodes > 1)
+        if (L.coordinating && cfg->ft == FT_DEADPOOL && cfg->nnodes > 1 && cfg->replica_placement == PLACE_RING)
             log_msg("each rank's %d replica(s) live on %d other machine(s): the job survives the loss of any %d machine(s) "
                     "at once, given spare machines to take their ranks", cfg->replicas, cfg->replicas, cfg->replicas);
     }
@@ -1091,6 +1129,9 @@ int launcher_run(const JobConfig *cfg) {
         } else {
             follow(&L);
         }
+        if (!L.job_done) /* the job failed, stopped, or lost its coordinator: nothing to finish */
+            for (int i = 0; i < L.nchildren; i++)
+                if (!L.children[i].exited) kill(L.children[i].pid, SIGTERM);
         stop_children(&L, 10000);
         int ok = L.job_done && !stop_signal;
         if (ok) {
@@ -1099,7 +1140,7 @@ int launcher_run(const JobConfig *cfg) {
             log_msg("done: the job finished%s%s", access(path, R_OK) == 0 ? "; the model is in " : " (no rank ran here at the end: "
                     "the model is on the machines that ran ranks)", access(path, R_OK) == 0 ? path : "");
         } else {
-            log_msg("this machine leaves job %s (%s)", L.job, stop_signal ? "stopped by a signal" : "the job failed or its coordinator is gone");
+            log_msg("this machine leaves job %s (%s)", L.job, stop_signal ? "stopped by a signal" : L.stopped_elsewhere ? "the job was stopped" : "the job failed or its coordinator is gone");
         }
         node_event(&L, "node_left", "\"status\":\"%s\"", ok ? "done" : "failed");
         ctl_node_beat(L.ctl, L.node_index, 1); /* gone now, not in half a detect timeout */

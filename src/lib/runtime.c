@@ -66,7 +66,8 @@ struct dp {
     Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
     void *warm_buf;           /* a spare's buffer for the state it will restore, pages faulted in */
     size_t warm_cap;
-    ctl_t *snap_ctl;          /* the snapshot thread's own connection (on_commit) */
+    ctl_t *snap_ctl;          /* the snapshot threads' own connection (on_commit) */
+    pthread_mutex_t snap_ctl_mu; /* ...shared by the current epoch's thread and a finishing one */
     int first_commit_pending; /* the epoch's first step is not committed yet */
     int persist_answered;     /* the no-spare persist request of this epoch was answered */
     int64_t cur_step;
@@ -320,6 +321,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     dp_t *dp = calloc(1, sizeof *dp);
     if (!dp) { snprintf(err, errlen, "out of memory"); return NULL; }
     dp->rank = -1;
+    pthread_mutex_init(&dp->snap_ctl_mu, NULL);
     snprintf(dp->job, sizeof dp->job, "%s", o.job);
     snprintf(dp->bind_host, sizeof dp->bind_host, "%s", o.bind_host && *o.bind_host ? o.bind_host : "127.0.0.1");
     const char *node = getenv(DP_ENV_NODE), *proc = getenv(DP_ENV_PROC);
@@ -642,8 +644,17 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     int64_t step = dp->cfg.resume_step;
     if (checkpoint_read_shard(dp->cfg.resume, step, rank, h, payload, err, errlen) == 0) return 0;
     char k[48], where[300];
-    if (dp->cfg.nnodes == 0 || ctl_get(dp->ctl, key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0)
-        return -1;
+    if (dp->cfg.nnodes == 0) return -1;
+    /* The machine that has it may still be loading its files (a spare machine joins last). */
+    double deadline = now_ms() + dp->cfg.start_timeout_ms;
+    while (ctl_get(dp->ctl, key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0) {
+        if (now_ms() > deadline) {
+            snprintf(err, errlen, "rank %d's state of step %lld is neither on this machine's disk nor offered by "
+                     "another machine within --start-timeout-ms", rank, (long long)step + 1);
+            return -1;
+        }
+        sleep_ms(50);
+    }
     char *colon = strrchr(where, ':');
     if (!colon) return -1;
     *colon = 0;
@@ -774,6 +785,9 @@ static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char 
     if (dp->cfg.nnodes > 0) { /* each machine has its ranks' files: complete across machines */
         log_msg("checkpoint of step %lld complete: every rank's state is on its machine's disk (--resume gathers them)",
                 (long long)h->step + 1);
+        char done[32];
+        snprintf(done, sizeof done, "%lld", (long long)h->step);
+        ctl_set(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done);
         event_emit(c, dp->t0_wall_ms, "checkpoint", "\"step\":%lld,\"kind\":\"%s\",\"machines\":true",
                    (long long)h->step + 1, kind);
         return;
@@ -793,15 +807,21 @@ static void persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const vo
         log_msg("persist step %lld: %s", (long long)h->step + 1, err);
         return;
     }
-    if (dp->cfg.nnodes > 0) checkpoint_prune_partial(dp->cfg.out, 3);
     count_persisted(dp, c, h, "persist");
+    char k[32], done[32];
+    if (dp->cfg.nnodes > 0 && ctl_get(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0)
+        checkpoint_prune_below(dp->cfg.out, atoll(done));
 }
 
+/* Runs on a snapshot thread: the previous epoch's may still be finishing a generation (its
+ * wait was aborted with the epoch) while the new epoch's commits, and both use snap_ctl. */
 static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
     dp_t *dp = arg;
+    pthread_mutex_lock(&dp->snap_ctl_mu);
     ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step);
     int every = dp->cfg.persist_every;
     if (every > 0 && (h->step + 1) % every == 0) persist_generation(dp, dp->snap_ctl, h, payload);
+    pthread_mutex_unlock(&dp->snap_ctl_mu);
 }
 
 /* --ft disk: every rank writes its live state, then rank 0 completes the checkpoint. */
@@ -934,8 +954,8 @@ void holder_offsets(int world, int per_node, int *offsets) {
 
 /* Holders of this rank's replicas: on other machines than ours and than each other's (so
  * that losing any `want` machines leaves a copy), in holder_offsets order. A single-machine
- * job falls back to holders on this machine; a multi-node job never does (a holder beside
- * its owner dies with it). At most two round trips whatever the world: the owners (from the
+ * job falls back to holders on this machine; a multi-node job only when no other machine runs
+ * a rank any more (a holder beside its owner dies with it: it says so). At most two round trips whatever the world: the owners (from the
  * decision being joined, else one MGET) and the facts of the processes not cached yet. */
 static int ring_holders(dp_t *dp, int want, Holder *out) {
     int world = dp->cfg.workers, m = world - 1, n = 0;
@@ -954,7 +974,10 @@ static int ring_holders(dp_t *dp, int want, Holder *out) {
     used[0] = dp->node;
     /* pass 0: a machine not used yet; pass 1: any other machine; pass 2 (one machine only): ours */
     for (int pass = 0; ok && pass < 3 && n < want; pass++) {
-        if (pass == 2 && dp->cfg.nnodes > 0) break;
+        if (pass == 2 && dp->cfg.nnodes > 0 && n == 0)
+            log_msg("no other machine runs a rank of the job now: this rank's replicas stay on its machine, which it "
+                    "cannot survive losing");
+        if (pass == 2 && dp->cfg.nnodes > 0 && n > 0) break;
         for (int j = 0; j < m && n < want; j++) {
             if (f[j].proc <= 0) continue;
             int seen = 0, taken = 0;
@@ -973,7 +996,7 @@ static int ring_holders(dp_t *dp, int want, Holder *out) {
 }
 
 int dp_local_rank(dp_t *dp) {
-    if (dp->rank < 0) return -1;
+    if (dp->rank <= 0) return dp->rank; /* rank 0 is first wherever it runs: no Redis needed */
     int world = dp->cfg.workers, below = 0;
     long *owners = malloc(sizeof *owners * (size_t)world);
     ProcFacts *f = malloc(sizeof *f * (size_t)world);
@@ -1134,9 +1157,6 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     /* The old snapshots stay until the new epoch has committed its restore point: if this
      * join fails, they are still the only local copy. */
     if (dp->snap) {
-        /* A generation may still be in flight (the wait for it was aborted): its thread shares
-         * snap_ctl with the next epoch's, so it finishes first (bounded by its send timeout). */
-        if (snapshot_drain(dp->snap, 2 * job_comm_timeout_ms(&dp->cfg)) != 0) log_msg("a snapshot is still in flight");
         snapshot_abandon(dp->restore_src);
         dp->restore_src = dp->snap;
         dp->snap = NULL;
@@ -1346,7 +1366,8 @@ dp_status dp_step_before_reduce(dp_t *dp, int64_t step) {
     /* No rank reduces step k+1 before its generation k is committed (see snapshot.h). */
     dp->snapshot_wait_ms = 0;
     if (dp->snap && snapshot_wait_previous(dp->snap, &dp->snapshot_wait_ms) != 0)
-        return comm_failed(dp, "replication of the previous snapshot failed");
+        return atomic_load(&dp->abort_step) ? epoch_closed(dp) /* the wait ended with the epoch */
+                                            : comm_failed(dp, "replication of the previous snapshot failed");
     return DP_OK;
 }
 
@@ -1430,12 +1451,12 @@ static void report_recovery(dp_t *dp) {
                    "\"rendezvous_ms\":%.1f,\"rendezvous_wait_ms\":%.1f,\"rendezvous_connect_ms\":%.1f,"
                    "\"rendezvous_spread_ms\":%lld,\"rendezvous_last_in_ms\":%lld,\"barrier_ms\":%.1f,"
                    "\"join_round_trips_max\":%llu,"
-                   "\"join_round_trips_total\":%llu",
+                   "\"join_round_trips_total\":%llu,\"failed_wall_ms\":%lld,\"resumed_wall_ms\":%lld",
                    dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
                    (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
                    rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1), world, rendezvous, rwait,
                    rconnect, last_in - first_in, last_in ? last_in - (long long)d->t_decide_ms : 0, barrier, rtt_max,
-                   rtt_total);
+                   rtt_total, (long long)d->t_fail_ms, resumed);
     }
     if (d->nfailed == 0)
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",

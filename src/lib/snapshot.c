@@ -43,6 +43,7 @@ struct Snapshot {
     int warned;              /* replication failure already logged */
     int last_failed;         /* the newest finished generation failed to commit */
     int abandoned;           /* nobody waits for the thread: it frees everything itself */
+    int in_callback;         /* on_commit is running (snapshot_abandon waits for it to return) */
 };
 
 /* Everything of a generation's header but step, crc and the seal. */
@@ -102,9 +103,9 @@ static void warm_up(Snapshot *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Sends the slot to every holder; reconnects once per holder on a connection that broke
- * (a reset: the holder restarted its end), but not after one that timed out: a holder cut off
- * with its machine costs one timeout, not two. */
+/* Sends the slot to every holder; reconnects once per holder on a connection that failed fast
+ * (a reset: the holder restarted its end), not after a failure that took more than half the
+ * timeout: a holder cut off with its machine costs one timeout, not two. */
 static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
     int ok = 1;
     *pulled = 0;
@@ -206,7 +207,17 @@ static void run_generation(Snapshot *s, int64_t step, const unsigned char *ext, 
     pthread_mutex_unlock(&s->mu);
     /* The committed slot is not written again until the next generation commits elsewhere,
      * so the callback may read it without the lock. */
-    if (ok && s->cfg.on_commit && !s->abandoned) s->cfg.on_commit(&slot->header, slot->data, s->cfg.arg);
+    pthread_mutex_lock(&s->mu);
+    int call = ok && s->cfg.on_commit && !s->abandoned;
+    s->in_callback = call;
+    pthread_mutex_unlock(&s->mu);
+    if (call) {
+        s->cfg.on_commit(&slot->header, slot->data, s->cfg.arg);
+        pthread_mutex_lock(&s->mu);
+        s->in_callback = 0;
+        pthread_cond_broadcast(&s->done_cv);
+        pthread_mutex_unlock(&s->mu);
+    }
 
     pthread_mutex_lock(&s->mu);
     s->busy = s->pending >= 0; /* a capture may have been queued while we replicated */
@@ -455,6 +466,9 @@ void snapshot_abandon(Snapshot *s) {
     if (!s) return;
     pthread_detach(s->thread);
     pthread_mutex_lock(&s->mu);
+    /* Once this returns the callback's owner may go away: a callback in progress ends first
+     * (a generation still replicating finishes later, without calling it). */
+    while (s->in_callback) pthread_cond_wait(&s->done_cv, &s->mu);
     s->stop = 1;
     s->abandoned = 1;
     pthread_cond_signal(&s->work_cv);

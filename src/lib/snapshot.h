@@ -95,7 +95,8 @@ int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload
 int snapshot_local_use(Snapshot *s, int64_t step, int (*use)(const SnapHeader *h, const void *payload, void *arg),
                        void *arg);
 /* Lets the thread finish its transfer in the background, without callbacks, and free itself:
- * recovery must not wait for a send to a dead holder. */
+ * recovery must not wait for a send to a dead holder. A callback already running returns
+ * first: after this, none runs. */
 void snapshot_abandon(Snapshot *s);
 /* Blocks (up to timeout_ms) until no generation is in flight. 0, or -1 on timeout. */
 int snapshot_drain(Snapshot *s, int timeout_ms);

@@ -32,7 +32,9 @@ start() { # host job
   L[$1]=$HOST_SPAWN_PID
 }
 step_of() { grep -oE '^step +[0-9]+' "$1" 2>/dev/null | tail -1 | grep -oE '[0-9]+' || echo 0; }
-run() { # kind rep -> "total detect decide restore rebuild resnapshot"
+# run KIND REP — appends "total detect decide restore rebuild resnapshot failed_wall fault_wall kind" to
+# $WORK/KIND.rows. Called in the main shell: host_spawn's processes must be its children.
+run() {
   local kind=$1 j="b$1$2" t_fault rec
   start 1 "$j"; start 2 "$j"; start 3 "$j"
   for _ in $(seq 3000); do [ "$(step_of "$WORK/$j.h1.log")" -ge "$FAIL" ] && break; sleep 0.02; done
@@ -43,17 +45,17 @@ run() { # kind rep -> "total detect decide restore rebuild resnapshot"
   host_wait "${L[1]}" 240 >/dev/null; host_wait "${L[3]}" 60 >/dev/null; host_wait "${L[2]}" 60 >/dev/null
   [ "$kind" = crash ] && host_restart 2
   rec=$(grep '"event":"recovered"' "${HOST_DISK[1]}/$j/events.jsonl" | head -1)
-  [ -n "$rec" ] || { echo "no recovery in $j" >&2; return 1; }
-  echo "$(( $(echo "$rec" | field resumed_wall_ms) - t_fault )) $(echo "$rec" | field detect_ms) $(echo "$rec" | field decide_ms)" \
-       "$(echo "$rec" | field restore_ms) $(echo "$rec" | field rebuild_ms) $(echo "$rec" | field resnapshot_ms)" \
-       "$(echo "$rec" | field failed_wall_ms)" "$t_fault" "$(echo "$rec" | grep -o '"failure_kind":"[a-z]*"' | cut -d'"' -f4)"
+  [ -n "$rec" ] || { echo "$kind $2: no recovery in $j" >&2; return 1; }
+  local row
+  row="$(( $(echo "$rec" | field resumed_wall_ms) - t_fault )) $(echo "$rec" | field detect_ms) $(echo "$rec" | field decide_ms)"
+  row="$row $(echo "$rec" | field restore_ms) $(echo "$rec" | field rebuild_ms) $(echo "$rec" | field resnapshot_ms)"
+  row="$row $(echo "$rec" | field failed_wall_ms) $t_fault $(echo "$rec" | grep -o '"failure_kind":"[a-z]*"' | cut -d'"' -f4)"
+  echo "$row" >>"$WORK/$kind.rows"
+  echo "$kind $2: $row" >&2
 }
 for kind in crash cut; do : >"$WORK/$kind.rows"; done
 for r in $(seq "$REPS"); do
-  for kind in crash cut; do
-    row=$(run "$kind" "$r") && echo "$row" >>"$WORK/$kind.rows"
-    echo "$kind $r: $row" >&2
-  done
+  for kind in crash cut; do run "$kind" "$r"; done
 done
 echo "| fault | runs | fault → training resumed: median (min–max) | the coordinator's detect / decide / restore / rebuild / re-snapshot (medians, ms) | failure kinds |"
 echo "|---|---|---|---|---|"

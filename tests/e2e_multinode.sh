@@ -15,58 +15,7 @@ if ! hosts_available; then
   for c in $CASES; do echo "ok - $c # SKIP no network namespaces (needs root)"; done
   exit 0
 fi
-hosts_create 4 || { notok "hosts_create" "cannot build the simulated machines"; exit 1; }
-
-STEPS=240
-COMMON=(--nnodes 2 --nproc-per-node 2 --model tiny --steps "$STEPS" --seed 7)
-export DEADPOOL_REDIS_PASSWORD="e2e-$$-$RANDOM"
-REDIS_PORT=6399
-host_spawn 0 "$WORK/redis.log" redis-server --port "$REDIS_PORT" --bind "${HOST_ADDR[0]}" --save '' \
-  --appendonly no --requirepass "$DEADPOOL_REDIS_PASSWORD"
-REDIS_URL="redis://${HOST_ADDR[0]}:$REDIS_PORT"
-redis_up() { host_exec 0 redis-cli -h "${HOST_ADDR[0]}" -p "$REDIS_PORT" --no-auth-warning -a "$DEADPOOL_REDIS_PASSWORD" ping 2>/dev/null | grep -q PONG; }
-for _ in $(seq 100); do redis_up && break; sleep 0.05; done
-redis_up || { notok "redis" "redis-server did not start in host 0" "$(tail -3 "$WORK/redis.log")"; exit 1; }
-
-# The single-machine reference: the same world (4 ranks), seed and steps, on loopback.
-run_job "$WORK/ref" 300 --workers 4 --spares 0 --model tiny --steps "$STEPS" --seed 7
-REF="$WORK/ref/model.bin"
-[ -s "$REF" ] || { notok "reference_run" "$(tail -3 "$WORK/ref.log")"; exit 1; }
-
-LAUNCHER=()  # HOST_SPAWN_PID of each machine's launcher, by host
-# start_machine HOST JOB [ARGS] — `deadpool run` on that host with its private --out.
-start_machine() {
-  local h=$1 job=$2; shift 2
-  host_spawn "$h" "$WORK/$job.h$h.log" timeout -k 5 240 "$DP" run "${COMMON[@]}" --redis "$REDIS_URL" --job "$job" \
-    --out "${HOST_DIR[$h]}/$job" --bind "${HOST_ADDR[$h]}" "$@"
-  LAUNCHER[$h]=$HOST_SPAWN_PID
-}
-# wait_step JOB HOST N — until that machine's launcher printed step N (60 s bound).
-wait_step() {
-  local f="$WORK/$1.h$2.log" k
-  for k in $(seq 1200); do
-    grep -qE "^step +[0-9]+/" "$f" 2>/dev/null && [ "$(grep -oE '^step +[0-9]+' "$f" | tail -1 | grep -oE '[0-9]+')" -ge "$3" ] && return 0
-    sleep 0.05
-  done
-  return 1
-}
-# finish HOST... — waits (bounded) for those launchers; their statuses in RCS.
-finish() { RCS=""; local h; for h in "$@"; do host_wait "${LAUNCHER[$h]}" 120; RCS="$RCS $?"; done; }
-# clean — no process left in any machine (the hosts' init aside).
-clean() {
-  local h p left=""
-  for h in 1 2 3; do
-    for p in $(host_procs "$h"); do
-      [ "$p" = "${HOST_INIT[$h]}" ] && continue
-      # init's own `sleep` (it waits on it to reap orphans)
-      [ "$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null)" = "${HOST_INIT[$h]}" ] && [ "$(cat "/proc/$p/comm" 2>/dev/null)" = sleep ] && continue
-      left="$left $h:$p"
-    done
-  done
-  [ -z "$left" ] || { echo "  left:$left"; ps -o pid,args -p "$(echo "$left" | sed 's/ [0-9]*:/,/g; s/^,//')" 2>/dev/null; return 1; }
-}
-same() { cmp -s "$REF" "$1"; }
-events() { cat "${HOST_DISK[1]}/$1/events.jsonl" 2>/dev/null; }
+source "$(dirname "$0")/lib_machines.sh"
 
 # 1. Two machines x 2 ranks and a spare machine: the same model as one machine, on both
 #    machines' disks; the spare machine's processes leave with the job.

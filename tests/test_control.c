@@ -391,6 +391,41 @@ static void test_heartbeat_ttl(void) {
     ctl_close(c);
 }
 
+/* The coordinator's lease: one holder at a time, a new token per holder, and a decision batch
+ * of a holder whose lease passed on is refused (a coordinator that woke up too late). */
+static void test_lease_fencing(void) {
+    if (!g_server_up) return;
+    ctl_t *a = connect_job("lease"), *b = connect_job("lease");
+    if (!a || !b) { ctl_close(a); ctl_close(b); return; }
+    char va[160] = "", vb[160] = "";
+    long long ta = ctl_lease_acquire(a, "machine0", 300, va, sizeof va);
+    CHECK(ta == 1 && !strcmp(va, "machine0:1"), "first holder: token %lld, value '%s'", ta, va);
+    CHECK(ctl_lease_acquire(b, "machine1", 300, vb, sizeof vb) == 0, "held: nobody else takes it");
+    CHECK(ctl_lease_renew(a, va, 300) == 1, "the holder renews");
+    CHECK(ctl_batch_begin_fenced(a, va) == 0, "the holder's batch starts");
+    ctl_batch_set(a, "fenced:decision", "a");
+    CHECK(ctl_batch_end(a) == 0, "and runs");
+    sleep_ms(400); /* a is held up past its lease */
+    long long tb = ctl_lease_acquire(b, "machine1", 300, vb, sizeof vb);
+    CHECK(tb == 2 && !strcmp(vb, "machine1:2"), "the next holder: token %lld, value '%s'", tb, vb);
+    CHECK(ctl_lease_renew(a, va, 300) == 0, "the old holder's renewal fails");
+    CHECK(ctl_batch_begin_fenced(a, va) != 0, "the old holder's batch is refused");
+    char v[8] = "";
+    CHECK(ctl_get(b, "fenced:decision", v, sizeof v) == 0 && !strcmp(v, "a"), "its write did not happen: '%s'", v);
+    /* a batch that started while the lease was ours fails if it passes on before EXEC */
+    CHECK(ctl_batch_begin_fenced(b, vb) == 0, "the new holder's batch starts");
+    ctl_batch_set(b, "fenced:decision", "b");
+    ctl_t *c = connect_job("lease");
+    char vc[160];
+    sleep_ms(400);
+    CHECK(c && ctl_lease_acquire(c, "machine2", 300, vc, sizeof vc) == 3, "a third holder while b's batch waits");
+    CHECK(ctl_batch_end(b) != 0, "b's batch is not executed: the lease changed under its WATCH");
+    CHECK(ctl_get(a, "fenced:decision", v, sizeof v) == 0 && !strcmp(v, "a"), "still a's: '%s'", v);
+    ctl_close(a);
+    ctl_close(b);
+    ctl_close(c);
+}
+
 static void test_epoch(void) {
     ctl_t *c = connect_job("jobEpoch");
     if (!c) return;
@@ -528,6 +563,7 @@ int main(void) {
     RUN_TEST(test_bulk_and_batches);
     RUN_TEST(test_heartbeat_ttl);
     RUN_TEST(test_epoch);
+    RUN_TEST(test_lease_fencing);
     RUN_TEST(test_state);
     RUN_TEST(test_events_drain_in_order);
     RUN_TEST(test_job_delete);

@@ -649,6 +649,8 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_PROGRESS: snprintf(buf, len, "metrics:last"); break;
     case KEY_INVENTORY: snprintf(buf, len, "inventory"); break;
     case KEY_PERSIST_COMPLETE: snprintf(buf, len, "persist:complete"); break;
+    case KEY_COORD: snprintf(buf, len, "coordinator"); break;
+    case KEY_COORD_TOKEN: snprintf(buf, len, "coordinator:token"); break;
     case KEY_RESUME_HOLDER: snprintf(buf, len, "resume:holder:%lld", a); break;
     default: snprintf(buf, len, "unknown"); break;
     }
@@ -1270,6 +1272,45 @@ int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max) {
         }
     freeReplyObject(r);
     return n;
+}
+
+long long ctl_lease_acquire(ctl_t *c, const char *holder, int ttl_ms, char *value, size_t len) {
+    static const char *script =
+        "if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
+        "local t = redis.call('INCR', KEYS[2]) "
+        "redis.call('SET', KEYS[1], ARGV[1] .. ':' .. t, 'PX', ARGV[2]) return t";
+    char key[CTL_KEY_MAX], token[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_COORD, 0, 0);
+    ctl_key_full(c, token, sizeof token, KEY_COORD_TOKEN, 0, 0);
+    long long t;
+    if (ctl_command_integer(c, &t, "EVAL %s 2 %s %s %s %d", script, key, token, holder, ttl_ms) != 0) return -1;
+    if (t > 0) snprintf(value, len, "%s:%lld", holder, t);
+    return t;
+}
+
+int ctl_lease_renew(ctl_t *c, const char *value, int ttl_ms) {
+    static const char *script =
+        "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1";
+    char key[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_COORD, 0, 0);
+    long long r;
+    if (ctl_command_integer(c, &r, "EVAL %s 1 %s %s %d", script, key, value, ttl_ms) != 0) return -1;
+    return r == 1;
+}
+
+int ctl_batch_begin_fenced(ctl_t *c, const char *value) {
+    char key[CTL_KEY_MAX];
+    ctl_key_full(c, key, sizeof key, KEY_COORD, 0, 0);
+    if (ctl_command_ok(c, "WATCH %s", key) != 0) return -1;
+    redisReply *r = ctl_command(c, "GET %s", key);
+    int ours = r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, value);
+    if (r) freeReplyObject(r);
+    if (!ours) {
+        ctl_command_ok(c, "UNWATCH");
+        ctl_set_error(c, "the coordinator's lease is no longer ours: a newer coordinator decides");
+        return -1;
+    }
+    return ctl_batch_begin_atomic(c);
 }
 
 int ctl_hash_set(ctl_t *c, const char *suffix, const char *field, const char *value) {

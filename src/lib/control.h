@@ -74,8 +74,10 @@ typedef enum {
     KEY_NODES,        /* nodes — hash: node id -> its index (the order machines joined in) */
     KEY_NODE_COUNT,   /* nodes:n — machines that joined (INCR draws the next index) */
     KEY_NODE_ALIVE,   /* node:INDEX:alive — that machine's launcher is alive (a TTL it renews) */
-    KEY_EXIT,         /* exit:PROC — how PROC ended, by its machine's launcher: crash|departed|bad_job */
+    KEY_EXIT,         /* exit:PROC — "HOW:WALL_MS", how and when PROC ended, by its machine's launcher (crash|departed|bad_job) */
     KEY_PROGRESS,     /* metrics:last — the newest step's metrics line (every machine prints it) */
+    KEY_COORD,        /* coordinator — "HOLDER:TOKEN" of the coordinator's lease (a TTL its holder renews) */
+    KEY_COORD_TOKEN,  /* coordinator:token — the lease's fencing token, +1 at every new holder */
     KEY_PERSIST_COMPLETE, /* persist:complete — newest step persisted by every rank (machines' disks) */
     KEY_INVENTORY,    /* inventory — hash: machine index -> the checkpoints on its disk (checkpoint_inventory) */
     KEY_RESUME_HOLDER /* resume:holder:RANK — "HOST:PORT" of a launcher serving RANK's resumed state */
@@ -107,6 +109,19 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms);
 int ctl_node_join(ctl_t *c, const char *node_id, int *index);
 int ctl_node_beat(ctl_t *c, int index, int ttl_ms);
 int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max);
+/* --- the coordinator's lease ----------------------------------------------------------
+ * One launcher coordinates at a time. ctl_lease_acquire takes KEY_COORD for ttl_ms when nobody
+ * holds it, with a fresh fencing token: value gets "holder:TOKEN" and the token is returned
+ * (0: held by someone else, -1: error). ctl_lease_renew extends it while value is still the
+ * lease's: 1 renewed, 0 lost (expired, or another launcher holds it), -1 error.
+ * ctl_batch_begin_fenced starts an atomic batch that runs only while KEY_COORD is still value
+ * (WATCH): -1 at once when it is not (nothing is sent), else its ctl_batch_end fails when the
+ * lease changed hands before EXEC. A coordinator that was stopped and wakes up so cannot
+ * publish a decision over its successor's. */
+long long ctl_lease_acquire(ctl_t *c, const char *holder, int ttl_ms, char *value, size_t len);
+int ctl_lease_renew(ctl_t *c, const char *value, int ttl_ms);
+int ctl_batch_begin_fenced(ctl_t *c, const char *value);
+
 /* A job hash dp:{job}:{suffix}: HSET, and HGETALL into fields + i * flen and values + i *
  * vlen (pairs that do not fit are skipped); the count, -1 on error. */
 int ctl_hash_set(ctl_t *c, const char *suffix, const char *field, const char *value);

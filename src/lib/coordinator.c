@@ -45,6 +45,7 @@ struct Coordinator {
     /* the machines with a launcher (KEY_NODES), read when a member falls silent */
     char node_ids[DP_MAX_RANKS][NODE_ID_MAX];
     int node_index[DP_MAX_RANKS], nnodes_known;
+    char fence[160];         /* the lease value decisions are published under ("" = one machine) */
     double probe_due;        /* a member reported a failed collective: probe the members (0 = no) */
     int64_t probe_report_wall_ms; /* ...reported then: a death the probe confirms is dated there */
     double last_probe_ms;
@@ -83,6 +84,31 @@ Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms, 
 }
 
 void coord_free(Coordinator *c) { free(c); }
+
+void coord_set_fence(Coordinator *c, const char *lease) { snprintf(c->fence, sizeof c->fence, "%s", lease ? lease : ""); }
+
+/* A launcher that takes over: the epoch, its restore point and whether it is closed are in
+ * Redis; members, failures and spares are found again by the first ticks (heartbeats, exit
+ * records, the events still queued), as after a start. A closed epoch with nothing pending
+ * gets a rebuild once detection had its time (its members wait for a decision). */
+int coord_take_over(Coordinator *c) {
+    long e = ctl_epoch(c->ctl);
+    if (e < 0) return -1;
+    c->epoch = e;
+    if (e > 0) {
+        Decision *d = malloc(sizeof *d);
+        if (!d || decision_read(c->ctl, e, d) != 0) { free(d); return -1; }
+        c->rollback = d->rollback;
+        free(d);
+    }
+    c->fenced = epoch_fenced(c->ctl, e) == 1;
+    if (c->fenced) c->suspicion_ms = now_ms();
+    char key[32], last[32];
+    if (ctl_get(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last, sizeof last) == 0) c->last_step = atoi(last);
+    log_msg("coordinating job %s from epoch %ld (restore point step %lld%s)", ctl_job(c->ctl), e, c->rollback + 1,
+            c->fenced ? ", closed: its decision is due" : "");
+    return 0;
+}
 
 int coord_unhandled_failure(const Coordinator *c, char *kind, size_t len, int64_t *t_fail_ms) {
     if (c->npending == 0) return -1;
@@ -220,12 +246,12 @@ static void child_exited(Coordinator *c, pid_t pid, int status) {
         }
 }
 
-void coord_comm_failure(Coordinator *c, long epoch) {
+void coord_comm_failure(Coordinator *c, long epoch, int64_t t_wall_ms) {
     if (epoch != c->epoch) return;
     if (c->suspicion_ms == 0) c->suspicion_ms = now_ms();
     if (c->probe_due == 0) {
         c->probe_due = now_ms();
-        c->probe_report_wall_ms = wall_ms();
+        c->probe_report_wall_ms = t_wall_ms < wall_ms() ? t_wall_ms : wall_ms();
     }
 }
 
@@ -281,8 +307,8 @@ static void silent_members(Coordinator *c, const int *alive) {
     for (int r = 0; r < world; r++) {
         node[r] = -1;
         if (alive[r] || c->departed[r] || pending_has(c, r)) continue;
-        if (!strcmp(how[r], "departed")) { c->departed[r] = 1; continue; }
-        if (!strcmp(how[r], "bad_job")) {
+        if (!strncmp(how[r], "departed", 8)) { c->departed[r] = 1; continue; }
+        if (!strncmp(how[r], "bad_job", 7)) {
             snprintf(c->message, sizeof c->message, "rank %d's process stopped on a bad job (its machine's log says why)", r);
             c->unrestorable = 1;
         }
@@ -317,7 +343,11 @@ static void silent_members(Coordinator *c, const int *alive) {
     for (int r = 0; r < world; r++) {
         if (c->departed[r] || pending_has(c, r)) continue;
         if (fail[r]) add_failure(c, r, "node");
-        else if (!alive[r]) add_failure(c, r, !strcmp(how[r], "crash") ? "crash" : silent_kind(c->pids[r]));
+        else if (!alive[r]) add_failure(c, r, !strncmp(how[r], "crash", 5) ? "crash" : silent_kind(c->pids[r]));
+        /* its machine's launcher saw the exit then (a coordinator taking over learns it late) */
+        const char *at = strchr(how[r], ':');
+        Pending *p = c->npending ? &c->pending[c->npending - 1] : NULL;
+        if (at && p && p->rank == r && atoll(at + 1) > 0 && atoll(at + 1) < p->t_fail_ms) p->t_fail_ms = atoll(at + 1);
     }
 out:
     free(node);
@@ -448,7 +478,7 @@ static void gather_input(Coordinator *c, int suspicion_due) {
  * (the newest step, the spares' pool, the events) comes after it. */
 static void decide(Coordinator *c, Decision *d) {
     d->t_decide_ms = wall_ms();
-    if (decision_publish(c->ctl, d) != 0) {
+    if (decision_publish(c->ctl, d, c->fence[0] ? c->fence : NULL) != 0) {
         log_msg("publishing the decision failed: %s", ctl_last_error(c->ctl));
         return;
     }
@@ -574,7 +604,7 @@ void coord_join_failed(Coordinator *c, long epoch, int rank, int restore_failed,
      * would bring: it counts like a failed collective, so the epoch is rebuilt with the same
      * members once no failure has shown up for as long as detection takes. */
     if (!restore_failed) {
-        coord_comm_failure(c, epoch);
+        coord_comm_failure(c, epoch, wall_ms());
         return;
     }
     if (epoch != c->epoch || c->unrestorable) return;

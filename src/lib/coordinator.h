@@ -27,11 +27,15 @@ typedef enum { COORD_RUNNING = 0, COORD_FAILED = 1 } coord_state;
 /* node: the id of the machine the coordinator runs on (its members there are its children). */
 Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms, const char *node);
 void coord_free(Coordinator *c);
+/* Across machines: decisions are published under the coordinator's lease (control.h). */
+void coord_set_fence(Coordinator *c, const char *lease);
+/* Another launcher coordinated until now: picks the job's state up from Redis. 0 / -1. */
+int coord_take_over(Coordinator *c);
 
 /* A local child process exited (waitpid status). */
 void coord_child_exited(Coordinator *c, pid_t pid, int status);
-/* A member reported a failed collective in `epoch`. */
-void coord_comm_failure(Coordinator *c, long epoch);
+/* A member reported a failed collective in `epoch`, at wall time t_wall_ms. */
+void coord_comm_failure(Coordinator *c, long epoch, int64_t t_wall_ms);
 /* A process failed to join `epoch` as `rank`; restore_failed: no verified copy of the rank's
  * state was reachable (the job then stops with a message), else the rendezvous failed (a
  * member died, and its failure makes the next decision; or it timed out, and the epoch is

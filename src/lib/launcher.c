@@ -96,6 +96,8 @@ typedef struct {
     char progress_seen[64]; /* ...and the newest step's line it printed (its "t") */
     ReplicaServer *shards;  /* --resume across machines: serves this machine's state files */
     int stopped_elsewhere;  /* another machine's launcher was stopped (Ctrl-C): the job ends */
+    char lease[160];        /* across machines: the coordinator's lease value while we hold it */
+    double lease_ms;        /* when the lease was last renewed or tried */
 } Launcher;
 
 static volatile sig_atomic_t stop_signal;
@@ -571,8 +573,11 @@ static void on_event(const char *json, void *arg) {
         L->netdown_epoch = L->coord ? coord_epoch(L->coord) : 0;
     }
     double epoch, rank;
-    if (strstr(json, "\"event\":\"comm_failure\"") && json_number(json, "epoch", &epoch) == 0 && L->coord)
-        coord_comm_failure(L->coord, (long)epoch);
+    double t = 0;
+    if (strstr(json, "\"event\":\"comm_failure\"") && json_number(json, "epoch", &epoch) == 0 && L->coord) {
+        json_number(json, "t", &t); /* when the member saw it: a coordinator taking over reads it late */
+        coord_comm_failure(L->coord, (long)epoch, L->t0_wall_ms + (int64_t)(t * 1000));
+    }
     if (strstr(json, "\"event\":\"join_failed\"") && json_number(json, "epoch", &epoch) == 0 &&
         json_number(json, "rank", &rank) == 0 && L->coord) {
         const char *msg = strstr(json, "\"message\":\"");
@@ -627,7 +632,9 @@ static void report_exit(Launcher *L, const Child *c) {
     const char *how = code == DP_EXIT_BAD_JOB ? "bad_job"
                       : code == DP_EXIT_DONE || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT ? "departed"
                       : "crash";
-    if (ctl_exit_report(L->ctl, c->proc, how) != 0) log_msg("reporting process %d's exit: %s", (int)c->pid, ctl_last_error(L->ctl));
+    char what[48];
+    snprintf(what, sizeof what, "%s:%lld", how, (long long)wall_ms());
+    if (ctl_exit_report(L->ctl, c->proc, what) != 0) log_msg("reporting process %d's exit: %s", (int)c->pid, ctl_last_error(L->ctl));
 }
 
 /* Reaps exited children and tells the coordinator. Returns the number still running. */
@@ -646,7 +653,7 @@ static int reap_children(Launcher *L) {
         if (!c) continue;
         c->exited = 1;
         c->status = status;
-        if (!L->coordinating) report_exit(L, c);
+        if (L->cfg->nnodes > 0) report_exit(L, c); /* for whichever launcher coordinates, now or later */
         if (stop_signal || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) continue;
         char how[64];
         describe_exit(status, how, sizeof how);
@@ -755,8 +762,69 @@ static int restart_from_disk(Launcher *L) {
     return 0;
 }
 
-static void supervise(Launcher *L) {
+/* --- the coordinator's lease (across machines) -------------------------------------------
+ * The first machine takes it when it creates the job; whoever holds it renews it every eighth
+ * of the detect timeout for half of it. Any other launcher tries to take it as often: when the
+ * coordinating machine is lost (or its launcher stopped for longer), another one coordinates
+ * within the detect timeout, with a new fencing token (decisions are published under it). A
+ * coordinator that finds its lease gone (it was stopped, its successor decides now) follows. */
+static int lease_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 2 > 0 ? c->detect_timeout_ms / 2 : 1; }
+
+/* This launcher coordinates from now on (token: the lease's; 1 = the job's first). 0 / -1. */
+static int become_coordinator(Launcher *L, long long token) {
+    L->coord = coord_create(L->ctl, &L->run_cfg, L->t0_wall_ms, L->node_id);
+    if (!L->coord) return -1;
+    if (L->cfg->nnodes > 0) coord_set_fence(L->coord, L->lease);
+    if (token > 1 && coord_take_over(L->coord) != 0) {
+        log_msg("taking over as coordinator: the job's state cannot be read: %s", ctl_last_error(L->ctl));
+        coord_free(L->coord);
+        L->coord = NULL;
+        return -1;
+    }
+    L->coordinating = 1;
+    L->beat_ms = 0;
+    if (token > 1) {
+        log_msg("this machine coordinates the job from now on (lease %s)", L->lease);
+        node_event(L, "coordinator", "\"lease\":\"%s\"", L->lease);
+    }
+    return 0;
+}
+
+static void lease_tick(Launcher *L) {
+    if (L->cfg->nnodes == 0) return;
+    double now = now_ms();
+    int period = L->cfg->detect_timeout_ms / 8 > 0 ? L->cfg->detect_timeout_ms / 8 : 1;
+    if (L->lease_ms && now - L->lease_ms < period) return;
+    L->lease_ms = now;
+    if (L->coordinating) {
+        if (ctl_lease_renew(L->ctl, L->lease, lease_ttl_ms(L->cfg)) != 0) return; /* renewed, or Redis trouble */
+        log_msg("the coordinator's lease has passed to another machine (this launcher was held up): it follows now");
+        coord_free(L->coord);
+        L->coord = NULL;
+        L->coordinating = 0;
+        return;
+    }
+    char holder[64];
+    snprintf(holder, sizeof holder, "machine%d", L->node_index);
+    long long token = ctl_lease_acquire(L->ctl, holder, lease_ttl_ms(L->cfg), L->lease, sizeof L->lease);
+    if (token > 0 && become_coordinator(L, token) != 0) L->lease[0] = 0; /* it expires; another one tries */
+}
+
+static void follow(Launcher *L);
+static void supervise(Launcher *L);
+
+/* Across machines a launcher may change roles: it coordinates while it holds the lease. */
+static void run_roles(Launcher *L) {
     while (!stop_signal && !L->failed && !L->job_done && !L->redis_lost) {
+        if (L->coordinating) supervise(L);
+        else follow(L);
+    }
+}
+
+static void supervise(Launcher *L) {
+    while (!stop_signal && !L->failed && !L->job_done && !L->redis_lost && L->coordinating) {
+        lease_tick(L);
+        if (!L->coordinating) break;
         /* Exits first: a crash is known the moment waitpid says so. */
         if (reap_children(L) == 0 && L->cfg->nnodes == 0) { /* across machines the job lives elsewhere too */
             char err[256];
@@ -1000,10 +1068,12 @@ static void show_progress(Launcher *L) {
  * its machine key alive, prints the job's progress, and ends when the job does (or when the
  * coordinating launcher is gone: nobody could decide a failure any more). */
 static void follow(Launcher *L) {
-    double state_ms = 0, launcher_ms = now_ms(), reached_ms = now_ms();
-    while (!stop_signal && !L->failed && !L->job_done) {
+    double state_ms = 0, reached_ms = now_ms();
+    while (!stop_signal && !L->failed && !L->job_done && !L->coordinating) {
         reap_children(L);
         node_beat(L);
+        lease_tick(L);
+        if (L->coordinating) return; /* the coordinator's loop takes over */
         double now = now_ms();
         if (now - state_ms >= 100) {
             char state[32];
@@ -1020,14 +1090,6 @@ static void follow(Launcher *L) {
             if (now - reached_ms > launcher_ttl_ms(L->cfg)) {
                 log_msg("this machine has not reached the control plane for %.0f s (%s): leaving the job",
                         (now - reached_ms) / 1e3, ctl_last_error(L->ctl));
-                L->failed = 1;
-            }
-        }
-        if (now - launcher_ms >= 1000) {
-            launcher_ms = now;
-            if (ctl_launcher_alive(L->ctl) == 0) {
-                log_msg("the job's coordinating launcher (on its first machine) is gone: no failure can be decided any "
-                        "more; stopping this machine's processes");
                 L->failed = 1;
             }
         }
@@ -1127,8 +1189,10 @@ int launcher_run(const JobConfig *cfg) {
             log_msg("cannot start this machine's processes: %s", strerror(errno));
             L.failed = 1;
         } else {
-            follow(&L);
+            run_roles(&L);
         }
+        if (L.coordinating) goto coordinator_end; /* took over, and coordinated the job to its end */
+    follower_end:
         if (!L.job_done) /* the job failed, stopped, or lost its coordinator: nothing to finish */
             for (int i = 0; i < L.nchildren; i++)
                 if (!L.children[i].exited) kill(L.children[i].pid, SIGTERM);
@@ -1172,13 +1236,17 @@ int launcher_run(const JobConfig *cfg) {
         log_msg("resuming from the checkpoint of step %d in %s", L.run_cfg.resume_step + 1, cfg->resume);
         event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", L.run_cfg.resume_step + 1);
     }
-    L.coord = coord_create(L.ctl, &L.run_cfg, L.t0_wall_ms, L.node_id);
-    if (!L.coord || spawn_all(&L) != 0) {
+    if (cfg->nnodes > 0 && ctl_lease_acquire(L.ctl, "machine0", lease_ttl_ms(cfg), L.lease, sizeof L.lease) <= 0) {
+        log_msg("the coordinator's lease of job %s is taken: is another first machine running it?", L.job);
+        L.failed = 1;
+    } else if (become_coordinator(&L, 1) != 0 || spawn_all(&L) != 0) {
         log_msg("cannot start worker processes: %s", strerror(errno));
         L.failed = 1;
     } else {
-        supervise(&L);
+        run_roles(&L);
+        if (!L.coordinating) goto follower_end; /* held up, and another machine coordinates now */
     }
+coordinator_end:;
 
     const char *state = stop_signal ? "stopping" : L.failed || L.redis_lost ? "failed" : "done";
     if (L.redis_lost) {

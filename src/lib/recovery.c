@@ -177,9 +177,10 @@ bad:
 /* One transaction, so one round trip whatever the world: all of it happens or none of it,
  * in order (the decision and the new owners are in place before the epoch counter moves, and
  * the members are woken last). */
-int decision_publish(ctl_t *c, const Decision *d) {
+int decision_publish(ctl_t *c, const Decision *d, const char *fence) {
     char *text = malloc(DECISION_TEXT_MAX), key[64]; /* 128 KiB: not on a thread's stack */
-    if (!text || decision_format(d, text, DECISION_TEXT_MAX) != 0 || ctl_batch_begin_atomic(c) != 0) {
+    if (!text || decision_format(d, text, DECISION_TEXT_MAX) != 0 ||
+        (fence ? ctl_batch_begin_fenced(c, fence) : ctl_batch_begin_atomic(c)) != 0) {
         free(text);
         return -1;
     }

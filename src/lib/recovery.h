@@ -51,7 +51,9 @@ int decision_parse(const char *text, Decision *d, char *err, size_t errlen);
 
 /* Writes the decision, reassigns the failed ranks, moves the epoch counter, then wakes every
  * member. 0 / -1. */
-int decision_publish(ctl_t *c, const Decision *d);
+/* fence: the coordinator's lease value (ctl_batch_begin_fenced), NULL on one machine, where
+ * only one launcher ever coordinates. */
+int decision_publish(ctl_t *c, const Decision *d, const char *fence);
 /* Reads the decision of `epoch`. 0 / -1 (absent, or refused by decision_parse: logged). */
 int decision_read(ctl_t *c, long epoch, Decision *d);
 /* The rank proc_id holds in d, -1 if it is not a member (fenced). */

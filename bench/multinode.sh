@@ -5,7 +5,9 @@
 # machine. Per repetition, two runs of `--model MODEL`, the default --detect-timeout-ms:
 #   crash — host 2's pid 1 is killed once it has done FAIL_STEP steps (every process of the
 #           machine dies at once; its address stays: peers see resets);
-#   cut   — host 2's link goes down instead (its processes live on, unreachable).
+#   cut   — host 2's link goes down instead (its processes live on, unreachable);
+#   coord — host 1, the machine that coordinates (its launcher and its ranks), crashes: another
+#           machine's launcher takes the coordinator's lease and decides.
 # From the coordinator's `recovered` event: training resumed (the last member back in the
 # step loop) minus the moment of the fault as the bench took it (date in the root namespace:
 # the same kernel clock every machine reads here), and the phases. Needs root.
@@ -30,6 +32,8 @@ start() { # host job
   host_spawn "$1" "$WORK/$2.h$1.log" timeout -k 5 300 "$DP" run --nnodes 2 --nproc-per-node "$P" --model "$MODEL" \
     --steps "$STEPS" --seed 3 --redis "$URL" --job "$2" --out "${HOST_DIR[$1]}/$2" --bind "${HOST_ADDR[$1]}"
   L[$1]=$HOST_SPAWN_PID
+  local k # joined before the next one starts: machines join in the order they are started
+  for k in $(seq 600); do grep -q 'joined job' "$WORK/$2.h$1.log" 2>/dev/null && break; sleep 0.05; done
 }
 step_of() { grep -oE '^step +[0-9]+' "$1" 2>/dev/null | tail -1 | grep -oE '[0-9]+' || echo 0; }
 # run KIND REP — appends "total detect decide restore rebuild resnapshot failed_wall fault_wall kind" to
@@ -39,12 +43,13 @@ run() {
   start 1 "$j"; start 2 "$j"; start 3 "$j"
   for _ in $(seq 3000); do [ "$(step_of "$WORK/$j.h1.log")" -ge "$FAIL" ] && break; sleep 0.02; done
   t_fault=$(date +%s%3N)
-  if [ "$kind" = crash ]; then host_kill 2; else host_link_down 2; fi
-  for _ in $(seq 1500); do grep -q '"event":"recovered"' "${HOST_DISK[1]}/$j/events.jsonl" 2>/dev/null && break; sleep 0.02; done
+  case $kind in crash) host_kill 2 ;; cut) host_link_down 2 ;; coord) host_kill 1 ;; esac
+  recs() { cat "${HOST_DISK[1]}/$j/events.jsonl" "${HOST_DISK[2]}/$j/events.jsonl" "${HOST_DISK[3]}/$j/events.jsonl" 2>/dev/null | grep '"event":"recovered"'; }
+  for _ in $(seq 1500); do [ -n "$(recs)" ] && break; sleep 0.02; done
   [ "$kind" = cut ] && host_link_up 2
-  host_wait "${L[1]}" 240 >/dev/null; host_wait "${L[3]}" 60 >/dev/null; host_wait "${L[2]}" 60 >/dev/null
-  [ "$kind" = crash ] && host_restart 2
-  rec=$(grep '"event":"recovered"' "${HOST_DISK[1]}/$j/events.jsonl" | head -1)
+  host_wait "${L[2]}" 240 >/dev/null; host_wait "${L[3]}" 60 >/dev/null; host_wait "${L[1]}" 60 >/dev/null
+  case $kind in crash) host_restart 2 ;; coord) host_restart 1 ;; esac
+  rec=$(recs | head -1)
   [ -n "$rec" ] || { echo "$kind $2: no recovery in $j" >&2; return 1; }
   local row
   row="$(( $(echo "$rec" | field resumed_wall_ms) - t_fault )) $(echo "$rec" | field detect_ms) $(echo "$rec" | field decide_ms)"
@@ -53,13 +58,14 @@ run() {
   echo "$row" >>"$WORK/$kind.rows"
   echo "$kind $2: $row" >&2
 }
-for kind in crash cut; do : >"$WORK/$kind.rows"; done
+KINDS="crash cut coord"
+for kind in $KINDS; do : >"$WORK/$kind.rows"; done
 for r in $(seq "$REPS"); do
-  for kind in crash cut; do run "$kind" "$r"; done
+  for kind in $KINDS; do run "$kind" "$r"; done
 done
 echo "| fault | runs | fault → training resumed: median (min–max) | the coordinator's detect / decide / restore / rebuild / re-snapshot (medians, ms) | failure kinds |"
 echo "|---|---|---|---|---|"
-for kind in crash cut; do
+for kind in $KINDS; do
   f="$WORK/$kind.rows"
   col() { awk -v c="$1" '{print $c}' "$f" | median; }
   printf "| %s | %d | **%s ms** (%s–%s) | %s / %s / %s / %s / %s | %s |\n" "$kind" "$(wc -l <"$f")" "$(col 1)" \

@@ -96,7 +96,7 @@ host_kill 1; host_kill 2
 host_wait "${LAUNCHER[1]}" 5 >/dev/null; host_wait "${LAUNCHER[2]}" 5 >/dev/null
 host_restart 1; host_restart 2
 R=(--resume "${HOST_DIR[2]}/$J" --out "${HOST_DIR[2]}/$J" --node-id node2-second)
-start_machine 2 mn6r "${R[@]}"; sleep 0.3
+start_machine 2 mn6r "${R[@]}"
 start_machine 1 mn6r --resume "${HOST_DIR[1]}/$J" --out "${HOST_DIR[1]}/$J" --node-id node1-second
 finish 2 1
 if same "${HOST_DISK[1]}/$J/model.bin" && same "${HOST_DISK[2]}/$J/model.bin" && [ "$ck" -ge 2 ] && [ "$RCS" = " 0 0" ] \

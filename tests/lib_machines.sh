@@ -22,12 +22,19 @@ REF="$WORK/ref/model.bin"
 [ -s "$REF" ] || { notok "reference_run" "$(tail -3 "$WORK/ref.log")"; exit 1; }
 
 LAUNCHER=()  # HOST_SPAWN_PID of each machine's launcher, by host
-# start_machine HOST JOB [ARGS] — `deadpool run` on that host with its private --out.
+# start_machine HOST JOB [ARGS] — `deadpool run` on that host with its private --out; waits
+# (30 s) until it has joined, so that machines join in the order they are started.
 start_machine() {
-  local h=$1 job=$2; shift 2
+  local h=$1 job=$2 k; shift 2
   host_spawn "$h" "$WORK/$job.h$h.log" timeout -k 5 240 "$DP" run "${COMMON[@]}" --redis "$REDIS_URL" --job "$job" \
     --out "${HOST_DIR[$h]}/$job" --bind "${HOST_ADDR[$h]}" "$@"
   LAUNCHER[$h]=$HOST_SPAWN_PID
+  for k in $(seq 600); do
+    grep -q 'joined job' "$WORK/$job.h$h.log" 2>/dev/null && return 0
+    kill -0 "$HOST_SPAWN_PID" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
 }
 # wait_step JOB HOST N — until that machine's launcher printed step N (60 s bound).
 wait_step() {

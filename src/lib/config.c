@@ -71,6 +71,7 @@ void job_config_defaults(JobConfig *c) {
 }
 
 int job_comm_timeout_ms(const JobConfig *c) { return c->comm_timeout_ms ? c->comm_timeout_ms : c->detect_timeout_ms; }
+int node_alive_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 8 > 0 ? c->detect_timeout_ms / 8 : 1; }
 
 int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen) {
     return opt_set(TABLE, c, name, value, err, errlen);

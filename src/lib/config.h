@@ -60,6 +60,8 @@ typedef struct {
 
 /* Effective collective timeout. */
 int job_comm_timeout_ms(const JobConfig *c);
+/* Life of a machine's KEY_NODE_ALIVE (an eighth of the detect timeout, at least 1 ms). */
+int node_alive_ttl_ms(const JobConfig *c);
 
 void job_config_defaults(JobConfig *c);
 

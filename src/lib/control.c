@@ -38,6 +38,7 @@ struct ctl {
     char err[CTL_ERR_MAX];
     unsigned long long round_trips, mark; /* ctl_round_trips, ctl_mark */
     int batch_n, batch_failed, batch_multi; /* commands appended since ctl_batch_begin */
+    int stale;                /* the server answered as a replica: reconnect (through the sentinels) */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -211,6 +212,46 @@ static int password_from_env(redis_addr *out, char *err, size_t errlen) {
     return 0;
 }
 
+/* "[:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER" after "redis-sentinel://". */
+static int parse_sentinel_url(const char *p, const char *shown, redis_addr *out, char *err, size_t errlen) {
+    const char *at = strrchr(p, '@');
+    const char *hp = p;
+    if (at) {
+        if (parse_userinfo(p, (size_t)(at - p), shown, out, err, errlen) != 0) goto fail;
+        hp = at + 1;
+    }
+    const char *slash = strchr(hp, '/');
+    if (!slash || !slash[1] || strchr(slash + 1, '/')) {
+        set_err(err, errlen, "redis URL '%s': expected /MASTER (the name the sentinels monitor) after the sentinels", shown);
+        goto fail;
+    }
+    if (copy_checked(out->master, sizeof out->master, slash + 1, strlen(slash + 1)) != 0) {
+        set_err(err, errlen, "redis URL '%s': master name is too long", shown);
+        goto fail;
+    }
+    for (const char *h = hp; h < slash;) {
+        const char *comma = memchr(h, ',', (size_t)(slash - h));
+        const char *end = comma ? comma : slash;
+        if (out->nsentinels == REDIS_SENTINELS_MAX) {
+            set_err(err, errlen, "redis URL '%s': at most %d sentinels", shown, REDIS_SENTINELS_MAX);
+            goto fail;
+        }
+        if (parse_hostport(h, (size_t)(end - h), shown, out, err, errlen) != 0) goto fail;
+        memcpy(out->sentinel_host[out->nsentinels], out->host, sizeof out->host);
+        out->sentinel_port[out->nsentinels++] = out->port;
+        h = comma ? comma + 1 : slash;
+    }
+    if (out->nsentinels == 0) {
+        set_err(err, errlen, "redis URL '%s': no sentinel given", shown);
+        goto fail;
+    }
+    if (out->password[0] == '\0' && password_from_env(out, err, errlen) != 0) goto fail;
+    return 0;
+fail:
+    memset(out->password, 0, sizeof out->password);
+    return -1;
+}
+
 int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen) {
     if (!url || !out) {
         set_err(err, errlen, "redis URL: missing");
@@ -222,13 +263,16 @@ int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen)
 
     const char *p = url;
     const char *scheme_end = strstr(url, "://");
+    int sentinel = 0;
     if (scheme_end) {
-        if ((size_t)(scheme_end - url) != 5 || strncmp(url, "redis", 5) != 0) {
-            set_err(err, errlen, "redis URL '%s': unsupported scheme (expected redis://)", shown);
+        sentinel = (size_t)(scheme_end - url) == 14 && strncmp(url, "redis-sentinel", 14) == 0;
+        if (!sentinel && ((size_t)(scheme_end - url) != 5 || strncmp(url, "redis", 5) != 0)) {
+            set_err(err, errlen, "redis URL '%s': unsupported scheme (expected redis:// or redis-sentinel://)", shown);
             return -1;
         }
         p = scheme_end + 3;
     }
+    if (sentinel) return parse_sentinel_url(p, shown, out, err, errlen);
     size_t n = strlen(p);
     if (n > 0 && p[n - 1] == '/') n--; /* trailing "/" allowed */
 
@@ -311,7 +355,53 @@ static int authenticate_and_ping(redisContext *rc, const char *password, char *e
 }
 
 /* One connected, authenticated hiredis context with the command timeout set, or NULL. */
+static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen);
+
+/* Asks the sentinels, in order, for the master's address, connects to it and checks that it
+ * is a master (a sentinel that has not seen a failover yet can name the old one). */
 static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *err, size_t errlen) {
+    if (addr->nsentinels == 0) return open_server(addr, timeout_ms, err, errlen);
+    struct timeval tv = ms_to_timeval(timeout_ms < 1000 ? timeout_ms : 1000);
+    char why[CTL_ERR_MAX] = "no sentinel answered";
+    for (int i = 0; i < addr->nsentinels; i++) {
+        redisContext *s = redisConnectWithTimeout(addr->sentinel_host[i], addr->sentinel_port[i], tv);
+        if (!s || s->err) {
+            snprintf(why, sizeof why, "sentinel %s:%d: %s", addr->sentinel_host[i], addr->sentinel_port[i], s ? s->errstr : "out of memory");
+            if (s) redisFree(s);
+            continue;
+        }
+        redisSetTimeout(s, tv);
+        if (addr->password[0]) { /* sentinels guarded by the job's password; one without any says so */
+            redisReply *a = redisCommand(s, "AUTH %s", addr->password);
+            if (a) freeReplyObject(a);
+        }
+        redisReply *r = redisCommand(s, "SENTINEL get-master-addr-by-name %s", addr->master);
+        redis_addr m = *addr;
+        int found = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_STRING &&
+                    r->element[1]->type == REDIS_REPLY_STRING &&
+                    copy_checked(m.host, sizeof m.host, r->element[0]->str, r->element[0]->len) == 0;
+        if (found) m.port = atoi(r->element[1]->str);
+        else snprintf(why, sizeof why, "sentinel %s:%d does not know master '%s'", addr->sentinel_host[i], addr->sentinel_port[i], addr->master);
+        if (r) freeReplyObject(r);
+        redisFree(s);
+        if (!found) continue;
+        m.nsentinels = 0;
+        redisContext *rc = open_server(&m, timeout_ms, why, sizeof why);
+        if (!rc) continue;
+        redisReply *role = redisCommand(rc, "ROLE");
+        int master = role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 && role->element[0]->type == REDIS_REPLY_STRING &&
+                     !strcmp(role->element[0]->str, "master");
+        if (role) freeReplyObject(role);
+        if (master) return rc;
+        snprintf(why, sizeof why, "%s:%d, named by sentinel %s:%d, is not a master (a failover in progress)", m.host, m.port,
+                 addr->sentinel_host[i], addr->sentinel_port[i]);
+        redisFree(rc);
+    }
+    set_err(err, errlen, "redis: master '%s': %s", addr->master, why);
+    return NULL;
+}
+
+static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen) {
     struct timeval tv = ms_to_timeval(timeout_ms);
     redisContext *rc = redisConnectWithTimeout(addr->host, addr->port, tv);
     if (!rc) {
@@ -378,7 +468,18 @@ const char *ctl_last_error(const ctl_t *c) { return c ? c->err : "ctl: no connec
 
 /* A context that failed an I/O call (timeout, reset) cannot be reused: hiredis may still
  * owe us a reply. Replace it by a fresh connection. */
+/* The server is no master any more (a failover demoted it, or it is loading): with sentinels,
+ * the next command finds the new one. */
+static int demoted_error(const char *msg) {
+    return !strncmp(msg, "READONLY", 8) || !strncmp(msg, "MASTERDOWN", 10) || !strncmp(msg, "LOADING", 7);
+}
+
 static int ensure_connected(ctl_t *c) {
+    if (c->stale && c->addr.nsentinels > 0 && c->rc) {
+        redisFree(c->rc);
+        c->rc = NULL;
+    }
+    c->stale = 0;
     if (c->rc && c->rc->err == 0) return 0;
     if (c->rc) {
         redisFree(c->rc);
@@ -405,6 +506,7 @@ static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
     }
     if (r->type == REDIS_REPLY_ERROR) {
         ctl_set_error(c, "redis: %s", r->str);
+        if (demoted_error(r->str)) c->stale = 1;
         freeReplyObject(r);
         return NULL;
     }
@@ -820,6 +922,7 @@ static int read_pipeline(ctl_t *c, int n, const char *what, void (*fn)(int i, co
             ctl_set_error(c, "redis: %s: %s", what, r->str);
             rc = -1;
         }
+        if (r->type == REDIS_REPLY_ERROR && demoted_error(r->str)) c->stale = 1;
         if (fn) fn(i, r, arg);
         freeReplyObject(r);
     }
@@ -1371,6 +1474,24 @@ int ctl_clock_offset(ctl_t *c, int64_t *offset_ms) {
         freeReplyObject(r);
     }
     return best_rtt < 0 ? -1 : 0;
+}
+
+int ctl_server(ctl_t *c, char *host, size_t len, int *port) {
+    if (ensure_connected(c) != 0) return -1;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getpeername(c->rc->fd, (struct sockaddr *)&ss, &sl) != 0) return -1;
+    int v6 = ss.ss_family == AF_INET6;
+    const void *a = v6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    *port = ntohs(v6 ? ((struct sockaddr_in6 *)&ss)->sin6_port : ((struct sockaddr_in *)&ss)->sin_port);
+    return inet_ntop(ss.ss_family, a, host, (socklen_t)len) ? 0 : -1;
+}
+
+int ctl_wait_replica(ctl_t *c, int timeout_ms) {
+    if (c->addr.nsentinels == 0) return 0;
+    long long acked = 0;
+    if (ctl_command_integer(c, &acked, "WAIT 1 %d", timeout_ms) != 0) return -1;
+    return acked >= 1 ? 0 : -1;
 }
 
 int ctl_local_addr(ctl_t *c, char *buf, size_t len) {

@@ -13,14 +13,24 @@
 
 typedef struct ctl ctl_t;
 
+#define REDIS_SENTINELS_MAX 8
+
 typedef struct {
-    char host[256];
+    char host[256];     /* the server; with sentinels, the first sentinel (the master is asked for) */
     int port;
     char password[256]; /* "" when none */
+    /* Redis Sentinel: the master named `master` is found through these sentinels at every
+     * (re)connection, so that a failover is followed (nsentinels = 0: a plain server). */
+    char master[128];
+    int nsentinels;
+    char sentinel_host[REDIS_SENTINELS_MAX][256];
+    int sentinel_port[REDIS_SENTINELS_MAX];
 } redis_addr;
 
-/* Parses "redis://[:PASSWORD@]HOST:PORT[/]" (or "HOST:PORT"). When the URL carries no password,
- * the environment variable DEADPOOL_REDIS_PASSWORD is used. Returns 0, or -1 with err set. */
+/* Parses "redis://[:PASSWORD@]HOST:PORT[/]" (or "HOST:PORT"), or
+ * "redis-sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER" (at most REDIS_SENTINELS_MAX
+ * sentinels; the password is the master's). When the URL carries no password, the
+ * environment variable DEADPOOL_REDIS_PASSWORD is used. Returns 0, or -1 with err set. */
 int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen);
 
 /* Connects and authenticates, each step bounded by timeout_ms. NULL + err on failure. */
@@ -133,6 +143,13 @@ int ctl_exit_report(ctl_t *c, long proc, const char *how);
 /* Redis's clock minus this machine's realtime clock, in ms, from the TIME round trip with the
  * least delay of a few (error: half that round trip). 0 / -1. */
 int ctl_clock_offset(ctl_t *c, int64_t *offset_ms);
+/* The server this connection talks to now (with sentinels: the master found last). 0 / -1. */
+int ctl_server(ctl_t *c, char *host, size_t len, int *port);
+/* With sentinels: waits (up to timeout_ms) until a replica has every write this connection
+ * made, so that what recovery depends on survives a failover (decisions, fences, committed
+ * generations). 0 acknowledged or no sentinels, -1 not acknowledged in time (the write stands
+ * on the master alone). */
+int ctl_wait_replica(ctl_t *c, int timeout_ms);
 /* The local address of this connection (the interface that reaches Redis: what peers on
  * other machines can reach us at, when nothing better is given). 0 / -1. */
 int ctl_local_addr(ctl_t *c, char *buf, size_t len);
@@ -252,6 +269,11 @@ typedef struct {
  * on the command line), no persistence, and waits (bounded by timeout_ms) until it answers
  * PING. 0, or -1 with err set (e.g. redis-server not installed). */
 int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen);
+/* --redis-ha: a replica of master (its password), and a sentinel (its configuration file in
+ * dir, a private directory) that monitors master under `name` with the others: 0, or -1 + err. */
+int redis_server_start_replica(redis_server *s, const redis_server *master, int timeout_ms, char *err, size_t errlen);
+int redis_server_start_sentinel(redis_server *s, const redis_server *master, const char *dir, const char *name,
+                                int timeout_ms, char *err, size_t errlen);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL; always reaps the child. */
 void redis_server_stop(redis_server *s, int timeout_ms);
 

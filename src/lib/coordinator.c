@@ -46,6 +46,8 @@ struct Coordinator {
     char node_ids[DP_MAX_RANKS][NODE_ID_MAX];
     int node_index[DP_MAX_RANKS], nnodes_known;
     char fence[160];         /* the lease value decisions are published under ("" = one machine) */
+    char machine_probed[DP_MAX_RANKS]; /* machine k's key expired and its ranks were probed */
+    double nodes_read_ms;    /* when the machine registry was last read */
     double probe_due;        /* a member reported a failed collective: probe the members (0 = no) */
     int64_t probe_report_wall_ms; /* ...reported then: a death the probe confirms is dated there */
     double last_probe_ms;
@@ -203,6 +205,9 @@ static void add_failure(Coordinator *c, int rank, const char *kind) {
     p->t_fail_ms = failure_time(c, rank, kind, p->t_detect_ms);
     if (c->npending == 1) c->first_pending_ms = now_ms();
     log_msg("rank %d failed (%s)", rank, kind);
+    /* Across machines a failure seldom comes alone (a machine's processes die together, one
+     * exit report at a time): the others are probed before the decision, to be in it too. */
+    if (c->cfg->nnodes > 0 && c->npending == 1 && !c->probe_due) c->probe_due = now_ms();
 }
 
 static void spare_lost(Coordinator *c, long proc) {
@@ -249,10 +254,9 @@ static void child_exited(Coordinator *c, pid_t pid, int status) {
 void coord_comm_failure(Coordinator *c, long epoch, int64_t t_wall_ms) {
     if (epoch != c->epoch) return;
     if (c->suspicion_ms == 0) c->suspicion_ms = now_ms();
-    if (c->probe_due == 0) {
-        c->probe_due = now_ms();
-        c->probe_report_wall_ms = t_wall_ms < wall_ms() ? t_wall_ms : wall_ms();
-    }
+    int64_t t = t_wall_ms < wall_ms() ? t_wall_ms : wall_ms();
+    if (c->probe_due == 0) c->probe_due = now_ms();
+    if (c->probe_report_wall_ms == 0 || t < c->probe_report_wall_ms) c->probe_report_wall_ms = t; /* the earliest sign */
 }
 
 /* A member reported a failed collective: a peer's connection was reset, most likely because
@@ -274,9 +278,11 @@ static void probe_members(Coordinator *c) {
             add_failure(c, r, "crash");
             /* it died before its peer noticed: at the latest when the report came */
             Pending *p = &c->pending[c->npending - 1];
-            if (p->rank == r && c->probe_report_wall_ms < p->t_fail_ms) p->t_fail_ms = c->probe_report_wall_ms;
+            if (p->rank == r && c->probe_report_wall_ms > 0 && c->probe_report_wall_ms < p->t_fail_ms)
+                p->t_fail_ms = c->probe_report_wall_ms;
         }
     free(state);
+    c->probe_report_wall_ms = 0; /* the next sign dates the next failure */
 }
 
 static const char *silent_kind(pid_t pid);
@@ -375,8 +381,43 @@ static const char *silent_kind(pid_t pid) {
     return "network"; /* alive and running, yet unheard: cut off from the job */
 }
 
+/* Machines whose launcher key expired: their ranks are probed once (a crashed machine's ranks
+ * refuse at once, however long the survivors' step still runs before a collective would find
+ * the reset). The key comes back when a launcher was merely slow: nothing happens then. */
+static void watch_machines(Coordinator *c) {
+    double now = now_ms();
+    if (c->nnodes_known == 0 || now - c->nodes_read_ms > 1000) { /* spare machines join */
+        int n = ctl_nodes_read(c->ctl, c->node_ids[0], NODE_ID_MAX, c->node_index, DP_MAX_RANKS);
+        if (n >= 0) c->nnodes_known = n;
+        c->nodes_read_ms = now;
+    }
+    static char keys[DP_MAX_RANKS][48], vals[DP_MAX_RANKS][8];
+    static const char *kp[DP_MAX_RANKS];
+    static int present[DP_MAX_RANKS];
+    int n = c->nnodes_known;
+    for (int k = 0; k < n; k++) {
+        ctl_key_suffix(keys[k], sizeof keys[k], KEY_NODE_ALIVE, c->node_index[k], 0);
+        kp[k] = keys[k];
+    }
+    if (n == 0 || ctl_get_many(c->ctl, kp, n, vals[0], sizeof vals[0], present) != 0) return;
+    for (int k = 0; k < n; k++) {
+        int idx = c->node_index[k];
+        if (idx < 0 || idx >= DP_MAX_RANKS) continue;
+        if (present[k] || !strcmp(c->node_ids[k], c->my_node)) { c->machine_probed[idx] = 0; continue; }
+        if (c->machine_probed[idx]) continue;
+        int members = 0;
+        for (int r = 0; r < c->cfg->workers; r++) members += !strcmp(c->node[r], c->node_ids[k]);
+        if (!members) continue;
+        c->machine_probed[idx] = 1;
+        int64_t t = wall_ms() - node_alive_ttl_ms(c->cfg); /* it went silent before */
+        if (!c->probe_due) c->probe_due = now;
+        if (c->probe_report_wall_ms == 0 || t < c->probe_report_wall_ms) c->probe_report_wall_ms = t;
+    }
+}
+
 static void check_liveness(Coordinator *c) {
     int alive[RECOVERY_MAX_RANKS];
+    if (c->cfg->nnodes > 0) watch_machines(c);
     if (ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) != 0) return;
     /* Our last view of Redis is older than half a heartbeat's life (Redis stalled or
      * restarted, or this query itself waited that long): keys may have expired while nobody

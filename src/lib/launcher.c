@@ -162,16 +162,16 @@ static void launcher_beat(Launcher *L) {
     if (ctl_launcher_beat(L->ctl, who, launcher_ttl_ms(L->cfg)) == 0) L->beat_ms = now;
 }
 
-/* KEY_NODE_ALIVE lives half a detect timeout and is renewed every eighth: when a machine's
- * first rank falls silent (its heartbeat lives a whole detect timeout), the machine's key
- * has already expired if the machine is gone as a whole, so that all its ranks fail in one
- * decision (decide_nodes_lost). */
+/* KEY_NODE_ALIVE lives an eighth of the detect timeout (node_alive_ttl_ms) and is renewed
+ * four times as often. Its expiry is how a machine's crash is noticed when no peer is in a
+ * collective with it (the coordinator probes the machine's ranks then), and why a machine cut
+ * off or hung is failed as a whole: when its first rank's heartbeat (a whole detect timeout)
+ * expires, the machine's key has long expired (decide_nodes_lost). */
 static void node_beat(Launcher *L) {
     double now = now_ms();
-    int period = L->cfg->detect_timeout_ms / 8;
-    if (L->node_beat_ms && now - L->node_beat_ms < (period > 0 ? period : 1)) return;
-    if (ctl_node_beat(L->ctl, L->node_index, L->cfg->detect_timeout_ms / 2 > 0 ? L->cfg->detect_timeout_ms / 2 : 1) == 0)
-        L->node_beat_ms = now;
+    int ttl = node_alive_ttl_ms(L->cfg);
+    if (L->node_beat_ms && now - L->node_beat_ms < (ttl / 4 > 0 ? ttl / 4 : 1)) return;
+    if (ctl_node_beat(L->ctl, L->node_index, ttl) == 0) L->node_beat_ms = now;
 }
 
 /* An event of this machine: into its own events.jsonl, and the job's (the first machine's). */
@@ -786,6 +786,7 @@ static int become_coordinator(Launcher *L, long long token) {
     if (token > 1) {
         log_msg("this machine coordinates the job from now on (lease %s)", L->lease);
         node_event(L, "coordinator", "\"lease\":\"%s\"", L->lease);
+        drain_outputs(L); /* what members reported meanwhile, before the first tick dates anything */
     }
     return 0;
 }
@@ -880,6 +881,7 @@ static int join_as_node(Launcher *L, char *err, size_t errlen) {
         return -1;
     }
     L->coordinating = L->node_index == 0;
+    if (L->cfg->nnodes > 0) log_msg("joined job %s as its machine %d", L->job, L->node_index);
     if (L->cfg->nnodes > 0 && !L->cfg->bind[0] && ctl_local_addr(L->ctl, L->bind_addr, sizeof L->bind_addr) != 0) {
         snprintf(err, errlen, "--bind: cannot tell this machine's address (give --bind ADDR)");
         return -1;

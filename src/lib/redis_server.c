@@ -75,8 +75,8 @@ static int make_password(char out[65], char *err, size_t errlen) {
 /* A pipe whose read end already holds the whole configuration, write end closed. Writing it
  * before fork means the write can neither block nor raise SIGPIPE if the child dies early
  * (the config is far below the pipe capacity); redis reads its stdin up to EOF. */
-static int config_pipe(int port, const char *password, char *err, size_t errlen) {
-    char conf[512];
+static int config_pipe(int port, const char *password, const char *extra, char *err, size_t errlen) {
+    char conf[1024];
     int n = snprintf(conf, sizeof conf,
                      "port %d\n"
                      "bind 127.0.0.1\n"
@@ -86,8 +86,12 @@ static int config_pipe(int port, const char *password, char *err, size_t errlen)
                      "protected-mode yes\n"
                      "daemonize no\n"
                      "loglevel warning\n"
-                     "logfile \"\"\n",
-                     port, password);
+                     "logfile \"\"\n%s",
+                     port, password, extra ? extra : "");
+    if (n < 0 || (size_t)n >= sizeof conf) {
+        set_err(err, errlen, "redis-server: configuration too long");
+        return -1;
+    }
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) {
         set_err(err, errlen, "redis-server: pipe: %s", strerror(errno));
@@ -109,7 +113,7 @@ static int config_pipe(int port, const char *password, char *err, size_t errlen)
 }
 
 /* In the child, between fork and exec: only async-signal-safe calls, then exec. */
-static void exec_redis_child(int config_fd, pid_t parent) {
+static void exec_redis_child(int config_fd, pid_t parent, const char *sentinel_conf) {
     /* Die with the parent. Note that Linux delivers this when the *thread* that forked exits,
      * so start the server from a thread that lives as long as the job. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -131,7 +135,9 @@ static void exec_redis_child(int config_fd, pid_t parent) {
     /* Do not leak the launcher's sockets and files into the server. */
     close_range(3, ~0U, 0);
     char *const argv[] = {"redis-server", "-", NULL};
-    execvp(argv[0], argv);
+    /* A sentinel keeps its state in its configuration file: it needs one it may rewrite. */
+    char *const sentinel_argv[] = {"redis-server", (char *)sentinel_conf, "--sentinel", NULL};
+    execvp(argv[0], sentinel_conf ? sentinel_argv : argv);
     _exit(EXIT_EXEC_FAILED);
 }
 
@@ -209,7 +215,54 @@ static void describe_exit(int status, int port, char *err, size_t errlen) {
         set_err(err, errlen, "redis-server stopped while starting");
 }
 
+/* Writes a sentinel's configuration file (0600, in a 0700 directory of its own): the
+ * master's password is in it. 0 / -1. */
+static int write_sentinel_conf(const char *path, int port, const char *password, const redis_server *master,
+                               const char *name, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        set_err(err, errlen, "redis-sentinel: %s: %s", path, strerror(errno));
+        return -1;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    /* Fail over one second after the master stops answering: well inside the time the
+     * processes wait for the control plane before they give up (job_control_outage_ms). */
+    fprintf(f, "port %d\nbind 127.0.0.1\nrequirepass %s\ndaemonize no\nloglevel warning\nlogfile \"\"\ndir %s\n"
+               "sentinel monitor %s 127.0.0.1 %d 2\nsentinel auth-pass %s %s\n"
+               "sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 3000\n"
+               "sentinel parallel-syncs %s 1\n",
+            port, password, dir, name, master->port, name, password, name, name, name);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        set_err(err, errlen, "redis-sentinel: writing %s failed", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int start_server(redis_server *s, const redis_server *master, const char *sentinel_dir, const char *name,
+                        int timeout_ms, char *err, size_t errlen);
+
 int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen) {
+    return start_server(s, NULL, NULL, NULL, timeout_ms, err, errlen);
+}
+
+int redis_server_start_replica(redis_server *s, const redis_server *master, int timeout_ms, char *err, size_t errlen) {
+    return start_server(s, master, NULL, NULL, timeout_ms, err, errlen);
+}
+
+int redis_server_start_sentinel(redis_server *s, const redis_server *master, const char *dir, const char *name,
+                                int timeout_ms, char *err, size_t errlen) {
+    return start_server(s, master, dir, name, timeout_ms, err, errlen);
+}
+
+static int start_server(redis_server *s, const redis_server *master, const char *sentinel_dir, const char *name,
+                        int timeout_ms, char *err, size_t errlen) {
     if (!s) {
         set_err(err, errlen, "redis_server_start: no server struct");
         return -1;
@@ -220,12 +273,23 @@ int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen
         return -1;
     }
     double deadline = now_ms() + timeout_ms;
-    if (make_password(s->password, err, errlen) != 0) return -1;
+    /* A replica and the sentinels share the master's password: the job has one secret. */
+    if (master) snprintf(s->password, sizeof s->password, "%s", master->password);
+    else if (make_password(s->password, err, errlen) != 0) return -1;
 
     for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
         int port = pick_free_port(err, errlen);
         if (port < 0) break;
-        int config_fd = config_pipe(port, s->password, err, errlen);
+        char extra[512] = "", conf_path[4200] = "";
+        if (master && !sentinel_dir)
+            snprintf(extra, sizeof extra, "replicaof 127.0.0.1 %d\nmasterauth %s\nreplica-read-only yes\n", master->port,
+                     master->password);
+        if (sentinel_dir) {
+            snprintf(conf_path, sizeof conf_path, "%s/sentinel-%d.conf", sentinel_dir, port);
+            if (write_sentinel_conf(conf_path, port, s->password, master, name, err, errlen) != 0) break;
+        }
+        int config_fd = config_pipe(port, s->password, extra, err, errlen);
+        memset(extra, 0, sizeof extra);
         if (config_fd < 0) break;
         pid_t parent = getpid();
         pid_t pid = fork();
@@ -234,7 +298,7 @@ int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen
             close(config_fd);
             break;
         }
-        if (pid == 0) exec_redis_child(config_fd, parent);
+        if (pid == 0) exec_redis_child(config_fd, parent, sentinel_dir ? conf_path : NULL);
         close(config_fd);
 
         int status = 0;

@@ -58,7 +58,7 @@ run() {
   echo "$row" >>"$WORK/$kind.rows"
   echo "$kind $2: $row" >&2
 }
-KINDS="crash cut coord"
+KINDS=${KINDS:-crash cut coord}
 for kind in $KINDS; do : >"$WORK/$kind.rows"; done
 for r in $(seq "$REPS"); do
   for kind in $KINDS; do run "$kind" "$r"; done

@@ -139,6 +139,11 @@ static int cmd_run(int argc, char **argv) {
             i++;
             continue;
         }
+        if (strcmp(argv[i], "--redis-ha") == 0) { /* a flag too */
+            cfg.redis_ha = 1;
+            i++;
+            continue;
+        }
         char name[64];
         const char *value;
         int used = split_option(argc, argv, i, name, sizeof name, &value);
@@ -182,8 +187,7 @@ static int cmd_run(int argc, char **argv) {
             fprintf(stderr, "deadpool: --redis: the password moves to %s (it is never stored with the job's config); "
                     "set it there rather than in the URL\n", DP_ENV_PASSWORD);
             setenv(DP_ENV_PASSWORD, addr.password, 1);
-            int v6 = strchr(addr.host, ':') != NULL;
-            snprintf(cfg.redis, sizeof cfg.redis, "redis://%s%s%s:%d", v6 ? "[" : "", addr.host, v6 ? "]" : "", addr.port);
+            redis_addr_format(&addr, cfg.redis, sizeof cfg.redis);
         }
     }
     /* Across machines the world is --nnodes x --nproc-per-node, and spares are whole spare

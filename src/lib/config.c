@@ -39,6 +39,7 @@ static const OptSpec OPTIONS[] = {
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used (one machine only: across machines spares are spare machines)"},
     {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},
     {"bind", OPT_STR, S(bind), 0, 0, NULL, "address the metrics server listens on (default 127.0.0.1, loopback only); with --nnodes also where this machine's processes are reached (default: the address it reaches Redis from)"},
+    {"redis-ha", OPT_INT, F(redis_ha), 0, 0, 1, NULL, "embedded control plane with Redis Sentinel: a master, a replica and three sentinels on loopback (a master's loss is survived); --redis-ha alone = 1"},
     {"report", OPT_INT, F(report), 0, 0, 1, NULL, "write DIR/report.html (plots of the run) when the job ends; --report alone = 1"},
     {"nnodes", OPT_INT, F(nnodes), 0, 0, DP_MAX_RANKS, NULL, "machines that run ranks: run the same command on each (and on spare machines); needs --redis and --job"},
     {"nproc-per-node", OPT_INT, F(nproc_per_node), 0, 0, DP_MAX_RANKS, NULL, "with --nnodes: ranks per machine (a spare machine starts as many spares)"},
@@ -71,6 +72,10 @@ void job_config_defaults(JobConfig *c) {
 }
 
 int job_comm_timeout_ms(const JobConfig *c) { return c->comm_timeout_ms ? c->comm_timeout_ms : c->detect_timeout_ms; }
+int job_control_outage_ms(const JobConfig *c) {
+    int sentinel = c->redis_ha || !strncmp(c->redis, "redis-sentinel://", 17);
+    return c->detect_timeout_ms + (sentinel ? 10000 : 0);
+}
 int node_alive_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 8 > 0 ? c->detect_timeout_ms / 8 : 1; }
 
 int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen) {
@@ -79,7 +84,7 @@ int job_config_set(JobConfig *c, const char *name, const char *value, char *err,
 
 int job_config_has(const char *name) { return opt_find(TABLE, name) != NULL; }
 
-static const char *const NODE_LOCAL[] = {"out", "redis", "bind", "metrics-port", "report", "node-id", "resume", NULL};
+static const char *const NODE_LOCAL[] = {"out", "redis", "redis-ha", "bind", "metrics-port", "report", "node-id", "resume", NULL};
 
 int job_config_node_local(const char *name) {
     for (int i = 0; NODE_LOCAL[i]; i++)
@@ -131,6 +136,11 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
     if (c->replica_placement == PLACE_SPARES && c->replicas > c->spares) {
         snprintf(err, errlen, "--replica-placement spares: --replicas %d needs at least that many spares, found --spares %d",
                  c->replicas, c->spares);
+        return -1;
+    }
+    if (c->redis_ha && (c->redis[0] || c->nnodes > 0)) {
+        snprintf(err, errlen, "--redis-ha starts an embedded control plane on this machine: not with --redis or --nnodes "
+                 "(give a redis-sentinel:// URL instead)");
         return -1;
     }
     if (c->nnodes > 0) {

@@ -51,6 +51,7 @@ typedef struct {
     int metrics_port;     /* serve Prometheus /metrics on this port while the job runs (0 = off) */
     char bind[256];       /* address this host listens on for the metrics server ("" = 127.0.0.1) */
     int report;           /* 1: write DIR/report.html when the job ends */
+    int redis_ha;         /* 1: the embedded control plane is a master, a replica and three sentinels */
     int nnodes;           /* --nnodes: machines that run ranks (0 = one machine, --workers ranks) */
     int nproc_per_node;   /* --nproc-per-node: ranks per machine (and spares per spare machine) */
     char job[40];         /* --job: the job's name in a Redis shared by its machines (the replica wire format holds 39 bytes) */
@@ -60,6 +61,9 @@ typedef struct {
 
 /* Effective collective timeout. */
 int job_comm_timeout_ms(const JobConfig *c);
+/* How long the control plane may be unreachable before a process gives up on it (persists and
+ * stops): the detect timeout; under Sentinel 10 s more, the time a failover takes. */
+int job_control_outage_ms(const JobConfig *c);
 /* Life of a machine's KEY_NODE_ALIVE (an eighth of the detect timeout, at least 1 ms). */
 int node_alive_ttl_ms(const JobConfig *c);
 

@@ -39,6 +39,7 @@ struct ctl {
     unsigned long long round_trips, mark; /* ctl_round_trips, ctl_mark */
     int batch_n, batch_failed, batch_multi; /* commands appended since ctl_batch_begin */
     int stale;                /* the server answered as a replica: reconnect (through the sentinels) */
+    double no_replica_until;  /* ctl_wait_replica: no replica acknowledged; do not wait until then */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -250,6 +251,21 @@ static int parse_sentinel_url(const char *p, const char *shown, redis_addr *out,
 fail:
     memset(out->password, 0, sizeof out->password);
     return -1;
+}
+
+void redis_addr_format(const redis_addr *a, char *buf, size_t len) {
+    if (a->nsentinels == 0) {
+        int v6 = strchr(a->host, ':') != NULL;
+        snprintf(buf, len, "redis://%s%s%s:%d", v6 ? "[" : "", a->host, v6 ? "]" : "", a->port);
+        return;
+    }
+    size_t used = (size_t)snprintf(buf, len, "redis-sentinel://");
+    for (int i = 0; i < a->nsentinels && used < len; i++) {
+        int v6 = strchr(a->sentinel_host[i], ':') != NULL;
+        used += (size_t)snprintf(buf + used, len - used, "%s%s%s%s:%d", i ? "," : "", v6 ? "[" : "", a->sentinel_host[i],
+                                 v6 ? "]" : "", a->sentinel_port[i]);
+    }
+    if (used < len) snprintf(buf + used, len - used, "/%s", a->master);
 }
 
 int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen) {
@@ -1487,10 +1503,48 @@ int ctl_server(ctl_t *c, char *host, size_t len, int *port) {
     return inet_ntop(ss.ss_family, a, host, (socklen_t)len) ? 0 : -1;
 }
 
+/* The number of entries of SENTINEL <what> <master>, -1 on error. */
+static int sentinel_count(redisContext *s, const char *what, const char *master) {
+    redisReply *r = redisCommand(s, "SENTINEL %s %s", what, master);
+    int n = r && r->type == REDIS_REPLY_ARRAY ? (int)r->elements : -1;
+    if (r) freeReplyObject(r);
+    return n;
+}
+
+int sentinel_wait_ready(const redis_addr *a, int timeout_ms, char *err, size_t errlen) {
+    double deadline = now_ms() + timeout_ms;
+    int replicas = -1, peers = -1;
+    while (now_ms() < deadline) {
+        struct timeval tv = ms_to_timeval(500);
+        redisContext *s = redisConnectWithTimeout(a->sentinel_host[0], a->sentinel_port[0], tv);
+        if (s && !s->err) {
+            redisSetTimeout(s, tv);
+            if (a->password[0]) {
+                redisReply *r = redisCommand(s, "AUTH %s", a->password);
+                if (r) freeReplyObject(r);
+            }
+            replicas = sentinel_count(s, "replicas", a->master);
+            peers = sentinel_count(s, "sentinels", a->master);
+        }
+        if (s) redisFree(s);
+        if (replicas >= 1 && peers >= a->nsentinels - 1) return 0;
+        sleep_ms(100);
+    }
+    set_err(err, errlen, "sentinels not ready within %d ms (they see %d replica(s) and %d other sentinel(s))", timeout_ms,
+            replicas, peers);
+    return -1;
+}
+
+int ctl_replicated(const ctl_t *c) { return c->addr.nsentinels > 0; }
+
 int ctl_wait_replica(ctl_t *c, int timeout_ms) {
     if (c->addr.nsentinels == 0) return 0;
+    /* No replica answered lately (the new master has none yet): do not make every critical
+     * write wait out the timeout; look again every few seconds. */
+    if (now_ms() < c->no_replica_until) return -1;
     long long acked = 0;
     if (ctl_command_integer(c, &acked, "WAIT 1 %d", timeout_ms) != 0) return -1;
+    if (acked < 1) c->no_replica_until = now_ms() + 5000;
     return acked >= 1 ? 0 : -1;
 }
 

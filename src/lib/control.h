@@ -33,6 +33,10 @@ typedef struct {
  * environment variable DEADPOOL_REDIS_PASSWORD is used. Returns 0, or -1 with err set. */
 int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen);
 
+/* The URL of addr without its password (redis:// or redis-sentinel://), for a process's
+ * environment or a message. */
+void redis_addr_format(const redis_addr *a, char *buf, size_t len);
+
 /* Connects and authenticates, each step bounded by timeout_ms. NULL + err on failure. */
 ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char *err, size_t errlen);
 void ctl_close(ctl_t *c);
@@ -145,6 +149,12 @@ int ctl_exit_report(ctl_t *c, long proc, const char *how);
 int ctl_clock_offset(ctl_t *c, int64_t *offset_ms);
 /* The server this connection talks to now (with sentinels: the master found last). 0 / -1. */
 int ctl_server(ctl_t *c, char *host, size_t len, int *port);
+/* Waits (up to timeout_ms) until the first sentinel of `a` knows the master's replica(s) and
+ * the other sentinels: before that a failover could not happen. 0 / -1 + err. */
+int sentinel_wait_ready(const redis_addr *a, int timeout_ms, char *err, size_t errlen);
+/* 1 when the connection goes through sentinels (writes can be lost in a failover unless
+ * acknowledged by a replica: ctl_wait_replica), else 0. */
+int ctl_replicated(const ctl_t *c);
 /* With sentinels: waits (up to timeout_ms) until a replica has every write this connection
  * made, so that what recovery depends on survives a failover (decisions, fences, committed
  * generations). 0 acknowledged or no sentinels, -1 not acknowledged in time (the write stands

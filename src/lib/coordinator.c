@@ -269,9 +269,24 @@ static void probe_members(Coordinator *c) {
     if (!c->probe_due || !c->have_members || now_ms() - c->last_probe_ms < 50) return;
     c->probe_due = 0;
     c->last_probe_ms = now_ms();
-    int world = c->cfg->workers, *state = malloc(sizeof *state * (size_t)world);
-    if (!state) return;
-    tcp_probe_many(c->endpoint[0], ENDPOINT_MAX, world, 200, state);
+    int world = c->cfg->workers, *state = malloc(sizeof *state * (size_t)world), n = 0;
+    int *who = malloc(sizeof *who * (size_t)world);
+    char (*eps)[ENDPOINT_MAX] = malloc(sizeof *eps * (size_t)world);
+    if (!state || !who || !eps) { free(state); free(who); free(eps); return; }
+    /* Only the members not known to have failed: a cut-off machine's ranks would make the
+     * probe wait out its bound for nothing. */
+    for (int r = 0; r < world; r++)
+        if (!c->departed[r] && !pending_has(c, r)) {
+            who[n] = r;
+            memcpy(eps[n++], c->endpoint[r], ENDPOINT_MAX);
+        }
+    int *st = malloc(sizeof *st * (size_t)(n > 0 ? n : 1));
+    if (st) tcp_probe_many(eps[0], ENDPOINT_MAX, n, 200, st);
+    for (int r = 0; r < world; r++) state[r] = 1;
+    for (int i = 0; st && i < n; i++) state[who[i]] = st[i];
+    free(st);
+    free(who);
+    free(eps);
     for (int r = 0; r < world; r++)
         if (state[r] == 0 && !c->departed[r] && !pending_has(c, r)) {
             ctl_heartbeat_clear(c->ctl, c->procs[r]);
@@ -592,7 +607,9 @@ static void close_epoch(Coordinator *c) {
             ctl_batch_push_key(c->ctl, wake, COMM_WAKE_ABORT, 3600);
         }
     }
-    if (ctl_batch_end(c->ctl) != 0) {
+    int closed = ctl_batch_end(c->ctl);
+    if (closed == 0) ctl_wait_replica(c->ctl, 1000); /* under Sentinel: the fence survives a failover */
+    if (closed != 0) {
         /* Redis trouble: the fence alone is what makes the epoch closed; try it on its own. */
         log_msg("closing epoch %ld: %s", c->epoch, ctl_last_error(c->ctl));
         fence_epoch(c->ctl, c->epoch);

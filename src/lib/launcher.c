@@ -1,6 +1,7 @@
 /* launcher.c — the `deadpool run` process: job setup, child processes, output files, teardown. */
 #include "launcher.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -62,6 +63,8 @@ typedef struct {
     char job[40];
     char url[600];          /* redis URL without the password */
     redis_server server;    /* embedded server; pid 0 when --redis was given */
+    redis_server ha[4];     /* --redis-ha: the replica and three sentinels (the master is `server`) */
+    char ha_dir[64];        /* --redis-ha: the sentinels' private directory ("" = none) */
     ctl_t *ctl;
     int64_t t0_wall_ms;
     FILE *events, *metrics;
@@ -116,21 +119,67 @@ static void make_job_id(char *out, size_t len) {
  * far longer than any stall a live job survives (a host paused, a launcher stopped). */
 #define ORPHAN_GRACE_MS (10 * 60 * 1000LL)
 
+#define HA_MASTER "deadpool" /* the name the --redis-ha sentinels monitor the master under */
+
+/* --redis-ha: a replica of the embedded master and three sentinels watching it, all on
+ * loopback with the job's password; addr becomes the sentinels' (quorum 2). 0 / -1 + err. */
+static int start_ha(Launcher *L, redis_addr *addr, char *err, size_t errlen) {
+    snprintf(L->ha_dir, sizeof L->ha_dir, "/tmp/deadpool-sentinel-XXXXXX");
+    if (!mkdtemp(L->ha_dir)) { /* 0700: the sentinels' files hold the password */
+        snprintf(err, errlen, "--redis-ha: cannot create a directory for the sentinels: %s", strerror(errno));
+        L->ha_dir[0] = 0;
+        return -1;
+    }
+    if (redis_server_start_replica(&L->ha[0], &L->server, 5000, err, errlen) != 0) return -1;
+    addr->nsentinels = 3;
+    snprintf(addr->master, sizeof addr->master, "%s", HA_MASTER);
+    for (int i = 0; i < 3; i++) {
+        if (redis_server_start_sentinel(&L->ha[1 + i], &L->server, L->ha_dir, HA_MASTER, 5000, err, errlen) != 0) return -1;
+        snprintf(addr->sentinel_host[i], sizeof addr->sentinel_host[i], "127.0.0.1");
+        addr->sentinel_port[i] = L->ha[1 + i].port;
+    }
+    if (sentinel_wait_ready(addr, 20000, err, errlen) != 0) return -1;
+    log_msg("control plane: embedded Redis with Sentinel: master 127.0.0.1:%d (pid %d), replica :%d (pid %d), sentinels "
+            ":%d (pid %d) :%d (pid %d) :%d (pid %d) in %s", L->server.port, L->server.pid, L->ha[0].port, L->ha[0].pid,
+            L->ha[1].port, L->ha[1].pid, L->ha[2].port, L->ha[2].pid, L->ha[3].port, L->ha[3].pid, L->ha_dir);
+    return 0;
+}
+
+static void stop_ha(Launcher *L) {
+    for (int i = 0; i < 4; i++) redis_server_stop(&L->ha[i], 3000);
+    if (!L->ha_dir[0]) return;
+    DIR *d = opendir(L->ha_dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char p[600];
+        if (e->d_name[0] == '.') continue;
+        snprintf(p, sizeof p, "%s/%s", L->ha_dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(L->ha_dir);
+}
+
 static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     redis_addr addr;
     if (L->cfg->redis[0]) {
         if (redis_addr_parse(L->cfg->redis, &addr, err, errlen) != 0) return -1;
-        log_msg("control plane: redis at %s:%d", addr.host, addr.port);
+        char shown[4200];
+        redis_addr_format(&addr, shown, sizeof shown);
+        log_msg("control plane: %s", shown);
     } else {
             if (redis_server_start(&L->server, 5000, err, errlen) != 0) return -1;
         memset(&addr, 0, sizeof addr);
         snprintf(addr.host, sizeof addr.host, "127.0.0.1");
         addr.port = L->server.port;
         snprintf(addr.password, sizeof addr.password, "%s", L->server.password);
-        log_msg("control plane: embedded redis-server on 127.0.0.1:%d (pid %d, password hidden)", addr.port,
-                L->server.pid);
+        if (!L->cfg->redis_ha)
+            log_msg("control plane: embedded redis-server on 127.0.0.1:%d (pid %d, password hidden)", addr.port,
+                    L->server.pid);
+        else if (start_ha(L, &addr, err, errlen) != 0)
+            return -1;
     }
-    snprintf(L->url, sizeof L->url, "redis://%s:%d", addr.host, addr.port);
+    redis_addr_format(&addr, L->url, sizeof L->url);
     /* Children inherit the secret through the environment, never through argv (visible in ps). */
     if (addr.password[0]) setenv("DEADPOOL_REDIS_PASSWORD", addr.password, 1);
     L->addr = addr;
@@ -217,6 +266,7 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
         snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
         return -1;
     }
+    ctl_wait_replica(L->ctl, 1000); /* under Sentinel: the job survives a failover from its start */
     return 0;
 }
 
@@ -598,11 +648,12 @@ static void drain_outputs(Launcher *L) {
     if (!L->coordinating) return; /* the job's lists are the coordinating machine's to drain */
     while ((n = ctl_drain(L->ctl, "events", 256, on_event, L)) > 0) {
     }
-    /* Redis unreachable for longer than a failure takes to detect: the control plane is lost
-     * (the embedded server's exit says so at once; an external one only through this). */
+    /* Redis unreachable for longer than a failure takes to detect (under Sentinel: than a
+     * failover takes): the control plane is lost (the embedded server's exit says so at once;
+     * an external one only through this). */
     if (n < 0 && !L->redis_lost) {
         if (L->redis_failing_since == 0) L->redis_failing_since = now_ms();
-        else if (now_ms() - L->redis_failing_since > L->cfg->detect_timeout_ms) control_plane_lost(L, ctl_last_error(L->ctl));
+        else if (now_ms() - L->redis_failing_since > job_control_outage_ms(L->cfg)) control_plane_lost(L, ctl_last_error(L->ctl));
     } else if (n >= 0) {
         L->redis_failing_since = 0;
     }
@@ -643,6 +694,18 @@ static int reap_children(Launcher *L) {
     int status;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         Child *c = find_child(L, pid);
+        if (!c && L->cfg->redis_ha && pid > 0) { /* Sentinel fails over: the job goes on */
+            for (int i = -1; i < 4; i++) {
+                redis_server *s = i < 0 ? &L->server : &L->ha[i];
+                if (s->pid != pid) continue;
+                char how[64];
+                describe_exit(status, how, sizeof how);
+                log_msg("embedded %s (pid %d) %s%s", i < 0 ? "Redis master" : i == 0 ? "Redis replica" : "sentinel", (int)pid, how,
+                        i < 0 ? ": the sentinels fail over to the replica" : "");
+                s->pid = 0;
+            }
+            continue;
+        }
         if (!c && pid == L->server.pid) { /* the embedded redis-server died */
             char how[64], why[128];
             describe_exit(status, how, sizeof how);
@@ -763,12 +826,12 @@ static int restart_from_disk(Launcher *L) {
 }
 
 /* --- the coordinator's lease (across machines) -------------------------------------------
- * The first machine takes it when it creates the job; whoever holds it renews it every eighth
- * of the detect timeout for half of it. Any other launcher tries to take it as often: when the
+ * The first machine takes it when it creates the job; whoever holds it renews it every
+ * sixteenth of the detect timeout for a quarter of it. Any other launcher tries to take it as often: when the
  * coordinating machine is lost (or its launcher stopped for longer), another one coordinates
  * within the detect timeout, with a new fencing token (decisions are published under it). A
  * coordinator that finds its lease gone (it was stopped, its successor decides now) follows. */
-static int lease_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 2 > 0 ? c->detect_timeout_ms / 2 : 1; }
+static int lease_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 4 > 0 ? c->detect_timeout_ms / 4 : 1; }
 
 /* This launcher coordinates from now on (token: the lease's; 1 = the job's first). 0 / -1. */
 static int become_coordinator(Launcher *L, long long token) {
@@ -794,7 +857,7 @@ static int become_coordinator(Launcher *L, long long token) {
 static void lease_tick(Launcher *L) {
     if (L->cfg->nnodes == 0) return;
     double now = now_ms();
-    int period = L->cfg->detect_timeout_ms / 8 > 0 ? L->cfg->detect_timeout_ms / 8 : 1;
+    int period = lease_ttl_ms(L->cfg) / 4 > 0 ? lease_ttl_ms(L->cfg) / 4 : 1;
     if (L->lease_ms && now - L->lease_ms < period) return;
     L->lease_ms = now;
     if (L->coordinating) {
@@ -1220,8 +1283,9 @@ int launcher_run(const JobConfig *cfg) {
         if (*p == DP_ARG_SEP) *p = ' ';
     json_escape(program, program_esc, sizeof program_esc);
     static const char *const ft_names[] = {"deadpool", "disk", "none"};
-    event_emit(L.ctl, L.t0_wall_ms, "start", "\"job\":\"%s\",\"workers\":%d,\"spares\":%d,\"program\":\"%s\",\"steps\":%d,\"seed\":%llu",
-               L.job, cfg->workers, cfg->spares, program_esc, cfg->steps, (unsigned long long)cfg->seed);
+    event_emit(L.ctl, L.t0_wall_ms, "start", "\"job\":\"%s\",\"workers\":%d,\"spares\":%d,\"program\":\"%s\",\"steps\":%d,\"seed\":%llu,"
+               "\"t0_ms\":%lld", L.job, cfg->workers, cfg->spares, program_esc, cfg->steps, (unsigned long long)cfg->seed,
+               (long long)L.t0_wall_ms);
     if (L.metrics_srv) {
         const char *host = cfg->bind[0] ? cfg->bind : "127.0.0.1";
         int v6 = strchr(host, ':') != NULL;
@@ -1311,6 +1375,7 @@ out:
     }
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);
+    stop_ha(&L);
     if (L.events) fclose(L.events);
     if (L.lock_fd >= 0) close(L.lock_fd);
     if (L.metrics) fclose(L.metrics);

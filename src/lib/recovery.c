@@ -187,9 +187,16 @@ int decision_publish(ctl_t *c, const Decision *d, const char *fence) {
     ctl_batch_set(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, d->epoch, 0), text);
     for (int i = 0; i < d->nfailed; i++) ctl_batch_rank_owner(c, d->failed[i].rank, d->failed[i].spare_proc);
     ctl_batch_epoch(c, d->epoch);
-    for (int r = 0; r < d->world; r++) ctl_batch_notify(c, d->procs[r], "notice", d->epoch);
+    /* Under Sentinel, members act on the decision only once a replica has it: a failover
+     * right after it cannot lose an epoch they already joined. */
+    int replicated = ctl_replicated(c);
+    for (int r = 0; r < d->world && !replicated; r++) ctl_batch_notify(c, d->procs[r], "notice", d->epoch);
     int rc = ctl_batch_end(c);
     free(text);
+    if (rc == 0 && replicated) {
+        if (ctl_wait_replica(c, 1000) != 0) log_msg("the decision of epoch %ld is not on a replica yet", d->epoch);
+        rc = ctl_notify_many(c, d->procs, d->world, "notice", d->epoch);
+    }
     return rc;
 }
 

@@ -178,7 +178,7 @@ static void *heartbeat_loop(void *arg) {
          * instead: it has been replaced, and leaves fenced. */
         double gap = now_ms() - last_ok;
         if (ok) last_ok = now_ms();
-        if (gap > dp->cfg.detect_timeout_ms && !atomic_load(&dp->control_lost) &&
+        if (gap > job_control_outage_ms(&dp->cfg) && !atomic_load(&dp->control_lost) &&
             !(ok && ctl_epoch(c) > atomic_load(&dp->cur_epoch))) {
             log_msg("the control plane (redis) was unreachable for %d ms: stopping with the committed state", (int)gap);
             atomic_store(&dp->control_lost, 1);
@@ -350,6 +350,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     dp->rank = o.spare ? -1 : claim_rank(dp, o.rank);
     if (!o.spare && o.rank >= 0 && dp->rank < 0) log_msg("rank %d is taken; joining as a spare", o.rank);
     dp->role = dp->rank >= 0 ? DP_ROLE_INITIAL : DP_ROLE_SPARE;
+    ctl_wait_replica(dp->ctl, 1000); /* the registration (replica address, machine, rank) on a replica */
     dp->next_step = dp->cfg.resume_step + 1;
     set_role_log(dp);
     return dp;
@@ -819,6 +820,7 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
     dp_t *dp = arg;
     pthread_mutex_lock(&dp->snap_ctl_mu);
     ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step);
+    ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
     int every = dp->cfg.persist_every;
     if (every > 0 && (h->step + 1) % every == 0) persist_generation(dp, dp->snap_ctl, h, payload);
     pthread_mutex_unlock(&dp->snap_ctl_mu);
@@ -1047,6 +1049,7 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     char list[HOLDERS_TEXT_MAX];
     holders_format(holders, n, list, sizeof list);
     holders_record(dp->ctl, dp->epoch, dp->rank, list);
+    ctl_wait_replica(dp->ctl, 1000); /* a recovery looks the holders up: on a replica before it commits */
     for (int i = 0; i < n; i++) {
         snprintf(targets[i].host, sizeof targets[i].host, "%s", holders[i].host);
         targets[i].port = holders[i].port;
@@ -1127,7 +1130,15 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
     char prefix[256], fence[256];
     ctl_key_full(dp->ctl, prefix, sizeof prefix, KEY_GLOO, dp->epoch, 0);
     ctl_key_full(dp->ctl, fence, sizeof fence, KEY_FENCED, dp->epoch, 0); /* see fence_epoch */
-    comm_store_addr store = {dp->addr.host, dp->addr.port, dp->addr.password[0] ? dp->addr.password : NULL, fence};
+    /* Under Sentinel the store is the master the control connection found last. */
+    char host[256];
+    int port = dp->addr.port;
+    snprintf(host, sizeof host, "%s", dp->addr.host);
+    if (ctl_replicated(dp->ctl) && ctl_server(dp->ctl, host, sizeof host, &port) != 0) {
+        snprintf(err, errlen, "no Redis master reachable for the rendezvous: %s", ctl_last_error(dp->ctl));
+        return -1;
+    }
+    comm_store_addr store = {host, port, dp->addr.password[0] ? dp->addr.password : NULL, fence};
     double t0 = now_ms();
     int64_t entered = wall_ms();
     dp->comm = comm_create(&store, prefix, dp->rank, dp->cfg.workers, dp->bind_host, timeout_ms, err, errlen);
@@ -1281,6 +1292,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
         snprintf(err, errlen, "cannot join the spare pool: %s", ctl_last_error(dp->ctl));
         return DP_ERR;
     }
+    ctl_wait_replica(dp->ctl, 1000);
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
@@ -1761,8 +1773,8 @@ int worker_exec(const WorkerArgs *a, const char *self_exe) {
     char *argv[1100];
     if (program_argv(cfg, self_exe, buf, sizeof cfg->program, argv, 1100) < 1) { log_msg("job has no program"); return DP_EXIT_BAD_JOB; }
     /* The password travels in its own variable, never in the URL nor on a command line. */
-    char url[400];
-    snprintf(url, sizeof url, "redis://%s:%d", addr.host, addr.port);
+    char url[4200];
+    redis_addr_format(&addr, url, sizeof url);
     WorkerArgs env = *a;
     env.redis_url = url;
     worker_env_set(&env);

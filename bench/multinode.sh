@@ -71,7 +71,7 @@ for kind in $KINDS; do
   printf "| %s | %d | **%s ms** (%s–%s) | %s / %s / %s / %s / %s | %s |\n" "$kind" "$(wc -l <"$f")" "$(col 1)" \
     "$(awk '{print $1}' "$f" | sort -g | head -1)" "$(awk '{print $1}' "$f" | sort -g | tail -1)" \
     "$(col 2)" "$(col 3)" "$(col 4)" "$(col 5)" "$(col 6)" \
-    "$(awk '{print $9}' "$f" | sort | uniq -c | awk '{printf "%s%s x %s", NR > 1 ? ", " : "", $1, $2}')"
+    "$(awk '{print $9}' "$f" | sort | uniq -c | awk '{printf "%s%s x %s", (NR > 1 ? ", " : ""), $1, $2}')"
 done
 echo
 echo "machines: 2 × $P ranks + 1 spare machine of $P, \`$MODEL\`, $STEPS steps, fault after step $FAIL, default --detect-timeout-ms"

@@ -76,7 +76,7 @@ int job_control_outage_ms(const JobConfig *c) {
     int sentinel = c->redis_ha || !strncmp(c->redis, "redis-sentinel://", 17);
     return c->detect_timeout_ms + (sentinel ? 10000 : 0);
 }
-int node_alive_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 8 > 0 ? c->detect_timeout_ms / 8 : 1; }
+int node_alive_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 16 > 0 ? c->detect_timeout_ms / 16 : 1; }
 
 int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen) {
     return opt_set(TABLE, c, name, value, err, errlen);

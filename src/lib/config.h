@@ -64,7 +64,8 @@ int job_comm_timeout_ms(const JobConfig *c);
 /* How long the control plane may be unreachable before a process gives up on it (persists and
  * stops): the detect timeout; under Sentinel 10 s more, the time a failover takes. */
 int job_control_outage_ms(const JobConfig *c);
-/* Life of a machine's KEY_NODE_ALIVE (an eighth of the detect timeout, at least 1 ms). */
+/* Life of a machine's KEY_NODE_ALIVE (a sixteenth of the detect timeout, at least 1 ms): how
+ * long a crashed machine goes unnoticed when no peer is in a collective with it. */
 int node_alive_ttl_ms(const JobConfig *c);
 
 void job_config_defaults(JobConfig *c);

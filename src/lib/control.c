@@ -39,7 +39,8 @@ struct ctl {
     unsigned long long round_trips, mark; /* ctl_round_trips, ctl_mark */
     int batch_n, batch_failed, batch_multi; /* commands appended since ctl_batch_begin */
     int stale;                /* the server answered as a replica: reconnect (through the sentinels) */
-    double no_replica_until;  /* ctl_wait_replica: no replica acknowledged; do not wait until then */
+    int replicas;             /* ctl_wait_replica: the master's replicas, as ROLE said ... */
+    double replicas_checked_ms; /* ... then */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -1539,12 +1540,21 @@ int ctl_replicated(const ctl_t *c) { return c->addr.nsentinels > 0; }
 
 int ctl_wait_replica(ctl_t *c, int timeout_ms) {
     if (c->addr.nsentinels == 0) return 0;
-    /* No replica answered lately (the new master has none yet): do not make every critical
-     * write wait out the timeout; look again every few seconds. */
-    if (now_ms() < c->no_replica_until) return -1;
+    /* A master without a replica (the new one, until another joins) would make every critical
+     * write wait out the timeout: ROLE says how many it has, looked at every 2 s. */
+    double now = now_ms();
+    if (now - c->replicas_checked_ms > 2000) {
+        redisReply *r = ctl_command(c, "ROLE");
+        c->replicas = r && r->type == REDIS_REPLY_ARRAY && r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY
+                          ? (int)r->element[2]->elements
+                          : 0;
+        if (r) freeReplyObject(r);
+        c->replicas_checked_ms = now;
+    }
+    if (c->replicas == 0) return -1;
     long long acked = 0;
     if (ctl_command_integer(c, &acked, "WAIT 1 %d", timeout_ms) != 0) return -1;
-    if (acked < 1) c->no_replica_until = now_ms() + 5000;
+    if (acked < 1) c->replicas = 0; /* gone meanwhile: look again at the next check */
     return acked >= 1 ? 0 : -1;
 }
 

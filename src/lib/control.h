@@ -279,9 +279,13 @@ typedef struct {
  * on the command line), no persistence, and waits (bounded by timeout_ms) until it answers
  * PING. 0, or -1 with err set (e.g. redis-server not installed). */
 int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen);
-/* --redis-ha: a replica of master (its password), and a sentinel (its configuration file in
- * dir, a private directory) that monitors master under `name` with the others: 0, or -1 + err. */
-int redis_server_start_replica(redis_server *s, const redis_server *master, int timeout_ms, char *err, size_t errlen);
+/* --redis-ha: a replica of master (its password; whatever it writes goes to dir, a private
+ * directory), and a sentinel (its configuration file in dir) that monitors master under
+ * `name` with the others: 0, or -1 + err. */
+int redis_server_start_replica(redis_server *s, const redis_server *master, const char *dir, int timeout_ms, char *err,
+                               size_t errlen);
+/* Waits (up to timeout_ms) until replica s has its master's data (its link is up). 0 / -1. */
+int redis_server_replica_synced(const redis_server *s, int timeout_ms);
 int redis_server_start_sentinel(redis_server *s, const redis_server *master, const char *dir, const char *name,
                                 int timeout_ms, char *err, size_t errlen);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL; always reaps the child. */

@@ -130,7 +130,12 @@ static int start_ha(Launcher *L, redis_addr *addr, char *err, size_t errlen) {
         L->ha_dir[0] = 0;
         return -1;
     }
-    if (redis_server_start_replica(&L->ha[0], &L->server, 5000, err, errlen) != 0) return -1;
+    if (redis_server_start_replica(&L->ha[0], &L->server, L->ha_dir, 5000, err, errlen) != 0) return -1;
+    /* A replica promoted before it has synchronised would bring an empty control plane. */
+    if (redis_server_replica_synced(&L->ha[0], 20000) != 0) {
+        snprintf(err, errlen, "--redis-ha: the replica did not synchronise with the master within 20 s");
+        return -1;
+    }
     addr->nsentinels = 3;
     snprintf(addr->master, sizeof addr->master, "%s", HA_MASTER);
     for (int i = 0; i < 3; i++) {
@@ -211,7 +216,7 @@ static void launcher_beat(Launcher *L) {
     if (ctl_launcher_beat(L->ctl, who, launcher_ttl_ms(L->cfg)) == 0) L->beat_ms = now;
 }
 
-/* KEY_NODE_ALIVE lives an eighth of the detect timeout (node_alive_ttl_ms) and is renewed
+/* KEY_NODE_ALIVE lives a sixteenth of the detect timeout (node_alive_ttl_ms) and is renewed
  * four times as often. Its expiry is how a machine's crash is noticed when no peer is in a
  * collective with it (the coordinator probes the machine's ranks then), and why a machine cut
  * off or hung is failed as a whole: when its first rank's heartbeat (a whole detect timeout)

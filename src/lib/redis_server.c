@@ -86,7 +86,8 @@ static int config_pipe(int port, const char *password, const char *extra, char *
                      "protected-mode yes\n"
                      "daemonize no\n"
                      "loglevel warning\n"
-                     "logfile \"\"\n%s",
+                     "logfile \"\"\n"
+                     "repl-diskless-sync-delay 0\n%s",
                      port, password, extra ? extra : "");
     if (n < 0 || (size_t)n >= sizeof conf) {
         set_err(err, errlen, "redis-server: configuration too long");
@@ -245,15 +246,36 @@ static int write_sentinel_conf(const char *path, int port, const char *password,
     return 0;
 }
 
-static int start_server(redis_server *s, const redis_server *master, const char *sentinel_dir, const char *name,
+static int start_server(redis_server *s, const redis_server *master, const char *dir, const char *name,
                         int timeout_ms, char *err, size_t errlen);
 
 int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen) {
     return start_server(s, NULL, NULL, NULL, timeout_ms, err, errlen);
 }
 
-int redis_server_start_replica(redis_server *s, const redis_server *master, int timeout_ms, char *err, size_t errlen) {
-    return start_server(s, master, NULL, NULL, timeout_ms, err, errlen);
+int redis_server_start_replica(redis_server *s, const redis_server *master, const char *dir, int timeout_ms, char *err,
+                               size_t errlen) {
+    return start_server(s, master, dir, NULL, timeout_ms, err, errlen);
+}
+
+int redis_server_replica_synced(const redis_server *s, int timeout_ms) {
+    double deadline = now_ms() + timeout_ms;
+    while (now_ms() < deadline) {
+        struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
+        redisContext *rc = redisConnectWithTimeout("127.0.0.1", s->port, tv);
+        int up = 0;
+        if (rc && rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
+            redisReply *r = redisCommand(rc, "AUTH %s", s->password);
+            if (r) freeReplyObject(r);
+            r = redisCommand(rc, "INFO replication");
+            up = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "master_link_status:up") != NULL;
+            if (r) freeReplyObject(r);
+        }
+        if (rc) redisFree(rc);
+        if (up) return 0;
+        sleep_ms(20);
+    }
+    return -1;
 }
 
 int redis_server_start_sentinel(redis_server *s, const redis_server *master, const char *dir, const char *name,
@@ -261,8 +283,11 @@ int redis_server_start_sentinel(redis_server *s, const redis_server *master, con
     return start_server(s, master, dir, name, timeout_ms, err, errlen);
 }
 
-static int start_server(redis_server *s, const redis_server *master, const char *sentinel_dir, const char *name,
+/* master NULL: a master; name NULL: master's replica, its synchronisation file in dir; else a
+ * sentinel named `name` with its configuration file in dir. */
+static int start_server(redis_server *s, const redis_server *master, const char *dir, const char *name,
                         int timeout_ms, char *err, size_t errlen) {
+    const char *sentinel_dir = name ? dir : NULL;
     if (!s) {
         set_err(err, errlen, "redis_server_start: no server struct");
         return -1;
@@ -281,9 +306,10 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         int port = pick_free_port(err, errlen);
         if (port < 0) break;
         char extra[512] = "", conf_path[4200] = "";
+        /* The copy a replica receives passes through a file: in the private directory. */
         if (master && !sentinel_dir)
-            snprintf(extra, sizeof extra, "replicaof 127.0.0.1 %d\nmasterauth %s\nreplica-read-only yes\n", master->port,
-                     master->password);
+            snprintf(extra, sizeof extra, "replicaof 127.0.0.1 %d\nmasterauth %s\nreplica-read-only yes\ndir %s\n",
+                     master->port, master->password, dir);
         if (sentinel_dir) {
             snprintf(conf_path, sizeof conf_path, "%s/sentinel-%d.conf", sentinel_dir, port);
             if (write_sentinel_conf(conf_path, port, s->password, master, name, err, errlen) != 0) break;

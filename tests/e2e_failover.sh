@@ -17,19 +17,22 @@ source "$(dirname "$0")/lib_machines.sh"
 # signal_launcher HOST SIG — to that machine's `deadpool run` (the launcher, not its processes).
 signal_launcher() { host_exec "$1" sh -c "pkill -$2 -f '^[^ ]*deadpool run'"; }
 
-# 1. The coordinating machine (its launcher and its two ranks) crashes: the second machine's
+# 1. The coordinating machine (its launcher and its two ranks) crashes: another machine's
 #    launcher takes the lease, decides the loss, and the spare machine takes ranks 0 and 1.
 J=fo1; start_machine 1 $J; start_machine 2 $J; start_machine 3 $J
-if wait_step $J 2 60; then host_kill 1; fi
+killed=none
+if wait_step $J 1 60; then host_kill 1; killed="after step $(grep -oE '^step +[0-9]+' "$WORK/$J.h1.log" | tail -1 | grep -oE '[0-9]+')"; fi
 finish 2 3
 host_wait "${LAUNCHER[1]}" 5 >/dev/null
 host_restart 1
-took=$(grep -c 'coordinates the job from now on' "$WORK/$J.h2.log")
+# either surviving machine may win the lease: its events.jsonl is the job's from then on
+took=$(cat "$WORK/$J.h2.log" "$WORK/$J.h3.log" | grep -c 'coordinates the job from now on')
+ev=$(cat "${HOST_DISK[2]}/$J/events.jsonl" "${HOST_DISK[3]}/$J/events.jsonl" 2>/dev/null)
 if same "${HOST_DISK[2]}/$J/model.bin" && same "${HOST_DISK[3]}/$J/model.bin" && [ "$RCS" = " 0 0" ] && [ "$took" -eq 1 ] \
-   && [ "$(events $J 2 | grep '"event":"decision"' | grep -c '"failed":2')" -eq 1 ] && clean; then
-  ok "coordinating_machine_lost_another_takes_over ($(events $J 2 | grep -o '"total_ms":[0-9]*' | head -1))"
-else notok "coordinating_machine_lost_another_takes_over" "rcs:$RCS took:$took" "$(events $J 2 | grep -E 'failure|decision|recovered|coordinator')" \
-  "$(tail -4 "$WORK/$J.h2.log")"; fi
+   && [ "$(echo "$ev" | grep '"event":"decision"' | grep -c '"failed":2')" -eq 1 ] && clean; then
+  ok "coordinating_machine_lost_another_takes_over ($(echo "$ev" | grep -o '"total_ms":[0-9]*' | head -1))"
+else notok "coordinating_machine_lost_another_takes_over" "rcs:$RCS took:$took killed:$killed" "$(grep -v '^step' "$WORK/$J.h1.log" | tail -3)" \
+  "$(echo "$ev" | grep -E 'failure|decision|recovered|coordinator')" "$(tail -4 "$WORK/$J.h2.log")"; fi
 
 # 2. The coordinating launcher is stopped (SIGSTOP) for longer than its lease: another machine
 #    coordinates; when it wakes up it finds the lease gone and follows. No rank fails.

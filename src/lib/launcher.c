@@ -222,6 +222,7 @@ static void launcher_beat(Launcher *L) {
  * off or hung is failed as a whole: when its first rank's heartbeat (a whole detect timeout)
  * expires, the machine's key has long expired (decide_nodes_lost). */
 static void node_beat(Launcher *L) {
+    if (L->cfg->nnodes == 0) return; /* one machine: its coordinator is its launcher */
     double now = now_ms();
     int ttl = node_alive_ttl_ms(L->cfg);
     if (L->node_beat_ms && now - L->node_beat_ms < (ttl / 4 > 0 ? ttl / 4 : 1)) return;

@@ -20,6 +20,7 @@
 #define MAX_PENDING RECOVERY_MAX_RANKS
 #define LIVENESS_PERIOD_MS 25
 #define BATCH_MS 15 /* failures this close together go into one decision */
+#define BATCH_MACHINES_MS 40 /* ... across machines */
 
 typedef struct {
     int rank;
@@ -48,6 +49,7 @@ struct Coordinator {
     char fence[160];         /* the lease value decisions are published under ("" = one machine) */
     char machine_probed[DP_MAX_RANKS]; /* machine k's key expired and its ranks were probed */
     double nodes_read_ms;    /* when the machine registry was last read */
+    int batch_probed;        /* the batch of pending failures had its closing probe */
     double probe_due;        /* a member reported a failed collective: probe the members (0 = no) */
     int64_t probe_report_wall_ms; /* ...reported then: a death the probe confirms is dated there */
     double last_probe_ms;
@@ -583,6 +585,7 @@ static void decide(Coordinator *c, Decision *d) {
         c->departed[d->failed[i].rank] = 0;
     }
     c->npending = 0;
+    c->batch_probed = 0;
     c->suspicion_ms = 0;
     c->waiting_spare_since = 0;
     c->fenced = 0;
@@ -709,7 +712,16 @@ static coord_state tick(Coordinator *c, int *spares_used) {
     rtt_start_counting(c);
     /* Close the epoch at once, then batch failures that come close together into one decision. */
     close_epoch(c);
-    if (c->npending > 0 && now - c->first_pending_ms < BATCH_MS) return COORD_RUNNING;
+    /* Across machines a batch lasts longer and ends with a probe: processes killed together
+     * close their ports only after their memory is torn down, tens of ms for a large one. */
+    int batch = c->cfg->nnodes > 0 ? BATCH_MACHINES_MS : BATCH_MS;
+    if (c->npending > 0 && now - c->first_pending_ms < batch) return COORD_RUNNING;
+    if (c->npending > 0 && c->cfg->nnodes > 0 && !c->batch_probed) {
+        c->batch_probed = 1;
+        c->probe_due = now;
+        c->last_probe_ms = 0;
+        probe_members(c);
+    }
     gather_input(c, suspicion_due);
     char why[sizeof c->message];
     decide_outcome o = decide_next(&c->in, &c->decision, why, sizeof why);

@@ -216,3 +216,8 @@ void tcp_probe_many(const char *endpoints, size_t len, int n, int timeout_ms, in
         if (p[i].fd >= 0) close(p[i].fd);
     free(p);
 }
+
+int name_char(int ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+           ch == '-';
+}

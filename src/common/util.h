@@ -23,6 +23,9 @@ void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((form
 
 /* Escapes s as the inside of a JSON string into out (always NUL-terminated). */
 void json_escape(const char *s, char *out, size_t len);
+/* 1 if ch may be part of a name that goes into Redis keys and patterns (jobs, machines):
+ * [A-Za-z0-9._-]. */
+int name_char(int ch);
 
 /* A big buffer that copies stream through (model, optimizer state, snapshot slots): 2 MiB
  * aligned and marked for transparent huge pages, so every walk over it, process_vm_readv's

@@ -7,6 +7,7 @@
 
 #include "inject.h"
 #include "options.h"
+#include "util.h"
 
 static const char *const FT_NAMES[] = {"deadpool", "disk", "none", NULL};
 static const char *const PLACEMENT_NAMES[] = {"ring", "spares", NULL};
@@ -169,7 +170,7 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
         }
     }
     for (const char *p = c->job; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.')) {
+        if (!name_char((unsigned char)*p)) {
             snprintf(err, errlen, "--job: expected letters, digits, '-', '_' or '.', found '%.60s'", c->job);
             return -1;
         }

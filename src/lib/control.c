@@ -331,7 +331,7 @@ static int job_name_valid(const char *job) {
     if (n == 0 || n > CTL_JOB_MAX) return 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)job[i];
-        if (!isalnum(ch) && ch != '.' && ch != '_' && ch != '-') return 0;
+        if (!name_char(ch)) return 0;
     }
     return 1;
 }
@@ -1378,19 +1378,10 @@ int ctl_node_beat(ctl_t *c, int index, int ttl_ms) {
 }
 
 int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max) {
-    char key[CTL_KEY_MAX];
-    ctl_key_full(c, key, sizeof key, KEY_NODES, 0, 0);
-    redisReply *r = ctl_command(c, "HGETALL %s", key);
-    if (!r) return -1;
-    int n = 0;
-    if (r->type == REDIS_REPLY_ARRAY)
-        for (size_t i = 0; i + 1 < r->elements && n < max; i += 2) {
-            const redisReply *id = r->element[i], *v = r->element[i + 1];
-            if (id->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING || copy_checked(ids + (size_t)n * idlen, idlen, id->str, id->len) != 0)
-                continue;
-            index[n++] = atoi(v->str);
-        }
-    freeReplyObject(r);
+    char suffix[CTL_KEY_MAX], (*v)[16] = malloc(sizeof *v * (size_t)(max > 0 ? max : 1));
+    int n = v ? ctl_hash_getall(c, ctl_key_suffix(suffix, sizeof suffix, KEY_NODES, 0, 0), ids, idlen, v[0], sizeof v[0], max) : -1;
+    for (int i = 0; i < n; i++) index[i] = atoi(v[i]);
+    free(v);
     return n;
 }
 

@@ -582,24 +582,34 @@ static void resumed_states_done(Launcher *L, double step) {
     L->shards = NULL;
 }
 
+/* A step's metrics line: into metrics.jsonl, and its numbers. */
+typedef struct {
+    double step, loss, ms, tps, t;
+} StepLine;
+
+static StepLine take_metric(Launcher *L, const char *json) {
+    StepLine s = {0};
+    fprintf(L->metrics, "%s\n", json);
+    json_number(json, "step", &s.step);
+    json_number(json, "loss", &s.loss);
+    json_number(json, "step_ms", &s.ms);
+    json_number(json, "tokens_per_s", &s.tps);
+    json_number(json, "t", &s.t);
+    L->last_step = (int)s.step;
+    L->last_loss = (float)s.loss;
+    resumed_states_done(L, s.step);
+    return s;
+}
+
 static void on_metric(const char *json, void *arg) {
     Launcher *L = arg;
-    fprintf(L->metrics, "%s\n", json);
-    double step = 0, loss = 0, ms = 0, tps = 0, t = 0;
-    json_number(json, "step", &step);
-    json_number(json, "loss", &loss);
-    json_number(json, "step_ms", &ms);
-    json_number(json, "tokens_per_s", &tps);
-    json_number(json, "t", &t);
-    L->last_step = (int)step;
-    L->last_loss = (float)loss;
-    resumed_states_done(L, step);
-    if (L->coord) coord_progress(L->coord, (int)step);
+    StepLine s = take_metric(L, json);
+    if (L->coord) coord_progress(L->coord, (int)s.step);
     if (L->restart.pending) {
         Restart *r = &L->restart;
         r->pending = 0;
         /* Training resumed when this first step started. */
-        long long done = (long long)(wall_ms() - r->t_fail_ms), resumed = done - (long long)ms;
+        long long done = (long long)(wall_ms() - r->t_fail_ms), resumed = done - (long long)s.ms;
         event_emit(L->ctl, L->t0_wall_ms, "recovered",
                    "\"mode\":\"restart\",\"rank\":%d,\"failure_kind\":\"%s\",\"rollback_step\":%lld,"
                    "\"total_ms\":%lld,\"first_step_done_ms\":%lld,\"steps_recomputed\":%lld",
@@ -607,7 +617,7 @@ static void on_metric(const char *json, void *arg) {
         printf("[deadpool] restarted the whole job from the checkpoint of step %lld: training resumed %lld ms after "
                "the failure\n", r->checkpoint + 1, resumed);
     }
-    observe_metric(L, json, step, loss, ms, tps, t);
+    observe_metric(L, json, s.step, s.loss, s.ms, s.tps, s.t);
     fflush(stdout);
 }
 
@@ -1120,18 +1130,9 @@ static void show_progress(Launcher *L) {
     if (at) snprintf(t, sizeof t, "%.*s", (int)strcspn(at + 4, ",}"), at + 4);
     if (!strcmp(t, L->progress_seen)) return;
     snprintf(L->progress_seen, sizeof L->progress_seen, "%s", t);
-    fprintf(L->metrics, "%s\n", json);
+    StepLine s = take_metric(L, json);
     fflush(L->metrics);
-    double step = 0, loss = 0, ms = 0, tps = 0, tt = 0;
-    json_number(json, "step", &step);
-    json_number(json, "loss", &loss);
-    json_number(json, "step_ms", &ms);
-    json_number(json, "tokens_per_s", &tps);
-    json_number(json, "t", &tt);
-    L->last_step = (int)step;
-    L->last_loss = (float)loss;
-    resumed_states_done(L, step);
-    observe_metric(L, json, step, loss, ms, tps, tt);
+    observe_metric(L, json, s.step, s.loss, s.ms, s.tps, s.t);
     fflush(stdout);
 }
 
@@ -1175,19 +1176,26 @@ static void follow(Launcher *L) {
  * launchers have seen its end (their machine keys go), bounded. */
 static void wait_other_nodes(Launcher *L, int ms) {
     double deadline = now_ms() + ms;
-    char (*ids)[128] = malloc(sizeof *ids * DP_MAX_RANKS);
-    int *idx = malloc(sizeof *idx * DP_MAX_RANKS);
-    while (ids && idx && now_ms() < deadline) {
-        int n = ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, DP_MAX_RANKS), alive = 0;
-        for (int i = 0; i < n; i++) {
-            char key[64], v[8];
-            if (idx[i] != L->node_index && ctl_get(L->ctl, ctl_key_suffix(key, sizeof key, KEY_NODE_ALIVE, idx[i], 0), v, sizeof v) == 0) alive++;
-        }
-        if (n < 0 || alive == 0) break;
+    char (*ids)[128] = malloc(sizeof *ids * DP_MAX_RANKS), (*keys)[48] = malloc(sizeof *keys * DP_MAX_RANKS);
+    char (*vals)[8] = malloc(sizeof *vals * DP_MAX_RANKS);
+    const char **kp = malloc(sizeof *kp * DP_MAX_RANKS);
+    int *idx = malloc(sizeof *idx * DP_MAX_RANKS), *present = malloc(sizeof *present * DP_MAX_RANKS), n = 0;
+    if (ids && keys && vals && kp && idx && present)
+        n = ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, DP_MAX_RANKS);
+    for (int i = 0; i < n; i++) kp[i] = ctl_key_suffix(keys[i], sizeof keys[i], KEY_NODE_ALIVE, idx[i], 0);
+    while (n > 0 && now_ms() < deadline) { /* one MGET of the other machines' keys per look */
+        int alive = 0;
+        if (ctl_get_many(L->ctl, kp, n, vals[0], sizeof vals[0], present) != 0) break;
+        for (int i = 0; i < n; i++) alive += present[i] && idx[i] != L->node_index;
+        if (!alive) break;
         sleep_ms(50);
     }
     free(ids);
+    free(keys);
+    free(vals);
+    free(kp);
     free(idx);
+    free(present);
 }
 
 int launcher_run(const JobConfig *cfg) {

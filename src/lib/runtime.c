@@ -274,8 +274,7 @@ int node_id_default(char *buf, size_t len) {
 
 void node_id_clean(char *id) {
     for (char *p = id; *p; p++)
-        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' || *p == '-'))
-            *p = '_';
+        if (!name_char((unsigned char)*p)) *p = '_';
 }
 
 static void options_from_env(dp_options *o) {
@@ -942,6 +941,17 @@ static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
     return rc;
 }
 
+/* owners[r] = the process of rank r in this epoch: from the decision being followed, else one
+ * MGET. 0 / -1. */
+static int current_owners(dp_t *dp, long *owners) {
+    int world = dp->cfg.workers;
+    if (dp->epoch > 0 && dp->decision.epoch == dp->epoch && dp->decision.world == world) {
+        memcpy(owners, dp->decision.procs, sizeof *owners * (size_t)world);
+        return 0;
+    }
+    return ctl_rank_owners(dp->ctl, world, owners);
+}
+
 /* The order in which rank looks for holders among the other ranks: offsets P, 2P, ... first
  * (with P ranks per machine, the same local rank on the next machines: one holder per
  * machine, and each machine holds one replica of each other machine's ranks), then the rest
@@ -965,11 +975,7 @@ static int ring_holders(dp_t *dp, int want, Holder *out) {
     int *off = malloc(sizeof *off * (size_t)(m > 0 ? m : 1));
     ProcFacts *f = malloc(sizeof *f * (size_t)(m > 0 ? m : 1));
     const char *used[HOLDERS_MAX + 1];
-    int ok = owners && ring && f && off;
-    if (ok && dp->epoch > 0 && dp->decision.epoch == dp->epoch && dp->decision.world == world)
-        memcpy(owners, dp->decision.procs, sizeof *owners * (size_t)world);
-    else if (ok)
-        ok = ctl_rank_owners(dp->ctl, world, owners) == 0;
+    int ok = owners && ring && f && off && current_owners(dp, owners) == 0;
     if (ok) holder_offsets(world, dp->cfg.nnodes > 0 ? dp->cfg.nproc_per_node : 0, off);
     for (int j = 0; ok && j < m; j++) ring[j] = owners[(dp->rank + off[j]) % world];
     if (ok) ok = proc_facts(dp, ring, m, f) == 0;
@@ -1002,11 +1008,7 @@ int dp_local_rank(dp_t *dp) {
     int world = dp->cfg.workers, below = 0;
     long *owners = malloc(sizeof *owners * (size_t)world);
     ProcFacts *f = malloc(sizeof *f * (size_t)world);
-    int ok = owners && f;
-    if (ok && dp->epoch > 0 && dp->decision.epoch == dp->epoch && dp->decision.world == world)
-        memcpy(owners, dp->decision.procs, sizeof *owners * (size_t)world);
-    else if (ok)
-        ok = ctl_rank_owners(dp->ctl, world, owners) == 0;
+    int ok = owners && f && current_owners(dp, owners) == 0;
     if (ok) ok = proc_facts(dp, owners, dp->rank, f) == 0;
     for (int r = 0; ok && r < dp->rank; r++) below += f[r].proc > 0 && !strcmp(f[r].node, dp->node);
     free(owners);

@@ -202,6 +202,27 @@ dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n);
 dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root);
 dp_status dp_barrier(dp_t *dp);
 
+/* --- groups: collectives among some of the ranks (tensor-, pipeline-, data-parallel) ----- */
+typedef struct dp_group dp_group;
+/* Joins the group `name` (letters, digits, '_', '-', '.'; at most 64) of `size` ranks as its
+ * member `index`: every member passes the same name and size; it returns once all joined.
+ * A group belongs to the current epoch: dp_recover ends every group (a failure aborts them
+ * together with the epoch's own collectives), so join them again after dp_join and after each
+ * dp_recover (dp_epoch changed): in the rebuild callback if it needs them. Join groups in the
+ * same order on every rank (a rank waits in each join for that group's members). NULL + err. */
+dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *err, size_t errlen);
+int dp_group_index(const dp_group *g);
+int dp_group_size(const dp_group *g);
+dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n);
+dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n);
+/* Point to point between members (by index), for pipelines. A send is posted and returns at
+ * once (the bytes leave when the receiver posts its receive: a send that waited could deadlock
+ * two stages sending to each other); buf must stay unchanged until dp_group_wait_sends.
+ * Messages between two members under one tag arrive in the order sent. */
+dp_status dp_group_send(dp_group *g, const void *buf, size_t nbytes, int dst, uint32_t tag);
+dp_status dp_group_recv(dp_group *g, void *buf, size_t nbytes, int src, uint32_t tag);
+dp_status dp_group_wait_sends(dp_group *g);
+
 /* --- checkpoints ---------------------------------------------------------------------- */
 /* Reads and verifies (CRC32C) rank's state in checkpoint directory `dir` and calls
  * fn(arg, g) with it. fn's result, or -1 + err (missing, truncated, corrupt file). */

@@ -701,9 +701,10 @@ static void rank_in_flight(int r, const char *prefix, int size) {
     comm_destroy(c);
 }
 
+static int pusher_delay_ms = 400;
 static void pusher(int r, const char *prefix, int size) {
     (void)r;
-    sleep_ms(400);
+    sleep_ms(pusher_delay_ms);
     struct timeval tv = {2, 0};
     redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
     CHECK(rc != NULL && !rc->err, "pusher: connect");
@@ -740,6 +741,72 @@ static void test_abort_in_flight(void) {
                comm_status_str((comm_status)sh->left_status[r]));
     }
     for (int r = 0; r < 3; r++) CHECK(sh->abort_sockets[r] == 2, "rank %d holds %zu pair sockets, expected 2", r, sh->abort_sockets[r]);
+}
+
+
+/* Groups and point to point: four ranks build the epoch's communicator, then two groups of two
+ * (0,1 and 2,3) and a chain of all four. Each pair sums within itself; along the chain every
+ * rank first posts its sends to both neighbours, then receives (posting must not wait for the
+ * receiver, or two stages sending to each other would deadlock); then the ranks but the last
+ * wait for a message the last never sends, until a push onto the wake-up lists of the epoch's
+ * communicator (the parent) aborts the groups too. */
+static void rank_groups(int r, const char *prefix, int size) {
+    comm_store_addr a = store;
+    char key[64], err[512], gp[128];
+    snprintf(key, sizeof key, "test-comm-%d-gfence", (int)getppid());
+    a.abort_key = key;
+    comm_t *world = comm_create(&a, prefix, r, size, BIND, 10000, err, sizeof err);
+    CHECK(world != NULL, "rank %d: comm_create: %s", r, err);
+    if (!world) return;
+    snprintf(gp, sizeof gp, "%s/pair%d", prefix, r / 2);
+    comm_t *pair = comm_create_group(world, &a, gp, r % 2, 2, BIND, 10000, err, sizeof err);
+    snprintf(gp, sizeof gp, "%s/chain", prefix);
+    comm_t *chain = comm_create_group(world, &a, gp, r, size, BIND, 10000, err, sizeof err);
+    CHECK(pair && chain, "rank %d: comm_create_group: %s", r, err);
+    if (!pair || !chain) return;
+    float v[3] = {(float)r, 1.0f, 10.0f * r};
+    CHECK(comm_allreduce_sum(pair, v, 3, 5000) == COMM_OK, "rank %d: pair allreduce", r);
+    float base = (float)(r / 2 * 4 + 1); /* 0+1 or 2+3 */
+    CHECK(v[0] == base && v[1] == 2.0f && v[2] == 10.0f * base, "rank %d: pair sum %g %g %g", r, v[0], v[1], v[2]);
+    float up[256], down[256], got_up[256], got_down[256];
+    for (int i = 0; i < 256; i++) up[i] = (float)(r * 1000 + i), down[i] = (float)(-r * 1000 - i);
+    if (r + 1 < size) CHECK(comm_send(chain, up, sizeof up, r + 1, 7) == COMM_OK, "rank %d: send up", r);
+    if (r > 0) CHECK(comm_send(chain, down, sizeof down, r - 1, 8) == COMM_OK, "rank %d: send down", r);
+    if (r > 0) CHECK(comm_recv(chain, got_up, sizeof got_up, r - 1, 7, 5000) == COMM_OK, "rank %d: recv up", r);
+    if (r + 1 < size) CHECK(comm_recv(chain, got_down, sizeof got_down, r + 1, 8, 5000) == COMM_OK, "rank %d: recv down", r);
+    CHECK(comm_wait_sends(chain, 5000) == COMM_OK, "rank %d: wait sends", r);
+    for (int i = 0; i < 256; i++) {
+        if (r > 0 && got_up[i] != (float)((r - 1) * 1000 + i)) { CHECK(0, "rank %d: up[%d] = %g", r, i, got_up[i]); break; }
+        if (r + 1 < size && got_down[i] != (float)(-(r + 1) * 1000 - i)) { CHECK(0, "rank %d: down[%d]", r, i); break; }
+    }
+    CHECK(comm_barrier(world, 5000) == COMM_OK, "rank %d: barrier", r);
+    if (r == size - 1) sleep_ms(pusher_delay_ms + 1500); /* never sends: the others would wait 10 s */
+    else {
+        comm_status s = comm_recv(chain, got_up, sizeof got_up, r + 1, 9, 10000);
+        sh->left_ms[r] = (now_s() - sh->pushed_at) * 1e3;
+        sh->left_status[r] = (int)s;
+    }
+    comm_destroy(chain);
+    comm_destroy(pair);
+    comm_destroy(world);
+}
+
+static void test_groups_p2p(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-groups", (int)getpid());
+    memset(sh->left_ms, 0, sizeof sh->left_ms);
+    pid_t pids[5];
+    pusher_delay_ms = 3000; /* after the groups are built and the chain has exchanged */
+    for (int r = 0; r < 4; r++) pids[r] = spawn(rank_groups, r, prefix, 4);
+    pids[4] = spawn(pusher, 4, prefix, 4);
+    wait_children(pids, 5, 30, "groups");
+    pusher_delay_ms = 400;
+    for (int r = 0; r < 3; r++) {
+        CHECK(sh->left_status[r] == COMM_ERR_PEER && sh->left_ms[r] < 500,
+              "rank %d left the group's receive %.0f ms after the wake-up with %s (expected a peer error within 500 ms)",
+              r, sh->left_ms[r], comm_status_str((comm_status)sh->left_status[r]));
+        printf("# rank %d: a group's receive aborted %.0f ms after the wake-up of the parent\n", r, sh->left_ms[r]);
+    }
 }
 
 /* Store problems and a rendezvous nobody else joins. */
@@ -816,6 +883,7 @@ int main(void) {
     RUN_TEST(test_rendezvous_16);
     RUN_TEST(test_rendezvous_abort);
     RUN_TEST(test_abort_in_flight);
+    RUN_TEST(test_groups_p2p);
     printf("# test_comm total %.1f s\n", now_s() - t0);
     stop_redis();
     TEST_MAIN_END();

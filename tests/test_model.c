@@ -469,6 +469,143 @@ static void test_padding_and_limits(void) {
     gpt2_free(m);
 }
 
+
+/* (d) Model parallelism: the whole model against its four parts for tp 2 x pp 2 (each slice
+ * on a thread of its own, the tensor-parallel allreduce over a barrier, summing slice 0 + 1 in
+ * that order on both). The parts' map covers every parameter; their loss and gradients (the
+ * tied wte's summed over the first and the last stage) equal the whole model's within fp32
+ * reassociation: max |difference| <= 1e-4 * max |gradient| per tensor. */
+#include <pthread.h>
+
+typedef struct {
+    pthread_barrier_t *bar;
+    float **slot; /* slot[slice] = the buffer each slice sums */
+    int slice;
+} TPFake;
+
+static int fake_tp_allreduce(void *arg, float *buf, size_t n) {
+    TPFake *f = arg;
+    f->slot[f->slice] = buf;
+    pthread_barrier_wait(f->bar);
+    float *sum = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) sum[i] = f->slot[0][i] + f->slot[1][i];
+    pthread_barrier_wait(f->bar); /* both read before either writes */
+    memcpy(buf, sum, n * sizeof(float));
+    free(sum);
+    pthread_barrier_wait(f->bar);
+    return 0;
+}
+
+typedef struct {
+    GPT2 *m;
+    const int *in, *tg;
+    const float *x_in, *dout;
+    int B, T, backward;
+    float loss;
+} PartJob;
+
+static void *run_part(void *arg) {
+    PartJob *j = arg;
+    if (j->backward) j->loss = (float)gpt2_backward_part(j->m, 1.0f, j->dout);
+    else j->loss = gpt2_forward_part(j->m, j->in, j->tg, j->x_in, j->B, j->T);
+    return NULL;
+}
+
+/* runs the two slices of one stage at once */
+static void run_stage(GPT2 *s0, GPT2 *s1, PartJob proto, float *loss) {
+    PartJob j[2] = {proto, proto};
+    j[0].m = s0;
+    j[1].m = s1;
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, run_part, &j[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    if (loss) *loss = j[0].loss;
+    CHECK(memcmp(&j[0].loss, &j[1].loss, sizeof(float)) == 0, "the two slices disagree: %g vs %g", j[0].loss, j[1].loss);
+}
+
+static void test_parts(void) {
+    GPT2Config cfg = small_test_config();
+    const int B = 2, T = 8;
+    size_t n = gpt2_num_params(&cfg);
+    GPT2 *whole = gpt2_create(&cfg, B, T, 0), *part[2][2];
+    CHECK(whole != NULL, "gpt2_create");
+    if (!whole) return;
+    gpt2_init_params(whole, 99);
+    pthread_barrier_t bar[2];
+    float *slots[2][2];
+    TPFake fake[2][2];
+    float *back = calloc(n, sizeof(float));
+    for (int p = 0; p < 2; p++) {
+        pthread_barrier_init(&bar[p], NULL, 2);
+        for (int t = 0; t < 2; t++) {
+            GPT2Part q = {2, t, p, p + 1};
+            CHECK(gpt2_part_check(&cfg, &q) == NULL, "part %d,%d rejected", p, t);
+            part[p][t] = gpt2_create_part(&cfg, &q, B, T, 0);
+            gpt2_init_params(part[p][t], 99);
+            fake[p][t] = (TPFake){&bar[p], slots[p], t};
+            gpt2_set_tp_allreduce(part[p][t], fake_tp_allreduce, &fake[p][t]);
+            gpt2_part_map(&cfg, &q, back, gpt2_params(part[p][t]), 0);
+            gpt2_zero_grad(part[p][t]);
+        }
+    }
+    CHECK(memcmp(back, gpt2_params(whole), n * sizeof(float)) == 0, "the parts' parameters do not cover the whole model");
+    GPT2Part bad = {3, 0, 0, 2};
+    CHECK(gpt2_part_check(&cfg, &bad) != NULL, "tp 3 of 2 heads accepted");
+
+    int in[16], tg[16];
+    random_tokens(in, B * T, cfg.vocab_size);
+    random_tokens(tg, B * T, cfg.vocab_size);
+    gpt2_zero_grad(whole);
+    float lw = gpt2_forward(whole, in, tg, B, T);
+    gpt2_backward(whole, 1.0f);
+    float l0, l1;
+    run_stage(part[0][0], part[0][1], (PartJob){.in = in, .tg = tg, .B = B, .T = T}, &l0);
+    CHECK(memcmp(gpt2_part_output(part[0][0]), gpt2_part_output(part[0][1]), (size_t)B * T * cfg.channels * 4) == 0,
+          "the slices' outputs differ");
+    run_stage(part[1][0], part[1][1], (PartJob){.in = in, .tg = tg, .x_in = gpt2_part_output(part[0][0]), .B = B, .T = T},
+              &l1);
+    CHECK(fabsf(l1 - lw) <= 1e-5f * fabsf(lw), "loss: parts %.9g, whole %.9g", l1, lw);
+    run_stage(part[1][0], part[1][1], (PartJob){.backward = 1}, NULL);
+    run_stage(part[0][0], part[0][1], (PartJob){.backward = 1, .dout = gpt2_part_dinput(part[1][0])}, NULL);
+
+    /* every part's gradients against the whole model's, mapped into the part's layout */
+    double sumsq = 0.0;
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < 2; t++) {
+            GPT2Part q = {2, t, p, p + 1};
+            size_t ln = gpt2_part_num_params(&cfg, &q), sizes[GPT2_NUM_PARAM_TENSORS];
+            gpt2_part_param_sizes(&cfg, &q, sizes);
+            float *want = calloc(ln, sizeof(float)), *got = gpt2_grads(part[p][t]);
+            gpt2_part_map(&cfg, &q, gpt2_grads(whole), want, 1);
+            size_t nw, nw_other;
+            float *wte = gpt2_wte_grad(part[p][t], &nw), *wte_other = gpt2_wte_grad(part[1 - p][t], &nw_other);
+            for (size_t i = 0; i < nw; i++) wte[i] += wte_other[i]; /* the tied embedding's two halves */
+            size_t off = 0;
+            for (int k = 0; k < GPT2_NUM_PARAM_TENSORS; k++) {
+                double worst = 0, scale = 0;
+                for (size_t i = 0; i < sizes[k]; i++) {
+                    worst = nanmax(worst, fabs((double)got[off + i] - want[off + i]));
+                    scale = fmax(scale, fabs(want[off + i]));
+                }
+                CHECK(worst <= 1e-4 * scale + 1e-12, "part (%d,%d) %s: max |diff| %.3g, max |grad| %.3g", p, t,
+                      tensor_names[k], worst, scale);
+                off += sizes[k];
+            }
+            sumsq += gpt2_part_grad_sumsq(part[p][t]); /* with the summed wte, as the trainer has it */
+            for (size_t i = 0; i < nw; i++) wte[i] -= wte_other[i];
+            free(want);
+        }
+    double whole_sumsq = 0.0;
+    for (size_t i = 0; i < n; i++) whole_sumsq += (double)gpt2_grads(whole)[i] * gpt2_grads(whole)[i];
+    CHECK(fabs(sumsq - whole_sumsq) <= 1e-4 * whole_sumsq, "gradient norm^2: parts %.9g, whole %.9g", sumsq, whole_sumsq);
+    for (int p = 0; p < 2; p++) {
+        for (int t = 0; t < 2; t++) gpt2_free(part[p][t]);
+        pthread_barrier_destroy(&bar[p]);
+    }
+    free(back);
+    gpt2_free(whole);
+}
+
 int main(void) {
     RUN_TEST(test_reference_forward);
     RUN_TEST(test_gradcheck);
@@ -478,5 +615,6 @@ int main(void) {
     RUN_TEST(test_presets);
     RUN_TEST(test_config_check);
     RUN_TEST(test_padding_and_limits);
+    RUN_TEST(test_parts);
     TEST_MAIN_END();
 }

@@ -9,6 +9,7 @@
 #define DEADPOOL_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,6 +71,24 @@ comm_status comm_broadcast(comm_t *c, void *buf, size_t nbytes, int root, int ti
 comm_status comm_barrier(comm_t *c, int timeout_ms);
 
 /* Text of the last error on this communicator (the Gloo message), "" if none. */
+/* A communicator among some of the epoch's ranks (a tensor-, pipeline- or data-parallel group),
+ * built as comm_create builds one, under its own prefix, with rank and size within the group.
+ * It has no abort watcher of its own: comm_abort of `parent` (from the parent's watcher or
+ * anyone) aborts it too, so a closed epoch ends a group's operation in flight as promptly as a
+ * collective of the whole epoch. Destroy it before the parent. */
+comm_t *comm_create_group(comm_t *parent, const comm_store_addr *store, const char *prefix, int rank, int size,
+                          const char *bind_host, int timeout_ms, char *err, size_t errlen);
+
+/* Point to point, for pipelines. comm_send posts buf[0..nbytes) for rank dst under `tag` and
+ * returns at once: the bytes leave when dst posts the matching receive (Gloo's rendezvous), so
+ * a send that waited for that could deadlock two stages sending to each other; buf must stay
+ * unchanged until comm_wait_sends returns. Messages between two ranks under one tag arrive in
+ * the order sent. */
+comm_status comm_send(comm_t *c, const void *buf, size_t nbytes, int dst, uint32_t tag);
+comm_status comm_recv(comm_t *c, void *buf, size_t nbytes, int src, uint32_t tag, int timeout_ms);
+/* Waits until every send posted so far has left. */
+comm_status comm_wait_sends(comm_t *c, int timeout_ms);
+
 const char *comm_last_error(const comm_t *c);
 const char *comm_status_str(comm_status s);
 

@@ -545,6 +545,12 @@ struct comm {
     std::mutex abortMutex;
     std::vector<gloo::transport::UnboundBuffer *> inflight;
     bool aborted = false;
+    // Groups built on this communicator (comm_create_group): our abort aborts them too, since
+    // nobody else tells them that the epoch closed.
+    comm *parent = nullptr;
+    std::vector<comm *> children;
+    // Sends posted by comm_send, waited for by comm_wait_sends.
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
 
     // Shuts the pairs' sockets down (the pending operations of every pair fail, here and on
     // the peers), then interrupts the waits of the collective in flight: Gloo does not fail a
@@ -553,13 +559,18 @@ struct comm {
     // its whole timeout.
     void abort() {
         shutSockets();
-        std::lock_guard<std::mutex> lock(abortMutex);
-        aborted = true;
-        for (gloo::transport::UnboundBuffer *b : inflight) {
-            b->abortWaitSend();
-            b->abortWaitRecv();
+        {
+            std::lock_guard<std::mutex> lock(abortMutex);
+            aborted = true;
+            for (gloo::transport::UnboundBuffer *b : inflight) {
+                b->abortWaitSend();
+                b->abortWaitRecv();
+            }
         }
+        std::lock_guard<std::mutex> lock(childMutex); // a child unlinks itself under it before it is freed
+        for (comm *k : children) k->abort();
     }
+    std::mutex childMutex; // guards children
 
     void shutSockets() {
         std::lock_guard<std::mutex> lock(sockMutex);
@@ -676,8 +687,12 @@ void watchForAbort(comm *c, std::string host, int port, std::string password, st
 
 extern "C" {
 
-comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, int size, const char *bind_host,
-                    int timeout_ms, char *err, size_t errlen) {
+} // extern "C"
+
+namespace {
+
+comm_t *createComm(comm *parent, const comm_store_addr *store, const char *prefix, int rank, int size,
+                   const char *bind_host, int timeout_ms, char *err, size_t errlen) {
     writeErr(err, errlen, "");
     if (store == nullptr || store->host == nullptr || prefix == nullptr || prefix[0] == '\0' || size < 1 ||
         rank < 0 || rank >= size || timeout_ms <= 0 || store->port <= 0 || store->port > 65535) {
@@ -702,7 +717,7 @@ comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, 
                 cc->ctx = std::make_shared<MeshContext>(rank, size);
                 cc->ctx->setTimeout(t);
                 cc->store_round_trips = cc->ctx->connect(rs, cc->dev, &cc->wait_ms, &cc->connect_ms, cc->sockets);
-                if (store->abort_key != nullptr) {
+                if (store->abort_key != nullptr && parent == nullptr) {
                     char key[512];
                     comm_wake_key(prefix, rank, key, sizeof key);
                     cc->watcher = std::thread(watchForAbort, cc.get(), std::string(store->host), store->port,
@@ -716,11 +731,42 @@ comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, 
         writeErr(err, errlen, std::string("comm_create (") + comm_status_str(s) + "): " + msg);
         return nullptr;
     }
+    if (parent != nullptr) {
+        c->parent = parent;
+        std::lock_guard<std::mutex> lock(parent->childMutex);
+        parent->children.push_back(c);
+        // An abort that came before we were linked must still reach us.
+        std::lock_guard<std::mutex> lock2(parent->abortMutex);
+        if (parent->aborted) c->abort();
+    }
     return c;
+}
+
+} // namespace
+
+extern "C" {
+
+comm_t *comm_create(const comm_store_addr *store, const char *prefix, int rank, int size, const char *bind_host,
+                    int timeout_ms, char *err, size_t errlen) {
+    return createComm(nullptr, store, prefix, rank, size, bind_host, timeout_ms, err, errlen);
+}
+
+comm_t *comm_create_group(comm_t *parent, const comm_store_addr *store, const char *prefix, int rank, int size,
+                          const char *bind_host, int timeout_ms, char *err, size_t errlen) {
+    if (parent == nullptr) {
+        writeErr(err, errlen, "comm_create_group: no parent communicator");
+        return nullptr;
+    }
+    return createComm(parent, store, prefix, rank, size, bind_host, timeout_ms, err, errlen);
 }
 
 void comm_destroy(comm_t *c) {
     if (c == nullptr) return;
+    if (c->parent != nullptr) {
+        std::lock_guard<std::mutex> lock(c->parent->childMutex);
+        auto &k = c->parent->children;
+        k.erase(std::remove(k.begin(), k.end(), c), k.end());
+    }
     {
         std::lock_guard<std::mutex> lock(c->watchMutex);
         c->stopping = true;
@@ -730,6 +776,7 @@ void comm_destroy(comm_t *c) {
     std::string ignored;
     guarded(
         [&] {
+            c->sends.clear(); // before their context
             if (c->ctx) {
                 c->ctx->closeConnections();
                 c->ctx.reset();
@@ -832,6 +879,50 @@ comm_status comm_barrier(comm_t *c, int timeout_ms) {
         opts.setTimeout(callTimeout(c, timeout_ms));
         gloo::barrier(opts);
     });
+}
+
+// Point to point: slots of their own, apart from every collective's prefix (gloo/types.h).
+constexpr uint8_t kP2PSlotPrefix = 0x70;
+
+comm_status comm_send(comm_t *c, const void *buf, size_t nbytes, int dst, uint32_t tag) {
+    if (c == nullptr || (buf == nullptr && nbytes > 0) || dst < 0 || dst >= c->size || dst == c->rank)
+        return COMM_ERR_INVALID;
+    if (c->broken != COMM_OK) return c->broken;
+    if (nbytes == 0) return COMM_OK;
+    return runCollective(c, [&] {
+        auto b = c->ctx->createUnboundBuffer(const_cast<void *>(buf), nbytes);
+        if (wasAborted(c)) throw gloo::IoException("aborted: the epoch was closed");
+        b->send(dst, gloo::Slot::build(kP2PSlotPrefix, tag));
+        c->sends.push_back(std::move(b));
+    });
+}
+
+comm_status comm_recv(comm_t *c, void *buf, size_t nbytes, int src, uint32_t tag, int timeout_ms) {
+    if (c == nullptr || (buf == nullptr && nbytes > 0) || src < 0 || src >= c->size || src == c->rank)
+        return COMM_ERR_INVALID;
+    if (c->broken != COMM_OK) return c->broken;
+    if (nbytes == 0) return COMM_OK;
+    return runCollective(c, [&] {
+        auto b = c->ctx->createUnboundBuffer(buf, nbytes);
+        Inflight in(c, {b.get()});
+        if (in.abortedBefore()) throw gloo::IoException("aborted: the epoch was closed");
+        b->recv(src, gloo::Slot::build(kP2PSlotPrefix, tag));
+        if (!b->waitRecv(callTimeout(c, timeout_ms))) throw gloo::IoException("aborted: the epoch was closed");
+    });
+}
+
+comm_status comm_wait_sends(comm_t *c, int timeout_ms) {
+    if (c == nullptr) return COMM_ERR_INVALID;
+    if (c->broken != COMM_OK) return c->broken;
+    comm_status s = runCollective(c, [&] {
+        for (auto &b : c->sends) {
+            Inflight in(c, {b.get()});
+            if (in.abortedBefore()) throw gloo::IoException("aborted: the epoch was closed");
+            if (!b->waitSend(callTimeout(c, timeout_ms))) throw gloo::IoException("aborted: the epoch was closed");
+        }
+    });
+    if (s == COMM_OK) c->sends.clear();
+    return s;
 }
 
 const char *comm_last_error(const comm_t *c) { return c ? c->last_error.c_str() : ""; }

@@ -62,6 +62,7 @@ struct dp {
     long epoch;
     int64_t next_step;
     comm_t *comm;
+    struct dp_group *groups;  /* the epoch's groups (dp_group_join), ended with the epoch */
     Snapshot *snap;
     Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
     void *warm_buf;           /* a spare's buffer for the state it will restore, pages faulted in */
@@ -93,6 +94,8 @@ struct dp {
 };
 
 /* --- small helpers ------------------------------------------------------------------- */
+
+static void end_epoch_comms(dp_t *dp);
 
 static void emit_error(dp_t *dp, const char *what, const char *err) {
     char esc[2048];
@@ -1128,22 +1131,33 @@ static void maybe_inject_in_recovery(dp_t *dp) {
 
 /* --- membership ---------------------------------------------------------------------- */
 
-static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen) {
-    char prefix[256], fence[256];
-    ctl_key_full(dp->ctl, prefix, sizeof prefix, KEY_GLOO, dp->epoch, 0);
-    ctl_key_full(dp->ctl, fence, sizeof fence, KEY_FENCED, dp->epoch, 0); /* see fence_epoch */
-    /* Under Sentinel the store is the master the control connection found last. */
-    char host[256];
+/* Where the epoch's rendezvous happens: under Sentinel the master the control connection
+ * found last; the epoch's fence key ends a rendezvous nobody will complete (see fence_epoch). */
+typedef struct {
+    char host[256], fence[256];
+    comm_store_addr addr;
+} EpochStore;
+
+static int epoch_store(dp_t *dp, EpochStore *es, char *err, size_t errlen) {
+    ctl_key_full(dp->ctl, es->fence, sizeof es->fence, KEY_FENCED, dp->epoch, 0);
     int port = dp->addr.port;
-    snprintf(host, sizeof host, "%s", dp->addr.host);
-    if (ctl_replicated(dp->ctl) && ctl_server(dp->ctl, host, sizeof host, &port) != 0) {
+    snprintf(es->host, sizeof es->host, "%s", dp->addr.host);
+    if (ctl_replicated(dp->ctl) && ctl_server(dp->ctl, es->host, sizeof es->host, &port) != 0) {
         snprintf(err, errlen, "no Redis master reachable for the rendezvous: %s", ctl_last_error(dp->ctl));
         return -1;
     }
-    comm_store_addr store = {host, port, dp->addr.password[0] ? dp->addr.password : NULL, fence};
+    es->addr = (comm_store_addr){es->host, port, dp->addr.password[0] ? dp->addr.password : NULL, es->fence};
+    return 0;
+}
+
+static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen) {
+    char prefix[256];
+    ctl_key_full(dp->ctl, prefix, sizeof prefix, KEY_GLOO, dp->epoch, 0);
+    EpochStore es;
+    if (epoch_store(dp, &es, err, errlen) != 0) return -1;
     double t0 = now_ms();
     int64_t entered = wall_ms();
-    dp->comm = comm_create(&store, prefix, dp->rank, dp->cfg.workers, dp->bind_host, timeout_ms, err, errlen);
+    dp->comm = comm_create(&es.addr, prefix, dp->rank, dp->cfg.workers, dp->bind_host, timeout_ms, err, errlen);
     if (!dp->comm) return -1;
     double t1 = now_ms();
     /* Ranks leave the rendezvous at different times (a full mesh of N ranks on few cores takes
@@ -1242,8 +1256,7 @@ static dp_status follow_decisions(dp_t *dp, Decision *d, char *err, size_t errle
          * is missing and the coordinator decides again. */
         event_emit(dp->ctl, dp->t0_wall_ms, "join_failed", "\"rank\":%d,\"epoch\":%ld,\"phase\":\"%s\",\"message\":\"%s\"",
                    dp->rank, dp->epoch, dp->join_phase, esc);
-        comm_destroy(dp->comm);
-        dp->comm = NULL;
+        end_epoch_comms(dp);
         long e = wait_for_decision(dp, dp->cfg.spare_wait * 1000 + 4 * dp->cfg.detect_timeout_ms + 30000);
         if (e == 0) return DP_STOPPED;
         if (e < 0 || decision_read(dp->ctl, e, d) != 0) {
@@ -1592,8 +1605,7 @@ static void persist_without_control(dp_t *dp) {
 }
 
 dp_status dp_recover(dp_t *dp, char *err, size_t errlen) {
-    comm_destroy(dp->comm);
-    dp->comm = NULL;
+    end_epoch_comms(dp);
     if (atomic_load(&dp->control_lost)) {
         persist_without_control(dp);
         snprintf(err, errlen, "the control plane (redis) is lost");
@@ -1647,6 +1659,88 @@ dp_status dp_barrier(dp_t *dp) {
     return comm_result(dp, comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)));
 }
 
+/* --- groups --------------------------------------------------------------------------- */
+
+struct dp_group {
+    dp_t *dp;
+    comm_t *comm;
+    long epoch;
+    int index, size;
+    struct dp_group *next;
+};
+
+/* Groups first: each is a child of the epoch's communicator (comm_create_group). */
+static void end_epoch_comms(dp_t *dp) {
+    while (dp->groups) {
+        struct dp_group *g = dp->groups;
+        dp->groups = g->next;
+        comm_destroy(g->comm);
+        free(g);
+    }
+    comm_destroy(dp->comm);
+    dp->comm = NULL;
+}
+
+dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *err, size_t errlen) {
+    if (!dp->comm) { snprintf(err, errlen, "dp_group_join: not a member of an epoch"); return NULL; }
+    size_t nlen = name ? strlen(name) : 0;
+    for (size_t i = 0; i < nlen; i++)
+        if (!name_char((unsigned char)name[i]) && name[i] != '.') nlen = 0;
+    if (nlen == 0 || nlen > 64 || size < 1 || size > dp->cfg.workers || index < 0 || index >= size) {
+        snprintf(err, errlen, "dp_group_join: expected a name of 1..64 letters, digits, '_', '-' or '.' and 0 <= index < "
+                 "size <= %d, found '%s' index %d size %d", dp->cfg.workers, name ? name : "(null)", index, size);
+        return NULL;
+    }
+    char prefix[256];
+    ctl_key_full(dp->ctl, prefix, sizeof prefix, KEY_GLOO, dp->epoch, 0);
+    size_t pl = strlen(prefix);
+    snprintf(prefix + pl, sizeof prefix - pl, "/g/%s", name);
+    EpochStore es;
+    if (epoch_store(dp, &es, err, errlen) != 0) return NULL;
+    struct dp_group *g = calloc(1, sizeof *g);
+    if (!g) { snprintf(err, errlen, "out of memory"); return NULL; }
+    int timeout = 2 * dp->cfg.detect_timeout_ms + 3000; /* as the epoch's own rendezvous */
+    g->comm = comm_create_group(dp->comm, &es.addr, prefix, index, size, dp->bind_host, timeout, err, errlen);
+    if (g->comm && comm_barrier(g->comm, timeout) != COMM_OK) {
+        snprintf(err, errlen, "group %s: the first barrier failed: %s", name, comm_last_error(g->comm));
+        comm_destroy(g->comm);
+        g->comm = NULL;
+    }
+    if (!g->comm) { free(g); return NULL; }
+    *g = (struct dp_group){dp, g->comm, dp->epoch, index, size, dp->groups};
+    dp->groups = g;
+    return g;
+}
+
+int dp_group_index(const dp_group *g) { return g->index; }
+int dp_group_size(const dp_group *g) { return g->size; }
+
+static dp_status group_result(dp_group *g, comm_status st) {
+    if (st == COMM_OK) return DP_OK;
+    if (atomic_load(&g->dp->abort_step)) return epoch_closed(g->dp);
+    return comm_failed(g->dp, comm_last_error(g->comm));
+}
+
+dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n) {
+    return group_result(g, comm_allreduce_sum(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
+}
+
+dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n) {
+    return group_result(g, comm_allgather(g->comm, in, out, n, job_comm_timeout_ms(&g->dp->cfg)));
+}
+
+dp_status dp_group_send(dp_group *g, const void *buf, size_t nbytes, int dst, uint32_t tag) {
+    return group_result(g, comm_send(g->comm, buf, nbytes, dst, tag));
+}
+
+dp_status dp_group_recv(dp_group *g, void *buf, size_t nbytes, int src, uint32_t tag) {
+    return group_result(g, comm_recv(g->comm, buf, nbytes, src, tag, job_comm_timeout_ms(&g->dp->cfg)));
+}
+
+dp_status dp_group_wait_sends(dp_group *g) {
+    return group_result(g, comm_wait_sends(g->comm, job_comm_timeout_ms(&g->dp->cfg)));
+}
+
 /* --- leaving ------------------------------------------------------------------------- */
 
 static void report_snapshot_stats(dp_t *dp) {
@@ -1685,7 +1779,7 @@ int dp_finish(dp_t *dp, dp_status how) {
         event_emit(dp->ctl, dp->t0_wall_ms, "job_done", "\"steps\":%lld", (long long)dp->next_step);
     snapshot_abandon(dp->restore_src);
     if (dp->snap_ctl) ctl_close(dp->snap_ctl);
-    comm_destroy(dp->comm);
+    end_epoch_comms(dp);
     free_process(dp);
     return rc;
 }

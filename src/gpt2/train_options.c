@@ -19,6 +19,8 @@ static const OptSpec OPTIONS[] = {
     {"weight-decay", OPT_FLOAT, F(weight_decay), 0, 0, 10, NULL, "AdamW decoupled weight decay"},
     {"grad-clip", OPT_FLOAT, F(grad_clip), 0, 0, 1e9, NULL, "max global gradient norm (0 = off)"},
     {"final-lr-frac", OPT_FLOAT, F(final_lr_frac), 0, 0, 1, NULL, "cosine schedule floor, fraction of lr"},
+    {"tp", OPT_INT, F(tp), 0, 1, 1024, NULL, "tensor-parallel degree (Megatron: heads and MLP split)"},
+    {"pp", OPT_INT, F(pp), 0, 1, 1024, NULL, "pipeline-parallel degree (layers in stages, 1F1B over --grad-accum micro-batches)"},
     {"threads", OPT_INT, F(threads), 0, 1, 256, NULL, "BLAS threads per worker"},
 };
 #undef F
@@ -34,6 +36,8 @@ void train_options_defaults(TrainOptions *o) {
     o->grad_clip = 1.0f;
     o->final_lr_frac = 0.1f;
     o->threads = 1;
+    o->tp = 1;
+    o->pp = 1;
 }
 
 int train_options_has(const char *name) { return opt_find(TABLE, name) != NULL; }

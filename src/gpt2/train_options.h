@@ -15,6 +15,7 @@ typedef struct {
     float lr, weight_decay, grad_clip, final_lr_frac;
     int warmup;           /* warmup steps */
     int threads;          /* BLAS threads per worker */
+    int tp, pp;           /* tensor- and pipeline-parallel degrees (layout.h) */
 } TrainOptions;
 
 void train_options_defaults(TrainOptions *o);

@@ -33,6 +33,10 @@ dp_callbacks trainer_callbacks(Trainer *t);
  * stopped it (DP_FAILED: recover and call again). */
 dp_status trainer_train(Trainer *t);
 
+/* After the last step of a 3D-parallel job, gathers the whole model from every rank's shard
+ * (a collective over all ranks; nothing to do without model parallelism). DP_OK, DP_FAILED. */
+dp_status trainer_gather_model(Trainer *t);
+
 /* Writes the current parameters as an llm.c model file. 0 / -1 + err. */
 int trainer_save_model(const Trainer *t, const char *path, char *err, size_t errlen);
 

@@ -129,6 +129,12 @@ typedef struct {
 dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *err, size_t errlen);
 void *dp_state(const dp_t *dp, uint32_t id, int64_t gen);
 
+/* Replica placement: take this rank's replica holders from outside its block of `block`
+ * consecutive ranks first (rank / block), after the rule that puts them on other machines.
+ * For a Megatron layout (rank = t + TP * (d + DP * p)) a block of TP * DP ranks is a pipeline
+ * stage: a rank's replicas then live in other stages. Call before dp_join; 0: no blocks. */
+void dp_replica_spread(dp_t *dp, int block);
+
 /* How to reach the job. NULL (or NULL fields) means: from the environment that `deadpool run`
  * and `deadpool worker` set (DEADPOOL_REDIS, DEADPOOL_JOB, DEADPOOL_RANK or DEADPOOL_SPARE,
  * DEADPOOL_BIND; the password in DEADPOOL_REDIS_PASSWORD). */

@@ -190,9 +190,23 @@ static void test_holder_offsets(void) {
     for (int i = 0; i < 3; i++) CHECK(off[i] == i + 1, "every rank on one machine: the plain ring (%d: %d)", i, off[i]);
 }
 
+/* Holders outside the rank's pipeline stage first: tp 2 x pp 2 x dp 2 (block = tp x dp = 4). */
+static void test_holder_order(void) {
+    int o[7];
+    holder_order(8, 0, 4, 1, o); /* one machine: the ring 2..7 0, stage 1 (4..7) first */
+    int want1[7] = {4, 5, 6, 7, 2, 3, 0};
+    for (int i = 0; i < 7; i++) CHECK(o[i] == want1[i], "rank 1, entry %d: %d, expected %d", i, o[i], want1[i]);
+    holder_order(8, 2, 4, 6, o); /* 2 per machine: offsets 2 4 6 1 3 5 7, stage 0 (0..3) first */
+    int want6[7] = {0, 2, 1, 3, 4, 7, 5};
+    for (int i = 0; i < 7; i++) CHECK(o[i] == want6[i], "rank 6, entry %d: %d, expected %d", i, o[i], want6[i]);
+    holder_order(4, 0, 0, 2, o); /* no blocks: the plain ring */
+    CHECK(o[0] == 3 && o[1] == 0 && o[2] == 1, "ring of rank 2: %d %d %d", o[0], o[1], o[2]);
+}
+
 int main(void) {
     RUN_TEST(test_node_options);
     RUN_TEST(test_holder_offsets);
+    RUN_TEST(test_holder_order);
     RUN_TEST(test_roundtrip);
     RUN_TEST(test_bad_values_named);
     RUN_TEST(test_train_options);

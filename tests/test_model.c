@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "layout.h"
 #include "model.h"
 
 static const char *tensor_names[GPT2_NUM_PARAM_TENSORS] = {
@@ -606,6 +607,31 @@ static void test_parts(void) {
     gpt2_free(whole);
 }
 
+/* (e) The layout: Megatron's order (tensor innermost, then data, pipeline outermost), every
+ * rank a coordinate and back, the layers split evenly, bad degrees refused with the option. */
+static void test_layout(void) {
+    GPT2Config cfg = small_test_config(); /* 2 heads, 2 layers */
+    Layout l;
+    char err[256];
+    CHECK(layout_make(8, 2, 2, &cfg, &l, err, sizeof err) == 0 && l.dp == 2, "8 ranks tp 2 pp 2: %s", err);
+    Coord c = layout_coord(&l, 5);
+    CHECK(c.t == 1 && c.d == 0 && c.p == 1, "rank 5 is (d %d, p %d, t %d), expected (0, 1, 1)", c.d, c.p, c.t);
+    c = layout_coord(&l, 2);
+    CHECK(c.t == 0 && c.d == 1 && c.p == 0, "rank 2 is (d %d, p %d, t %d), expected (1, 0, 0)", c.d, c.p, c.t);
+    for (int r = 0; r < 8; r++) CHECK(layout_rank(&l, layout_coord(&l, r)) == r, "rank %d does not round-trip", r);
+    CHECK(layout_make(6, 2, 2, &cfg, &l, err, sizeof err) != 0 && strstr(err, "--tp 2 x --pp 2"), "6 ranks: %s", err);
+    CHECK(layout_make(4, 4, 1, &cfg, &l, err, sizeof err) != 0 && strstr(err, "--tp: expected a divisor of the model's 2"),
+          "tp 4 of 2 heads: %s", err);
+    CHECK(layout_make(4, 1, 4, &cfg, &l, err, sizeof err) != 0 && strstr(err, "--pp: expected at most the model's 2"),
+          "pp 4 of 2 layers: %s", err);
+    int a, b, prev = 0;
+    for (int p = 0; p < 3; p++) { /* 7 layers in 3 stages: 3 2 2 */
+        layout_stage_layers(7, 3, p, &a, &b);
+        CHECK(a == prev && b - a == (p == 0 ? 3 : 2), "stage %d of 7 layers / 3: [%d, %d)", p, a, b);
+        prev = b;
+    }
+}
+
 int main(void) {
     RUN_TEST(test_reference_forward);
     RUN_TEST(test_gradcheck);
@@ -616,5 +642,6 @@ int main(void) {
     RUN_TEST(test_config_check);
     RUN_TEST(test_padding_and_limits);
     RUN_TEST(test_parts);
+    RUN_TEST(test_layout);
     TEST_MAIN_END();
 }

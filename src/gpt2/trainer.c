@@ -254,6 +254,7 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
     size_t bytes = t->shard * sizeof(float);
     dp_state_spec state[3] = {{REGION_PARAMS, bytes}, {REGION_M, bytes}, {REGION_V, bytes}};
     if (dp_state_declare(dp, state, 3, err, errlen) != DP_OK) goto fail;
+    if (t->mp) dp_replica_spread(dp, lay.tp * lay.dp); /* a pipeline stage: replicas in other stages */
     t->inputs = malloc((size_t)t->B * T * sizeof(int));
     t->targets = malloc((size_t)t->B * T * sizeof(int));
     if (!t->inputs || !t->targets) { snprintf(err, errlen, "out of memory"); goto fail; }

@@ -85,6 +85,7 @@ struct dp {
     dp_state_spec state[GEN_MAX_REGIONS];
     size_t state_off[GEN_MAX_REGIONS]; /* of each region within a block, after the head area */
     int nstate;
+    int spread_block;         /* dp_replica_spread: prefer holders outside our block of ranks */
     unsigned char *block[2];
     size_t head_area, block_bytes;
     void *restored_extra;     /* the extra state of the generation restored last */
@@ -371,6 +372,8 @@ fail:
  * gradient reduction of k + 2; every rank enters that reduction only after committing k + 1
  * (dp_step_before_reduce waits for it), so by then the newest generation every rank committed
  * is k + 1 or later, and it is in the other block (docs/DESIGN.md, zero-copy state). */
+
+void dp_replica_spread(dp_t *dp, int block) { dp->spread_block = block > 0 ? block : 0; }
 
 dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *err, size_t errlen) {
     if (dp->joined || dp->nstate) {
@@ -967,6 +970,23 @@ void holder_offsets(int world, int per_node, int *offsets) {
         if (!(per_node > 0 && per_node < world && j % per_node == 0)) offsets[n++] = j;
 }
 
+void holder_order(int world, int per_node, int block, int rank, int *order) {
+    int m = world - 1, n = 0;
+    int *off = malloc(sizeof *off * (size_t)(m > 0 ? m : 1));
+    if (!off) { /* the plain ring */
+        for (int j = 1; j < world; j++) order[j - 1] = (rank + j) % world;
+        return;
+    }
+    holder_offsets(world, per_node, off);
+    /* a stable partition: other blocks first */
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < m; j++) {
+            int r = (rank + off[j]) % world, other = block <= 0 || r / block != rank / block;
+            if (other == (pass == 0)) order[n++] = r;
+        }
+    free(off);
+}
+
 /* Holders of this rank's replicas: on other machines than ours and than each other's (so
  * that losing any `want` machines leaves a copy), in holder_offsets order. A single-machine
  * job falls back to holders on this machine; a multi-node job only when no other machine runs
@@ -975,12 +995,12 @@ void holder_offsets(int world, int per_node, int *offsets) {
 static int ring_holders(dp_t *dp, int want, Holder *out) {
     int world = dp->cfg.workers, m = world - 1, n = 0;
     long *owners = malloc(sizeof *owners * (size_t)world), *ring = malloc(sizeof *ring * (size_t)(m > 0 ? m : 1));
-    int *off = malloc(sizeof *off * (size_t)(m > 0 ? m : 1));
+    int *order = malloc(sizeof *order * (size_t)(m > 0 ? m : 1));
     ProcFacts *f = malloc(sizeof *f * (size_t)(m > 0 ? m : 1));
     const char *used[HOLDERS_MAX + 1];
-    int ok = owners && ring && f && off && current_owners(dp, owners) == 0;
-    if (ok) holder_offsets(world, dp->cfg.nnodes > 0 ? dp->cfg.nproc_per_node : 0, off);
-    for (int j = 0; ok && j < m; j++) ring[j] = owners[(dp->rank + off[j]) % world];
+    int ok = owners && ring && f && order && current_owners(dp, owners) == 0;
+    if (ok) holder_order(world, dp->cfg.nnodes > 0 ? dp->cfg.nproc_per_node : 0, dp->spread_block, dp->rank, order);
+    for (int j = 0; ok && j < m; j++) ring[j] = owners[order[j]];
     if (ok) ok = proc_facts(dp, ring, m, f) == 0;
     used[0] = dp->node;
     /* pass 0: a machine not used yet; pass 1: any other machine; pass 2 (one machine only): ours */
@@ -1001,7 +1021,7 @@ static int ring_holders(dp_t *dp, int want, Holder *out) {
     }
     free(owners);
     free(ring);
-    free(off);
+    free(order);
     free(f);
     return n;
 }

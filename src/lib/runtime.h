@@ -50,6 +50,10 @@ int node_id_default(char *buf, size_t len);
 /* Where rank looks for replica holders (runtime.c's ring_holders): offsets into the ring of
  * world ranks, per_node ranks per machine (0 = one machine); world - 1 entries. */
 void holder_offsets(int world, int per_node, int *offsets);
+/* The ranks `rank` asks to hold its replicas, in order of preference (world - 1 entries): the
+ * holder_offsets order, those outside rank's block of `block` consecutive ranks first
+ * (dp_replica_spread; 0: no blocks). ring_holders then takes them machine by machine. */
+void holder_order(int world, int per_node, int block, int rank, int *order);
 /* Keeps only [A-Za-z0-9._-] of an id given by the user (other bytes become '_'). */
 void node_id_clean(char *id);
 

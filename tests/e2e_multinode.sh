@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib_hosts.sh"
 
 CASES="two_machines_and_a_spare_machine_identical machine_crash_one_decision machine_link_cut \
 two_processes_of_a_machine_killed fewer_spares_than_lost_ranks_then_a_spare_machine_joins \
-checkpoint_on_private_disks_resumed_across_machines"
+checkpoint_on_private_disks_resumed_across_machines machine_of_a_pipeline_stage_crashes_3d"
 if ! hosts_available; then
   for c in $CASES; do echo "ok - $c # SKIP no network namespaces (needs root)"; done
   exit 0
@@ -102,7 +102,25 @@ finish 2 1
 if same "${HOST_DISK[1]}/$J/model.bin" && same "${HOST_DISK[2]}/$J/model.bin" && [ "$ck" -ge 2 ] && [ "$RCS" = " 0 0" ] \
    && grep -q 'serving 2 rank state' "$WORK/mn6r.h1.log" && grep -q 'serving 2 rank state' "$WORK/mn6r.h2.log" && clean; then
   ok "checkpoint_on_private_disks_resumed_across_machines ($(grep -o 'resuming from the checkpoint of step [0-9]*' "$WORK/mn6r.h2.log"))"
-else notok "checkpoint_on_private_disks_resumed_across_machines" "rcs:$RCS checkpoints:$ck" "$(tail -5 "$WORK/mn6r.h2.log")" \
+else notok "checkpoint_on_private_disks_resumed_across_machines machine_of_a_pipeline_stage_crashes_3d" "rcs:$RCS checkpoints:$ck" "$(tail -5 "$WORK/mn6r.h2.log")" \
   "$(tail -5 "$WORK/mn6r.h1.log")"; fi
+
+# 7. 3D: --tp 2 --pp 2 on 2 machines x 2 ranks: each machine is one tensor-parallel group,
+#    machine 1 the whole last stage (replicas of its ranks on machine 0, the other stage). It
+#    crashes; the spare machine takes both coordinates; the model equals the same layout's
+#    single-machine run.
+run_job "$WORK/ref3d" 300 --workers 4 --spares 0 --model tiny --steps "$STEPS" --seed 7 --tp 2 --pp 2 --grad-accum 2
+J=mn7; start_machine 1 $J --tp 2 --pp 2 --grad-accum 2; start_machine 2 $J --tp 2 --pp 2 --grad-accum 2
+start_machine 3 $J --tp 2 --pp 2 --grad-accum 2
+if wait_step $J 1 60; then host_kill 2; fi
+finish 1 3
+host_wait "${LAUNCHER[2]}" 5 >/dev/null
+host_restart 2
+rec=$(events $J | grep -o '"total_ms":[0-9]*' | head -1)
+if cmp -s "$WORK/ref3d/model.bin" "${HOST_DISK[1]}/$J/model.bin" && cmp -s "$WORK/ref3d/model.bin" "${HOST_DISK[3]}/$J/model.bin" \
+   && [ "$RCS" = " 0 0" ] && [ "$(events $J | grep '"event":"decision"' | grep -c '"failed":2')" -eq 1 ] && clean; then
+  ok "machine_of_a_pipeline_stage_crashes_3d ($rec)"
+else notok "machine_of_a_pipeline_stage_crashes_3d" "rcs:$RCS" "$(events $J | grep -E 'failure|decision|recovered')" \
+  "$(tail -3 "$WORK/$J.h1.log")" "$(tail -3 "$WORK/$J.h3.log")"; fi
 
 hosts_destroy >/dev/null || notok "hosts_destroy" "something was left"

@@ -137,7 +137,7 @@ static float *initial_full(Trainer *t, const char *model_file, int from_file, ch
 }
 
 /* Builds this rank's part (coordinate of dp_rank), its micro-batch slots and buffers, and
- * loads its parameters from `full` (NULL: the preset's initialisation). 0 / -1 + err. */
+ * loads its parameters from `full` (NULL: none, they are restored). 0 / -1 + err. */
 static int build_part(Trainer *t, const float *full, char *err, size_t errlen) {
     int rank = dp_rank(t->dp);
     if (t->model && t->model_rank == rank) return 0;
@@ -170,12 +170,12 @@ static int build_part(Trainer *t, const float *full, char *err, size_t errlen) {
     }
     t->num_params = gpt2_part_num_params(&t->mc, &t->part);
     if (full) gpt2_load_full(t->model, full);
-    else if (gpt2_init_params(t->model, t->seed) != 0) { snprintf(err, errlen, "out of memory"); return -1; }
     t->model_rank = rank;
     return 0;
 }
 
-/* A spare learns its coordinate when it takes a rank: it builds that part then. */
+/* A spare learns its coordinate when it takes a rank: it builds that part then (its
+ * parameters come from the restore, or the reset initialises them). */
 static dp_status ensure_part(Trainer *t) {
     if (!t->mp || (t->model && t->model_rank == dp_rank(t->dp))) return DP_OK;
     char err[512];

@@ -84,3 +84,25 @@ if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ "${n:-0}" -ge 1 ] && cmp -s "$WORK/long_
 else
   notok "kill_outside_mid_pipeline" "rc $rc $rc2, $n recoveries, victim ${victim:-none}" "$(tail -4 "$WORK/outside.log")"
 fi
+
+# A 3D job interrupted (SIGINT) after its checkpoint of step 40 and resumed with --resume: the
+# checkpoint's states are shards of parts, its model.bin the whole model assembled from them;
+# the final model equals the uninterrupted run's (and the newest checkpoint's model.bin is a model of the
+# same shape, within 1 of the final one: it is 30 steps older).
+out="$WORK/resume"; mkdir -p "$out"
+"$DP" run --out "$out" "${LONG[@]}" --spares 0 --persist-every 40 >"$out.stdout" 2>"$out.log" &
+lp=$!
+for _ in $(seq 600); do [ -f "$out/ckpt/step_000000040/DONE" ] && break; kill -0 $lp 2>/dev/null || break; sleep 0.05; done
+kill -INT $lp 2>/dev/null
+for _ in $(seq 300); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -9 $lp 2>/dev/null
+wait $lp; rc1=$?
+ck=$(ls "$out/ckpt" 2>/dev/null | tail -1)
+timeout -k 5 240 "$DP" run --resume "$out" >"$out.resume.stdout" 2>"$out.resume.log"; rc2=$?
+last=$(ls "$out/ckpt" 2>/dev/null | tail -1)
+if [ $rc1 -eq 130 ] && [ $rc2 -eq 0 ] && cmp -s "$out/model.bin" "$WORK/long_ref/model.bin" &&
+   "$MODELDIFF" "$out/ckpt/$last/model.bin" "$WORK/long_ref/model.bin" 1 >/dev/null 2>&1; then
+  ok "resume_3d_bit_identical (interrupted, resumed from $ck)"
+else
+  notok "resume_3d_bit_identical" "rc $rc1 $rc2, checkpoint ${ck:-none}" "$(tail -3 "$out.resume.log")"
+fi

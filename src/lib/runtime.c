@@ -1684,7 +1684,6 @@ dp_status dp_barrier(dp_t *dp) {
 struct dp_group {
     dp_t *dp;
     comm_t *comm;
-    long epoch;
     int index, size;
     struct dp_group *next;
 };
@@ -1727,7 +1726,7 @@ dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *e
         g->comm = NULL;
     }
     if (!g->comm) { free(g); return NULL; }
-    *g = (struct dp_group){dp, g->comm, dp->epoch, index, size, dp->groups};
+    *g = (struct dp_group){dp, g->comm, index, size, dp->groups};
     dp->groups = g;
     return g;
 }

@@ -123,3 +123,19 @@ if [ "$(id -u)" -eq 0 ] && ip netns add dp_probe_$$ 2>/dev/null; then
 else
   echo "# network_loss: skipped (needs root and network namespaces)"
 fi
+
+# A job that starts from a model file and loses a rank in its first step (before anything is
+# committed) rolls back to that file's parameters, not to the preset's random initialisation;
+# also with --tp 2, where each rank holds a slice of the file's model.
+run_job "$WORK/mf0" 120 --workers 2 --spares 0 --model tiny --steps 10 --seed 4; rc0=$?
+for v in "dp:" "tp2:--tp 2"; do
+  n=${v%%:*}; a=${v#*:}
+  # shellcheck disable=SC2086
+  run_job "$WORK/mf_$n" 120 --workers 2 --spares 1 --model "$WORK/mf0/model.bin" --steps 5 --seed 3 $a; rc1=$?
+  # shellcheck disable=SC2086
+  run_job "$WORK/mf_${n}_k" 120 --workers 2 --spares 1 --model "$WORK/mf0/model.bin" --steps 5 --seed 3 $a --inject kill:1@1; rc2=$?
+  rb=$(grep -o '"rollback_step":-*[0-9]*' "$WORK/mf_${n}_k/events.jsonl" | head -1 | cut -d: -f2)
+  if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ "$rb" = 0 ] && cmp -s "$WORK/mf_$n/model.bin" "$WORK/mf_${n}_k/model.bin"; then
+    ok "failure_before_first_commit_resets_to_the_model_file_$n"
+  else notok "failure_before_first_commit_resets_to_the_model_file_$n" "rc $rc0 $rc1 $rc2 rollback ${rb:-none}"; fi
+done

@@ -102,7 +102,7 @@ finish 2 1
 if same "${HOST_DISK[1]}/$J/model.bin" && same "${HOST_DISK[2]}/$J/model.bin" && [ "$ck" -ge 2 ] && [ "$RCS" = " 0 0" ] \
    && grep -q 'serving 2 rank state' "$WORK/mn6r.h1.log" && grep -q 'serving 2 rank state' "$WORK/mn6r.h2.log" && clean; then
   ok "checkpoint_on_private_disks_resumed_across_machines ($(grep -o 'resuming from the checkpoint of step [0-9]*' "$WORK/mn6r.h2.log"))"
-else notok "checkpoint_on_private_disks_resumed_across_machines machine_of_a_pipeline_stage_crashes_3d" "rcs:$RCS checkpoints:$ck" "$(tail -5 "$WORK/mn6r.h2.log")" \
+else notok "checkpoint_on_private_disks_resumed_across_machines" "rcs:$RCS checkpoints:$ck" "$(tail -5 "$WORK/mn6r.h2.log")" \
   "$(tail -5 "$WORK/mn6r.h1.log")"; fi
 
 # 7. 3D: --tp 2 --pp 2 on 2 machines x 2 ranks: each machine is one tensor-parallel group,

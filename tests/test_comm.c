@@ -795,6 +795,7 @@ static void test_groups_p2p(void) {
     char prefix[64];
     snprintf(prefix, sizeof prefix, "test-comm-%d-groups", (int)getpid());
     memset(sh->left_ms, 0, sizeof sh->left_ms);
+    for (int r = 0; r < 4; r++) sh->left_status[r] = -1; /* not what test_abort_in_flight left */
     pid_t pids[5];
     pusher_delay_ms = 3000; /* after the groups are built and the chain has exchanged */
     for (int r = 0; r < 4; r++) pids[r] = spawn(rank_groups, r, prefix, 4);

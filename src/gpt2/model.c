@@ -407,8 +407,7 @@ static void fill_normal(float *x, size_t n, float std, uint64_t *state) {
     }
 }
 
-/* The whole model's initial parameters, in llm.c's layout, into full[0 .. gpt2_num_params). */
-static void init_full(const GPT2Config *cfg, float *full, uint64_t seed) {
+void gpt2_init_full(const GPT2Config *cfg, float *full, uint64_t seed) {
     size_t sizes[GPT2_NUM_PARAM_TENSORS];
     gpt2_param_sizes(cfg, sizes);
     const float residual_std = 0.02f / sqrtf(2.0f * cfg->num_layers);
@@ -446,14 +445,14 @@ int gpt2_load_full(GPT2 *m, const float *full) {
 int gpt2_init_params(GPT2 *m, uint64_t seed) {
     if (whole_model(m)) {
         memset(m->params, 0, m->padded_params * sizeof(float));
-        init_full(&m->cfg, m->params, seed);
+        gpt2_init_full(&m->cfg, m->params, seed);
         return 0;
     }
     /* A part draws the whole model's stream and keeps its own slice: every layout starts from
      * the same model. */
     float *full = malloc(gpt2_num_params(&m->cfg) * sizeof(float));
     if (full == NULL) return -1;
-    init_full(&m->cfg, full, seed);
+    gpt2_init_full(&m->cfg, full, seed);
     gpt2_load_full(m, full);
     free(full);
     return 0;

@@ -75,6 +75,9 @@ size_t gpt2_padded_params(const GPT2 *m);
  * (attprojw, fcprojw) N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weights 1. A part gets its
  * slice of the whole model's initialisation. 0, or -1 without memory. */
 int gpt2_init_params(GPT2 *m, uint64_t seed);
+/* The whole model's initialisation into full[0 .. gpt2_num_params(cfg)) (what
+ * gpt2_init_params gives the whole model). */
+void gpt2_init_full(const GPT2Config *cfg, float *full, uint64_t seed);
 /* The part's parameters from the whole model's flat vector (gpt2_num_params floats). 0. */
 int gpt2_load_full(GPT2 *m, const float *full);
 

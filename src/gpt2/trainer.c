@@ -49,6 +49,9 @@ struct Trainer {
     dp_status hook_st;   /* of the last tensor-parallel allreduce (called from inside the model) */
     float *x_in, *dout, *act_send, *grad_send, *wte_peer; /* (B,T,C), A x (B,T,C) each, the peer's wte gradient */
     float *full;         /* the whole model assembled for the model file (trainer_gather_model) */
+    char model_file[4200]; /* where the initial parameters come from, when from_file */
+    int from_file;
+    int broken;          /* a callback could not build the state (out of memory): the next step says so */
 };
 
 /* Where the initial parameters come from: a resumed checkpoint, a model file, or a preset. */
@@ -114,24 +117,16 @@ static void free_part(Trainer *t) {
     t->model_rank = -1;
 }
 
-/* The whole model's parameters: the model file, the resumed checkpoint's, or the preset's
- * initialisation. NULL + err. */
-static float *initial_full(Trainer *t, const char *model_file, int from_file, char *err, size_t errlen) {
+/* The whole model's initial parameters: the model file, the resumed checkpoint's, or the
+ * preset's initialisation. NULL + err. */
+static float *initial_full(Trainer *t, char *err, size_t errlen) {
     GPT2Config mc = t->mc;
     float *full = malloc(gpt2_num_params(&t->mc) * sizeof(float));
     if (!full) { snprintf(err, errlen, "out of memory for the model's %zu parameters", gpt2_num_params(&t->mc)); return NULL; }
-    if (from_file) {
-        if (modelfile_read(model_file, &mc, full, err, errlen) != 0) { free(full); return NULL; }
+    if (t->from_file) {
+        if (modelfile_read(t->model_file, &mc, full, err, errlen) != 0) { free(full); return NULL; }
     } else {
-        GPT2 *whole = gpt2_create(&t->mc, 1, 1, 0);
-        if (!whole || gpt2_init_params(whole, t->seed) != 0) {
-            gpt2_free(whole);
-            free(full);
-            snprintf(err, errlen, "out of memory initialising the model");
-            return NULL;
-        }
-        memcpy(full, gpt2_params(whole), gpt2_num_params(&t->mc) * sizeof(float));
-        gpt2_free(whole);
+        gpt2_init_full(&t->mc, full, t->seed);
     }
     return full;
 }
@@ -153,12 +148,16 @@ static int build_part(Trainer *t, const float *full, char *err, size_t errlen) {
     t->model = t->slots ? t->slots[0] : NULL;
     int ok = t->model != NULL;
     for (int i = 1; i < t->nslots && ok; i++) ok = (t->slots[i] = gpt2_create_sibling(t->model)) != NULL;
-    t->x_in = malloc(btc * sizeof(float));
-    t->dout = malloc(btc * sizeof(float));
-    t->act_send = malloc((size_t)A * btc * sizeof(float));
-    t->grad_send = malloc((size_t)A * btc * sizeof(float));
-    t->wte_peer = malloc((size_t)t->mc.padded_vocab_size * t->mc.channels * sizeof(float));
-    if (!ok || !t->x_in || !t->dout || !t->act_send || !t->grad_send || !t->wte_peer) {
+    /* what this stage sends and receives: one buffer per micro-batch and direction, so that a
+     * posted send's bytes stay put until the end of the step */
+    int first = t->at.p == 0, last = t->at.p == t->lay.pp - 1;
+    if (!first) t->x_in = malloc(btc * sizeof(float));
+    if (!last) t->dout = malloc(btc * sizeof(float));
+    if (!last) t->act_send = malloc((size_t)A * btc * sizeof(float));
+    if (!first) t->grad_send = malloc((size_t)A * btc * sizeof(float));
+    if (t->lay.pp > 1 && (first || last)) t->wte_peer = malloc((size_t)t->mc.padded_vocab_size * t->mc.channels * sizeof(float));
+    if (!ok || (!first && (!t->x_in || !t->grad_send)) || (!last && (!t->dout || !t->act_send)) ||
+        (t->lay.pp > 1 && (first || last) && !t->wte_peer)) {
         snprintf(err, errlen, "out of memory allocating stage %d, slice %d of the model (%d micro-batches in flight)",
                  t->at.p, t->at.t, t->nslots);
         free_part(t);
@@ -181,6 +180,7 @@ static dp_status ensure_part(Trainer *t) {
     char err[512];
     if (build_part(t, NULL, err, sizeof err) != 0) {
         dp_log(t->dp, "%s", err);
+        t->broken = 1;
         return DP_ERR;
     }
     return DP_OK;
@@ -233,6 +233,8 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
     t->model_rank = -1;
     t->groups_epoch = -1;
     t->opt = optimizer_config(o, (int)dp_steps(dp));
+    snprintf(t->model_file, sizeof t->model_file, "%s", model_file);
+    t->from_file = from_file;
     float *full = NULL;
 
     t->data = o->data[0] ? data_open(o->data, mc.vocab_size, err, errlen) : data_builtin(1 << 20);
@@ -261,7 +263,7 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
     if (t->mp) {
         /* a spare builds its part once it has a rank; a member now, from the whole model */
         if (dp_rank(dp) >= 0) {
-            if (!(full = initial_full(t, model_file, from_file, err, errlen))) goto fail;
+            if (!(full = initial_full(t, err, errlen))) goto fail;
             if (build_part(t, full, err, errlen) != 0) goto fail;
             initial_state(t);
         }
@@ -307,10 +309,23 @@ static int regions_cb(void *arg, dp_region *out, int max) {
     return 0;
 }
 
+/* Back to the initial parameters: the model file's when the job started from one, else the
+ * preset's initialisation. A failure (out of memory, the file gone) is said here and stops
+ * the next step: training on from anything else would be a silently different model. */
 static void reset_cb(void *arg) {
     Trainer *t = arg;
-    if (ensure_part(t) != DP_OK) return; /* out of memory: said; the next step fails */
-    gpt2_init_params(t->model, t->seed);
+    char err[1024];
+    float *full = NULL;
+    if (ensure_part(t) != DP_OK) return;
+    if (t->mp || t->from_file) full = initial_full(t, err, sizeof err);
+    if ((t->mp || t->from_file) && !full) {
+        dp_log(t->dp, "resetting to the initial model: %s", err);
+        t->broken = 1;
+        return;
+    }
+    if (full) gpt2_load_full(t->model, full);
+    else gpt2_init_params(t->model, t->seed);
+    free(full);
     initial_state(t);
 }
 
@@ -404,8 +419,14 @@ static float accumulate_gradients(Trainer *t, int rank, int step) {
 }
 
 /* Why a forward or backward of a part stopped: its tensor-parallel allreduce failed, or the
- * epoch was closed under it. */
-static dp_status part_failed(Trainer *t) { return t->hook_st != DP_OK ? t->hook_st : DP_FAILED; }
+ * epoch was closed under it (a recovery follows); anything else is an error of this program
+ * (a recovery would compute the same again). */
+static dp_status part_failed(Trainer *t, const char *what) {
+    if (t->hook_st != DP_OK) return t->hook_st;
+    if (dp_aborted(t->dp)) return DP_FAILED;
+    dp_log(t->dp, "the %s of stage %d failed (see above)", what, t->at.p);
+    return DP_ERR;
+}
 
 /* Micro-batch i forward on this stage: the input from the previous stage (or the tokens),
  * the output to the next (or the loss). Tags: 2i forward, 2i+1 backward. */
@@ -418,9 +439,9 @@ static dp_status stage_forward(Trainer *t, int step, int i, float *loss_sum) {
     if (p > 0) st = dp_group_recv(t->g_pp, t->x_in, btc * sizeof(float), p - 1, 2u * i);
     if (st != DP_OK) return st;
     float loss = gpt2_forward_part(m, t->inputs, t->targets, p > 0 ? t->x_in : NULL, t->B, t->T);
-    if (loss != loss) return part_failed(t);
+    if (t->hook_st != DP_OK || (loss != loss && (!last || dp_aborted(t->dp)))) return part_failed(t, "forward");
     if (last) {
-        *loss_sum += loss;
+        *loss_sum += loss; /* a NaN loss goes on as in data parallelism: the commit refuses a diverged step */
         return DP_OK;
     }
     float *out = t->act_send + (size_t)i * btc; /* stays until the sends are waited for */
@@ -435,7 +456,7 @@ static dp_status stage_backward(Trainer *t, int i) {
     dp_status st = DP_OK;
     if (!last) st = dp_group_recv(t->g_pp, t->dout, btc * sizeof(float), p + 1, 2u * i + 1);
     if (st != DP_OK) return st;
-    if (gpt2_backward_part(m, 1.0f, last ? NULL : t->dout) != 0) return part_failed(t);
+    if (gpt2_backward_part(m, 1.0f, last ? NULL : t->dout) != 0) return part_failed(t, "backward");
     if (p == 0) return DP_OK;
     float *g = t->grad_send + (size_t)i * btc;
     memcpy(g, gpt2_part_dinput(m), btc * sizeof(float));
@@ -543,6 +564,7 @@ static dp_status trainer_step_mp(Trainer *t, int step) {
 }
 
 dp_status trainer_train(Trainer *t) {
+    if (t->broken) return DP_ERR; /* said when it happened */
     for (int64_t step = dp_next_step(t->dp); step < dp_steps(t->dp); step++) {
         dp_status st = t->mp ? trainer_step_mp(t, (int)step) : trainer_step_dp(t, (int)step);
         if (st != DP_OK) return st;

@@ -70,7 +70,6 @@ comm_status comm_allgather(comm_t *c, const float *in, float *out, size_t n, int
 comm_status comm_broadcast(comm_t *c, void *buf, size_t nbytes, int root, int timeout_ms);
 comm_status comm_barrier(comm_t *c, int timeout_ms);
 
-/* Text of the last error on this communicator (the Gloo message), "" if none. */
 /* A communicator among some of the epoch's ranks (a tensor-, pipeline- or data-parallel group),
  * built as comm_create builds one, under its own prefix, with rank and size within the group.
  * It has no abort watcher of its own: comm_abort of `parent` (from the parent's watcher or
@@ -89,6 +88,7 @@ comm_status comm_recv(comm_t *c, void *buf, size_t nbytes, int src, uint32_t tag
 /* Waits until every send posted so far has left. */
 comm_status comm_wait_sends(comm_t *c, int timeout_ms);
 
+/* Text of the last error on this communicator (the Gloo message), "" if none. */
 const char *comm_last_error(const comm_t *c);
 const char *comm_status_str(comm_status s);
 

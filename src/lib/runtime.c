@@ -766,9 +766,14 @@ static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
             free(blob);
         }
     }
-    if (dp->cb.rebuild && dp->cb.rebuild(dp, dp->cb.arg) != DP_OK) {
-        snprintf(err, errlen, "rebuilding the derived state failed: %s", comm_last_error(dp->comm));
-        return DP_FAILED;
+    if (dp->cb.rebuild) {
+        dp->err[0] = '\0';
+        dp_status st = dp->cb.rebuild(dp, dp->cb.arg);
+        if (st != DP_OK) { /* a collective's failure is in dp->err (comm_failed), else the epoch's */
+            const char *why = dp->err[0] ? dp->err : comm_last_error(dp->comm);
+            snprintf(err, errlen, "rebuilding the derived state failed: %s", why[0] ? why : "the application's rebuild failed");
+            return st == DP_ERR ? DP_ERR : DP_FAILED;
+        }
     }
     return DP_OK;
 comm_failed:

@@ -936,7 +936,10 @@ static void supervise(Launcher *L) {
         launcher_beat(L);
         node_beat(L);
         if (used && L->cfg->respawn_spares && L->cfg->nnodes == 0) respawn_later(L, used);
-        if (L->respawn_due && now_ms() >= L->respawn_at) respawn_now(L);
+        /* Replicas on spares (a lone worker's always are): the new epoch's first snapshot
+         * waits for a spare to hold it, so the recovery cannot end before the respawn. */
+        if (L->respawn_due && (now_ms() >= L->respawn_at || L->cfg->workers == 1 || L->cfg->replica_placement == PLACE_SPARES))
+            respawn_now(L);
         /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */
         if (L->netdown_epoch >= 0 && L->coord && coord_epoch(L->coord) > L->netdown_epoch) {
             netns_link_up(&L->netns);

@@ -1,14 +1,19 @@
-/* trainer.h — the built-in GPT-2 trainer: one data-parallel rank's loop (ZeRO-1), a client
- * of deadpool.h and nothing more.
+/* trainer.h — the built-in GPT-2 trainer: one rank's loop, a client of deadpool.h and nothing
+ * more.
  *
- * Per step k on rank r of N, with A micro-batches per rank:
+ * Data parallel (ZeRO-1), per step k on rank r of N, with A micro-batches per rank:
  *   1. forward + backward on micro-batches r*A .. r*A+A-1 of step k (pure functions of seed, k);
  *   2. gradients summed over ranks by a ring allreduce (fixed order, timing-independent);
  *   3. global-norm clipping, then AdamW on this rank's 1/N shard of parameters and moments;
  *   4. allgather of the updated shards, so every rank holds the same parameters.
+ * With --tp/--pp (layout.h) the rank holds a part of the model (a tensor slice of a pipeline
+ * stage): step 1 is a 1F1B pipeline over the A micro-batches of its data-parallel replica d,
+ * with the tensor-parallel allreduces inside the model; steps 2-4 run in its data-parallel
+ * group (same stage and slice); the tied embedding's gradient is summed between the first and
+ * the last stage, the loss and the norm over all ranks (docs/DESIGN.md, "3D parallelism").
  * Its non-reconstructible state is the rank's parameter shard and AdamW moments (three
  * DP_SHARDED regions); the data position, learning rate and every random choice are
- * functions of (seed, step, rank), so no extra state is needed. */
+ * functions of (seed, step, replica), so no extra state is needed. */
 #ifndef DEADPOOL_TRAINER_H
 #define DEADPOOL_TRAINER_H
 

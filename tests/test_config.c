@@ -61,7 +61,20 @@ static void test_train_options(void) {
     char *args[] = {"--model", "small", "--lr=3e-4", "--warmup", "50"};
     CHECK(train_options_parse_args(&o, 5, args, err, sizeof err) == 0, "%s", err);
     CHECK(!strcmp(o.model, "small") && o.lr == 3e-4f && o.warmup == 50, "parsed %s %g %d", o.model, o.lr, o.warmup);
-    CHECK(train_options_validate(&o, 10, err, sizeof err) != 0 && strstr(err, "--warmup"), "%s", err);
+    CHECK(train_options_validate(&o, 10, 4, err, sizeof err) != 0 && strstr(err, "--warmup"), "%s", err);
+    /* the layout: small has 6 heads and 6 layers */
+    o.warmup = 0;
+    CHECK(train_options_validate(&o, 10, 4, err, sizeof err) == 0, "%s", err);
+    o.tp = 2, o.pp = 2;
+    CHECK(train_options_validate(&o, 10, 8, err, sizeof err) == 0, "tp 2 x pp 2 of 8 ranks: %s", err);
+    CHECK(train_options_validate(&o, 10, 6, err, sizeof err) != 0 && strstr(err, "--tp 2 x --pp 2"), "of 6 ranks: %s", err);
+    o.tp = 4, o.pp = 1;
+    CHECK(train_options_validate(&o, 10, 4, err, sizeof err) != 0 && strstr(err, "--tp: expected a divisor of the model's 6"),
+          "tp 4 of 6 heads: %s", err);
+    o.tp = 1, o.pp = 8;
+    CHECK(train_options_validate(&o, 10, 8, err, sizeof err) != 0 && strstr(err, "--pp: expected at most the model's 6"),
+          "pp 8 of 6 layers: %s", err);
+    o.pp = 1;
     CHECK(train_options_set(&o, "lr", "nan", err, sizeof err) != 0 && strstr(err, "--lr") && strstr(err, "nan"), "%s", err);
     CHECK(train_options_set(&o, "lr", "inf", err, sizeof err) != 0, "inf accepted");
     CHECK(train_options_has("model") && !train_options_has("workers") && job_config_has("workers") &&

@@ -195,7 +195,7 @@ static int cmd_run(int argc, char **argv) {
     if (cfg.nnodes > 0 && !workers_given) cfg.workers = cfg.nnodes * cfg.nproc_per_node;
     if (cfg.nnodes > 0 && !spares_given) cfg.spares = 0;
     if (job_config_validate(&cfg, err, sizeof err) != 0 ||
-        (builtin && train_options_validate(&topt, cfg.steps, err, sizeof err) != 0)) {
+        (builtin && train_options_validate(&topt, cfg.steps, cfg.workers, err, sizeof err) != 0)) {
         fprintf(stderr, "deadpool: %s\n", err);
         return 2;
     }

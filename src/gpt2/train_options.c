@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "layout.h"
 #include "options.h"
 
 #define F(field) offsetof(TrainOptions, field)
@@ -65,8 +66,16 @@ int train_options_parse_args(TrainOptions *o, int argc, char **argv, char *err, 
     return 0;
 }
 
-int train_options_validate(const TrainOptions *o, int steps, char *err, size_t errlen) {
+int train_options_validate(const TrainOptions *o, int steps, int world, char *err, size_t errlen) {
     if (!o->model[0]) { snprintf(err, errlen, "--model: expected a preset or a file, found nothing"); return -1; }
+    /* the layout against a preset's shape now; a model file's is checked once it is read */
+    GPT2Config mc;
+    Layout lay;
+    if (gpt2_preset(o->model, &mc) == 0 && layout_make(world, o->tp, o->pp, &mc, &lay, err, errlen) != 0) return -1;
+    if (world % (o->tp * o->pp) != 0) {
+        snprintf(err, errlen, "--tp %d x --pp %d: expected a divisor of the %d ranks", o->tp, o->pp, world);
+        return -1;
+    }
     if (o->warmup > steps) {
         snprintf(err, errlen, "--warmup: expected <= --steps (%d), found %d", steps, o->warmup);
         return -1;

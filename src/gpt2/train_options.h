@@ -25,8 +25,8 @@ int train_options_has(const char *name);
 int train_options_set(TrainOptions *o, const char *name, const char *value, char *err, size_t errlen);
 /* Parses "--name value" / "--name=value" arguments. 0 / -1 + err. */
 int train_options_parse_args(TrainOptions *o, int argc, char **argv, char *err, size_t errlen);
-/* Cross-field checks against the job's steps. 0 / -1 + err. */
-int train_options_validate(const TrainOptions *o, int steps, char *err, size_t errlen);
+/* Cross-field checks against the job's steps and ranks (the --tp x --pp layout). 0 / -1 + err. */
+int train_options_validate(const TrainOptions *o, int steps, int world, char *err, size_t errlen);
 void train_options_print_help(void);
 
 #endif

@@ -626,7 +626,7 @@ int gpt2_main(int argc, char **argv) {
     dp_t *dp = dp_init(NULL, err, sizeof err);
     if (!dp) { fprintf(stderr, "deadpool train: %s\n", err); return 1; }
     Trainer *t = NULL;
-    if (train_options_validate(&o, (int)dp_steps(dp), err, sizeof err) == 0) t = trainer_create(&o, dp, err, sizeof err);
+    if (train_options_validate(&o, (int)dp_steps(dp), dp_world(dp), err, sizeof err) == 0) t = trainer_create(&o, dp, err, sizeof err);
     if (!t) {
         dp_log(dp, "%s", err);
         return dp_finish(dp, DP_ERR);

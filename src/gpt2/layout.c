@@ -3,12 +3,17 @@
 
 #include <stdio.h>
 
-int layout_make(int world, int tp, int pp, const GPT2Config *cfg, Layout *out, char *err, size_t errlen) {
+int layout_check_world(int world, int tp, int pp, char *err, size_t errlen) {
     if (tp < 1 || pp < 1 || world % (tp * pp) != 0) {
         snprintf(err, errlen, "--tp %d x --pp %d: expected a divisor of the %d ranks (the data-parallel degree is "
                  "ranks / (tp x pp))", tp, pp, world);
         return -1;
     }
+    return 0;
+}
+
+int layout_make(int world, int tp, int pp, const GPT2Config *cfg, Layout *out, char *err, size_t errlen) {
+    if (layout_check_world(world, tp, pp, err, errlen) != 0) return -1;
     if (cfg->num_heads % tp != 0) {
         snprintf(err, errlen, "--tp: expected a divisor of the model's %d attention heads, found %d", cfg->num_heads, tp);
         return -1;

@@ -24,6 +24,8 @@ typedef struct {
 /* The layout of `world` ranks with --tp and --pp for the model cfg. 0, or -1 + err naming the
  * option, the expected and the found value. */
 int layout_make(int world, int tp, int pp, const GPT2Config *cfg, Layout *out, char *err, size_t errlen);
+/* The part of layout_make that needs no model: tp x pp divides the ranks. */
+int layout_check_world(int world, int tp, int pp, char *err, size_t errlen);
 Coord layout_coord(const Layout *l, int rank);
 int layout_rank(const Layout *l, Coord c);
 /* Stage p's layers [*l0, *l1): the L layers split as evenly as possible, earlier stages

@@ -436,10 +436,9 @@ void gpt2_init_full(const GPT2Config *cfg, float *full, uint64_t seed) {
 
 static int whole_model(const GPT2 *m) { return m->part.tp == 1 && m->part.layer0 == 0 && m->Ll == m->cfg.num_layers; }
 
-int gpt2_load_full(GPT2 *m, const float *full) {
+void gpt2_load_full(GPT2 *m, const float *full) {
     memset(m->params, 0, m->padded_params * sizeof(float)); /* the padding stays 0 */
     gpt2_part_map(&m->cfg, &m->part, (float *)full, m->params, 1);
-    return 0;
 }
 
 int gpt2_init_params(GPT2 *m, uint64_t seed) {

@@ -78,8 +78,8 @@ int gpt2_init_params(GPT2 *m, uint64_t seed);
 /* The whole model's initialisation into full[0 .. gpt2_num_params(cfg)) (what
  * gpt2_init_params gives the whole model). */
 void gpt2_init_full(const GPT2Config *cfg, float *full, uint64_t seed);
-/* The part's parameters from the whole model's flat vector (gpt2_num_params floats). 0. */
-int gpt2_load_full(GPT2 *m, const float *full);
+/* The part's parameters from the whole model's flat vector (gpt2_num_params floats). */
+void gpt2_load_full(GPT2 *m, const float *full);
 
 /* Forward pass on inputs/targets (B x T token ids, B, T within the create-time maximum).
  * Returns the mean cross-entropy loss over the B*T positions; with targets == NULL it only

@@ -71,11 +71,9 @@ int train_options_validate(const TrainOptions *o, int steps, int world, char *er
     /* the layout against a preset's shape now; a model file's is checked once it is read */
     GPT2Config mc;
     Layout lay;
-    if (gpt2_preset(o->model, &mc) == 0 && layout_make(world, o->tp, o->pp, &mc, &lay, err, errlen) != 0) return -1;
-    if (world % (o->tp * o->pp) != 0) {
-        snprintf(err, errlen, "--tp %d x --pp %d: expected a divisor of the %d ranks", o->tp, o->pp, world);
+    if (gpt2_preset(o->model, &mc) == 0 ? layout_make(world, o->tp, o->pp, &mc, &lay, err, errlen) != 0
+                                        : layout_check_world(world, o->tp, o->pp, err, errlen) != 0)
         return -1;
-    }
     if (o->warmup > steps) {
         snprintf(err, errlen, "--warmup: expected <= --steps (%d), found %d", steps, o->warmup);
         return -1;

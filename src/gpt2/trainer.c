@@ -28,7 +28,6 @@ struct Trainer {
     GPT2 *model;
     GPT2Config mc;
     DataSet *data;
-    size_t num_params;  /* of the model part this rank holds */
     size_t shard;       /* parameters owned per rank: ceil(the largest part / data-parallel degree) */
     /* This rank's shard of the parameters and its AdamW moments live in DeadPool's buffers
      * (dp_state: one per generation parity): the update reads one and writes the other. */
@@ -117,23 +116,28 @@ static void free_part(Trainer *t) {
     t->model_rank = -1;
 }
 
-/* The whole model's initial parameters: the model file, the resumed checkpoint's, or the
- * preset's initialisation. NULL + err. */
-static float *initial_full(Trainer *t, char *err, size_t errlen) {
+/* The initial parameters into this rank's model: the model file's (a --model file or the
+ * resumed checkpoint's model.bin), else the preset's initialisation; a part takes its slice of
+ * the whole model's. 0 / -1 + err. */
+static int load_initial_params(Trainer *t, char *err, size_t errlen) {
     GPT2Config mc = t->mc;
-    float *full = malloc(gpt2_num_params(&t->mc) * sizeof(float));
-    if (!full) { snprintf(err, errlen, "out of memory for the model's %zu parameters", gpt2_num_params(&t->mc)); return NULL; }
-    if (t->from_file) {
-        if (modelfile_read(t->model_file, &mc, full, err, errlen) != 0) { free(full); return NULL; }
-    } else {
-        gpt2_init_full(&t->mc, full, t->seed);
+    if (!t->mp) {
+        if (t->from_file) return modelfile_read(t->model_file, &mc, gpt2_params(t->model), err, errlen);
+        gpt2_init_params(t->model, t->seed);
+        return 0;
     }
-    return full;
+    float *full = malloc(gpt2_num_params(&t->mc) * sizeof(float));
+    if (!full) { snprintf(err, errlen, "out of memory for the model's %zu parameters", gpt2_num_params(&t->mc)); return -1; }
+    int rc = t->from_file ? modelfile_read(t->model_file, &mc, full, err, errlen) : 0;
+    if (!t->from_file) gpt2_init_full(&t->mc, full, t->seed);
+    if (rc == 0) gpt2_load_full(t->model, full);
+    free(full);
+    return rc;
 }
 
-/* Builds this rank's part (coordinate of dp_rank), its micro-batch slots and buffers, and
- * loads its parameters from `full` (NULL: none, they are restored). 0 / -1 + err. */
-static int build_part(Trainer *t, const float *full, char *err, size_t errlen) {
+/* Builds this rank's part (coordinate of dp_rank), its micro-batch slots and buffers; its
+ * parameters are loaded or restored afterwards. 0 / -1 + err. */
+static int build_part(Trainer *t, char *err, size_t errlen) {
     int rank = dp_rank(t->dp);
     if (t->model && t->model_rank == rank) return 0;
     free_part(t);
@@ -167,8 +171,6 @@ static int build_part(Trainer *t, const float *full, char *err, size_t errlen) {
         gpt2_set_tp_allreduce(t->slots[i], tp_hook, t);
         gpt2_set_abort_check(t->slots[i], aborted, t->dp);
     }
-    t->num_params = gpt2_part_num_params(&t->mc, &t->part);
-    if (full) gpt2_load_full(t->model, full);
     t->model_rank = rank;
     return 0;
 }
@@ -178,7 +180,7 @@ static int build_part(Trainer *t, const float *full, char *err, size_t errlen) {
 static dp_status ensure_part(Trainer *t) {
     if (!t->mp || (t->model && t->model_rank == dp_rank(t->dp))) return DP_OK;
     char err[512];
-    if (build_part(t, NULL, err, sizeof err) != 0) {
+    if (build_part(t, err, sizeof err) != 0) {
         dp_log(t->dp, "%s", err);
         t->broken = 1;
         return DP_ERR;
@@ -235,7 +237,6 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
     t->opt = optimizer_config(o, (int)dp_steps(dp));
     snprintf(t->model_file, sizeof t->model_file, "%s", model_file);
     t->from_file = from_file;
-    float *full = NULL;
 
     t->data = o->data[0] ? data_open(o->data, mc.vocab_size, err, errlen) : data_builtin(1 << 20);
     if (!t->data) goto fail;
@@ -251,7 +252,6 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
         size_t n = gpt2_part_num_params(&mc, &q);
         if (n > largest) largest = n;
     }
-    t->num_params = largest;
     t->shard = (largest + (size_t)lay.dp - 1) / (size_t)lay.dp;
     size_t bytes = t->shard * sizeof(float);
     dp_state_spec state[3] = {{REGION_PARAMS, bytes}, {REGION_M, bytes}, {REGION_V, bytes}};
@@ -260,32 +260,23 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
     t->inputs = malloc((size_t)t->B * T * sizeof(int));
     t->targets = malloc((size_t)t->B * T * sizeof(int));
     if (!t->inputs || !t->targets) { snprintf(err, errlen, "out of memory"); goto fail; }
-    if (t->mp) {
-        /* a spare builds its part once it has a rank; a member now, from the whole model */
-        if (dp_rank(dp) >= 0) {
-            if (!(full = initial_full(t, err, errlen))) goto fail;
-            if (build_part(t, full, err, errlen) != 0) goto fail;
-            initial_state(t);
-        }
-    } else {
+    /* a spare of a 3D job builds its part once it has a rank (ensure_part) */
+    if (t->mp && dp_rank(dp) >= 0 && build_part(t, err, errlen) != 0) goto fail;
+    if (!t->mp) {
         t->model = gpt2_create(&mc, t->B, T, t->shard * (size_t)t->size);
         if (!t->model) {
-            snprintf(err, errlen, "out of memory allocating the model (%zu parameters, batch %d x %d)", t->num_params, t->B, T);
+            snprintf(err, errlen, "out of memory allocating the model (%zu parameters, batch %d x %d)", largest, t->B, T);
             goto fail;
         }
-        if (from_file) {
-            if (modelfile_read(model_file, &mc, gpt2_params(t->model), err, errlen) != 0) goto fail;
-        } else {
-            gpt2_init_params(t->model, t->seed);
-        }
-        initial_state(t);
         gpt2_set_abort_check(t->model, aborted, dp);
     }
-    free(full);
+    if (t->model) {
+        if (load_initial_params(t, err, errlen) != 0) goto fail;
+        initial_state(t);
+    }
     openblas_set_num_threads(o->threads);
     return t;
 fail:
-    free(full);
     trainer_free(t);
     return NULL;
 }
@@ -315,17 +306,12 @@ static int regions_cb(void *arg, dp_region *out, int max) {
 static void reset_cb(void *arg) {
     Trainer *t = arg;
     char err[1024];
-    float *full = NULL;
     if (ensure_part(t) != DP_OK) return;
-    if (t->mp || t->from_file) full = initial_full(t, err, sizeof err);
-    if ((t->mp || t->from_file) && !full) {
+    if (load_initial_params(t, err, sizeof err) != 0) {
         dp_log(t->dp, "resetting to the initial model: %s", err);
         t->broken = 1;
         return;
     }
-    if (full) gpt2_load_full(t->model, full);
-    else gpt2_init_params(t->model, t->seed);
-    free(full);
     initial_state(t);
 }
 
@@ -341,10 +327,12 @@ static dp_status rebuild_cb(dp_t *dp, void *arg) {
     return st;
 }
 
-/* The whole model from every rank's parameter shard (all[r * shard ..], rank-major): each
- * part is its data-parallel group's shards end to end. */
-static void assemble_full(const Trainer *t, const float *all, float *full, float *part_buf) {
-    for (int p = 0; p < t->lay.pp; p++)
+/* The whole model from every rank's parameter shard (all[r * shard ..], rank-major), malloc'ed
+ * (NULL without memory): each part is its data-parallel group's shards end to end. */
+static float *assemble_full(const Trainer *t, const float *all) {
+    float *full = malloc(gpt2_num_params(&t->mc) * sizeof(float));
+    float *part_buf = malloc(t->shard * (size_t)t->lay.dp * sizeof(float));
+    for (int p = 0; p < t->lay.pp && full && part_buf; p++)
         for (int ts = 0; ts < t->lay.tp; ts++) {
             for (int d = 0; d < t->lay.dp; d++)
                 memcpy(part_buf + (size_t)d * t->shard, all + (size_t)layout_rank(&t->lay, (Coord){d, p, ts}) * t->shard,
@@ -352,6 +340,9 @@ static void assemble_full(const Trainer *t, const float *all, float *full, float
             GPT2Part q = layout_part(&t->lay, &t->mc, (Coord){0, p, ts});
             gpt2_part_map(&t->mc, &q, full, part_buf, 0);
         }
+    if (!part_buf) { free(full); full = NULL; }
+    free(part_buf);
+    return full;
 }
 
 typedef struct {
@@ -375,25 +366,23 @@ static int copy_params_shard(void *arg, const dp_generation *g) {
 static int checkpoint_cb(void *arg, const char *dir, int64_t step, int world, char *err, size_t errlen) {
     Trainer *t = arg;
     (void)step;
-    float *all = malloc(t->shard * (size_t)world * sizeof(float));
-    float *full = t->mp ? malloc(gpt2_num_params(&t->mc) * sizeof(float)) : NULL;
-    float *part_buf = t->mp ? malloc(t->shard * (size_t)t->lay.dp * sizeof(float)) : NULL;
-    if (!all || (t->mp && (!full || !part_buf))) {
-        free(all), free(full), free(part_buf);
-        snprintf(err, errlen, "out of memory for the checkpoint's model");
-        return -1;
-    }
+    float *all = malloc(t->shard * (size_t)world * sizeof(float)), *full = NULL;
+    if (!all) { snprintf(err, errlen, "out of memory for the checkpoint's model"); return -1; }
     int rc = 0;
     for (int r = 0; r < world && rc == 0; r++) {
         ShardCopy c = {all, t->shard, r};
         rc = dp_checkpoint_read(dir, r, copy_params_shard, &c, err, errlen);
         if (rc != 0 && !err[0]) snprintf(err, errlen, "%s: rank %d's state has no parameter shard of %zu floats", dir, r, t->shard);
     }
-    if (rc == 0 && t->mp) assemble_full(t, all, full, part_buf);
+    /* without model parallelism the shards end to end are the model */
+    if (rc == 0 && t->mp && !(full = assemble_full(t, all))) {
+        snprintf(err, errlen, "out of memory for the checkpoint's model");
+        rc = -1;
+    }
     char path[4200];
     snprintf(path, sizeof path, "%s/model.bin", dir);
     if (rc == 0) rc = modelfile_write(path, &t->mc, t->mp ? full : all, err, errlen);
-    free(all), free(full), free(part_buf);
+    free(all), free(full);
     return rc;
 }
 
@@ -435,7 +424,8 @@ static dp_status stage_forward(Trainer *t, int step, int i, float *loss_sum) {
     size_t btc = (size_t)t->B * t->T * t->mc.channels;
     int p = t->at.p, last = p == t->lay.pp - 1;
     dp_status st = DP_OK;
-    data_batch(t->data, t->seed, step, t->at.d * t->opt_cfg.grad_accum + i, t->B, t->T, t->inputs, t->targets);
+    if (p == 0 || last) /* the first stage embeds the tokens, the last one scores them */
+        data_batch(t->data, t->seed, step, t->at.d * t->opt_cfg.grad_accum + i, t->B, t->T, t->inputs, t->targets);
     if (p > 0) st = dp_group_recv(t->g_pp, t->x_in, btc * sizeof(float), p - 1, 2u * i);
     if (st != DP_OK) return st;
     float loss = gpt2_forward_part(m, t->inputs, t->targets, p > 0 ? t->x_in : NULL, t->B, t->T);
@@ -535,7 +525,7 @@ static dp_status trainer_step_dp(Trainer *t, int step) {
 
     /* Gradients are now sums over N*A micro-batch means: average them. */
     int micro_batches = t->size * t->opt_cfg.grad_accum;
-    double norm = grad_global_norm(grads, t->num_params) * (1.0f / (float)micro_batches);
+    double norm = grad_global_norm(grads, gpt2_num_params(&t->mc)) * (1.0f / (float)micro_batches);
     return update_and_commit(t, step, loss, norm, micro_batches);
 }
 
@@ -575,14 +565,13 @@ dp_status trainer_train(Trainer *t) {
 dp_status trainer_gather_model(Trainer *t) {
     if (!t->mp) return DP_OK; /* every rank holds the whole model */
     dp_status st = ensure_part(t);
-    size_t world = (size_t)t->size;
-    float *all = malloc(t->shard * world * sizeof(float)), *part_buf = malloc(t->shard * (size_t)t->lay.dp * sizeof(float));
-    if (!t->full) t->full = malloc(gpt2_num_params(&t->mc) * sizeof(float));
-    if (!all || !part_buf || !t->full) st = DP_ERR;
+    float *all = malloc(t->shard * (size_t)t->size * sizeof(float));
+    if (!all) st = DP_ERR;
     if (st == DP_OK) st = dp_allgather(t->dp, dp_state(t->dp, REGION_PARAMS, dp_next_step(t->dp) - 1), all, t->shard);
-    if (st == DP_OK) assemble_full(t, all, t->full, part_buf);
+    free(t->full);
+    t->full = st == DP_OK ? assemble_full(t, all) : NULL;
+    if (st == DP_OK && !t->full) st = DP_ERR;
     free(all);
-    free(part_buf);
     return st;
 }
 

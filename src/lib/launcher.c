@@ -789,9 +789,13 @@ static void respawn_spares(Launcher *L, int n) {
 /* Replacements for the spares a decision used start after the recovery, not during it: a
  * program starting up (the trainer initialises a whole model) would take CPU from the
  * spare restoring its state while every survivor waits for it. The pool is short of those
- * spares until then; a failure in between is decided with the spares that remain. */
+ * spares until then; a failure in between is decided with the spares that remain. Unless
+ * the replicas live on spares (a lone worker's always do): the new epoch's first snapshot
+ * waits for a spare to hold it, so the recovery cannot end before the respawn: at once. */
 static void respawn_later(Launcher *L, int n) {
-    if (!L->respawn_due) L->respawn_at = now_ms() + 2.0 * L->cfg->detect_timeout_ms + 3000; /* the join bound */
+    int holders_are_spares = L->cfg->workers == 1 || L->cfg->replica_placement == PLACE_SPARES;
+    double wait = holders_are_spares ? 0 : 2.0 * L->cfg->detect_timeout_ms + 3000; /* the join bound */
+    if (!L->respawn_due) L->respawn_at = now_ms() + wait;
     L->respawn_due += n;
 }
 
@@ -936,10 +940,7 @@ static void supervise(Launcher *L) {
         launcher_beat(L);
         node_beat(L);
         if (used && L->cfg->respawn_spares && L->cfg->nnodes == 0) respawn_later(L, used);
-        /* Replicas on spares (a lone worker's always are): the new epoch's first snapshot
-         * waits for a spare to hold it, so the recovery cannot end before the respawn. */
-        if (L->respawn_due && (now_ms() >= L->respawn_at || L->cfg->workers == 1 || L->cfg->replica_placement == PLACE_SPARES))
-            respawn_now(L);
+        if (L->respawn_due && now_ms() >= L->respawn_at) respawn_now(L);
         /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */
         if (L->netdown_epoch >= 0 && L->coord && coord_epoch(L->coord) > L->netdown_epoch) {
             netns_link_up(&L->netns);

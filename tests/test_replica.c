@@ -723,6 +723,8 @@ typedef struct {
     uint64_t pidns;
     int64_t pid;
     uint64_t addr;
+    uint32_t crc_known;
+    uint32_t unused;
 } RawPullSource;
 
 static RawPullSource this_process(const void *addr) {
@@ -737,6 +739,7 @@ static RawPullSource this_process(const void *addr) {
     if (stat("/proc/self/ns/pid", &st) == 0) src.pidns = st.st_ino;
     src.pid = getpid();
     src.addr = (uint64_t)(uintptr_t)addr;
+    src.crc_known = 1;
     return src;
 }
 
@@ -749,16 +752,22 @@ static int can_pull(void) {
     return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == (ssize_t)sizeof dst;
 }
 
-/* A PULL on an authenticated connection of this process: its status, 1 on failure. */
-static int32_t raw_pull(ReplicaServer *s, const SnapHeader *h, const RawPullSource *src) {
+/* A PULL on an authenticated connection of this process: its status, 1 on failure; the
+ * header the holder stored into *stored when given and the status is OK. */
+static int32_t raw_pull_stored(ReplicaServer *s, const SnapHeader *h, const RawPullSource *src, SnapHeader *stored) {
     RawConn rc;
     int32_t st = 1;
+    SnapHeader sink;
     unsigned char req[1 + sizeof *h + sizeof *src] = {REPLICA_REQ_PULL};
     memcpy(req + 1, h, sizeof *h);
     memcpy(req + 1 + sizeof *h, src, sizeof *src);
-    if (raw_open(s, &rc) == 0 && raw_request(&rc, req, sizeof req) == 0) st = raw_status(&rc);
+    if (raw_open(s, &rc) == 0 && raw_request(&rc, req, sizeof req) == 0) st = raw_reply(&rc, stored ? stored : &sink);
     raw_close(&rc);
     return st;
+}
+
+static int32_t raw_pull(ReplicaServer *s, const SnapHeader *h, const RawPullSource *src) {
+    return raw_pull_stored(s, h, src, NULL);
 }
 
 static void test_pull_used_on_this_machine(void) {
@@ -788,6 +797,60 @@ static void test_pull_used_on_this_machine(void) {
         expect_gen(c, 1, -1, 2, len);
     }
     replica_close(c);
+    replica_server_stop(s);
+}
+
+/* rank 3's generation `step` with its CRC left out, as zero-copy state sends it; *crc gets
+ * what it should be. */
+static SnapHeader header_without_crc(int64_t step, const void *p, size_t len, uint32_t *crc) {
+    SnapHeader h = make_header(JOB, 3, step, p, len);
+    *crc = h.crc;
+    h.crc = 0;
+    snap_header_seal(&h);
+    return h;
+}
+
+/* A generation whose CRC the owner left to its holder (zero-copy state): the holder computes
+ * it over the bytes it pulls and answers with the header it stored; over TCP the client
+ * computes it first. Either way the holder serves the bytes back verified, and a bit flipped
+ * in its slot afterwards is caught when the replica is read. */
+static void test_pull_computes_the_crc(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    size_t len = (2u << 20) + 77;
+    for (int allow = 1; allow >= 0; allow--) {
+        int64_t step = 5 - allow; /* 4 pulled, 5 over TCP */
+        unsigned char *p = make_payload(3, step, len);
+        uint32_t want;
+        SnapHeader h = header_without_crc(step, p, len, &want);
+        ALLOW_PULL = allow;
+        ReplicaConn *c = connect_to(s);
+        replica_status st = replica_put_summing(c, &h, p, TIMEOUT_MS);
+        CHECK(st == REPLICA_OK, "summing PUT (allow_pull %d): %s", allow, replica_status_str(st));
+        CHECK(h.crc == want && snap_header_check(&h) == NULL, "the CRC came back (allow_pull %d): %08x, want %08x",
+              allow, h.crc, want);
+        if (allow && can_pull()) CHECK(replica_last_put_pulled(c), "pulled");
+        if (c) expect_gen(c, 3, -1, step, len);
+        replica_close(c);
+        free(p);
+    }
+    ALLOW_PULL = 0;
+    /* by hand: a PULL without a CRC stores and answers the header with it */
+    unsigned char *p = make_payload(3, 6, len);
+    uint32_t want;
+    SnapHeader h = header_without_crc(6, p, len, &want), stored;
+    RawPullSource src = this_process(p);
+    src.crc_known = 0;
+    int32_t st = raw_pull_stored(s, &h, &src, &stored);
+    if (can_pull()) {
+        CHECK(st == REPLICA_OK && stored.crc == want && stored.step == 6 && snap_header_check(&stored) == NULL,
+              "a PULL without a CRC: status %d, crc %08x, want %08x", st, stored.crc, want);
+        CHECK(replica_server_debug_flip(s, 3, 6, len / 3) == 0, "flip a bit of the pulled slot");
+        ReplicaConn *c = connect_to(s);
+        if (c) expect_gen(c, 3, 6, 5, len); /* the flipped slot is not served; the older one is */
+        replica_close(c);
+    }
+    free(p);
     replica_server_stop(s);
 }
 
@@ -1374,6 +1437,7 @@ int main(void) {
     RUN_TEST(test_stop_with_transfers_in_flight);
     RUN_TEST(test_put_throughput);
     RUN_TEST(test_pull_used_on_this_machine);
+    RUN_TEST(test_pull_computes_the_crc);
     RUN_TEST(test_pull_refused_when_unsafe);
     RUN_TEST(test_generations_and_max_step_pulled);
     RUN_TEST(test_bad_payload_refused_pulled);

@@ -38,10 +38,14 @@
  *        reply:    int32 status (+ SnapHeader when REPLICA_OK), tag; then, when REPLICA_OK,
  *                  header.length bytes. Otherwise REPLICA_NOT_FOUND or REPLICA_CORRUPT.
  *   PULL request: 'L' (REPLICA_REQ_PULL), SnapHeader, then a PullSource (below): where in
- *        which process on this machine the payload lies.
- *        reply:    int32 status: REPLICA_OK, REPLICA_REFUSED (bad header) or REPLICA_NO_PULL
- *                  (another machine or pid namespace, not permitted, or the bytes read did
- *                  not match the header's CRC): the sender then PUTs the same generation.
+ *        which process on this machine the payload lies, and whether the header's crc is
+ *        computed (crc_known). When it is not (the owner's zero-copy generations), the
+ *        holder computes it over the bytes it copies and stores the header with it: the
+ *        sender blocks until the verdict, so those bytes are the sender's.
+ *        reply:    int32 status (+ the SnapHeader as stored, when REPLICA_OK): REPLICA_OK,
+ *                  REPLICA_REFUSED (bad header) or REPLICA_NO_PULL (another machine or pid
+ *                  namespace, not permitted, or the bytes read did not match a known CRC):
+ *                  the sender then PUTs the same generation, its CRC computed first.
  *        The holder pulls only from the process at the other end of this very connection:
  *        it asks the kernel's socket diagnostics (NETLINK_SOCK_DIAG, what `ss` uses) for the
  *        inode of the peer's socket and requires that /proc/PID/fd of the named pid holds it,
@@ -142,8 +146,10 @@ typedef struct {
     uint64_t pidns;    /* inode of /proc/self/ns/pid */
     int64_t pid;
     uint64_t addr;
+    uint32_t crc_known; /* 0: the header's crc is not computed yet: the holder computes it */
+    uint32_t unused;    /* zero */
 } PullSource;
-_Static_assert(sizeof(PullSource) == 64, "PullSource travels as 64 raw bytes");
+_Static_assert(sizeof(PullSource) == 72, "PullSource travels as 72 raw bytes");
 
 #define NONCE_BYTES 32
 #define TAG_BYTES crypto_auth_BYTES
@@ -907,9 +913,13 @@ static int serve_pull(ReplicaServer *s, Conn *c) {
     Slot *sl = take_put_slot(s, &h);
     if (!sl) return send_reply(c, REPLICA_REFUSED, NULL, &b) == 0;
     uint32_t crc = 0;
-    int good = pull_bytes(&src, sl->data, h.length, &crc) == 0 && crc == h.crc;
+    int good = pull_bytes(&src, sl->data, h.length, &crc) == 0 && (!src.crc_known || crc == h.crc);
+    if (good && !src.crc_known) { /* the owner's bytes cannot change before our verdict: this is their CRC */
+        h.crc = crc;
+        snap_header_seal(&h);
+    }
     slot_finish_put(s, sl, good ? &h : NULL);
-    return send_reply(c, good ? REPLICA_OK : REPLICA_NO_PULL, NULL, &b) == 0;
+    return send_reply(c, good ? REPLICA_OK : REPLICA_NO_PULL, good ? &h : NULL, &b) == 0;
 }
 
 /* One RESERVE (the type byte already read). 1 to keep serving the connection, 0 to close it.
@@ -1445,15 +1455,38 @@ static replica_status request_status(ReplicaConn *c, const void *req, size_t len
     return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
 }
 
-/* Asks the holder to pull the payload out of our memory. OK, REFUSED, NO_PULL or IO. */
-static replica_status put_by_pull(ReplicaConn *c, const SnapHeader *h, const void *payload, io_bound *b) {
+/* Asks the holder to pull the payload out of our memory. OK, REFUSED, NO_PULL or IO. Without
+ * crc_known the holder computes the payload's CRC as it copies and *h gets it from the
+ * holder's (tagged) answer: the header the holder now stores, which must be ours but for it. */
+static replica_status put_by_pull(ReplicaConn *c, SnapHeader *h, const void *payload, int crc_known, io_bound *b) {
     unsigned char req[1 + sizeof(SnapHeader) + sizeof(PullSource)];
     PullSource src = c->me;
     src.addr = (uint64_t)(uintptr_t)payload;
+    src.crc_known = crc_known ? 1 : 0;
     req[0] = REPLICA_REQ_PULL;
     memcpy(req + 1, h, sizeof *h);
     memcpy(req + 1 + sizeof *h, &src, sizeof src);
-    return request_status(c, req, sizeof req, REPLICA_NO_PULL, b);
+    int32_t st;
+    SnapHeader stored;
+    if (send_msg(c->fd, &c->ss, req, sizeof req, b) != 0 || recv_reply(c, &st, &stored, b) != 0) {
+        conn_drop(c);
+        return REPLICA_IO;
+    }
+    if (st == REPLICA_NO_PULL) return REPLICA_NO_PULL;
+    if (st != REPLICA_OK) {
+        conn_drop(c);
+        return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
+    }
+    SnapHeader mine = *h;
+    mine.crc = stored.crc;
+    snap_header_seal(&mine);
+    if (memcmp(&mine, &stored, sizeof mine) != 0 || (crc_known && stored.crc != h->crc)) {
+        log_msg("replica: %s:%d stored a header other than ours; connection dropped", c->host, c->port);
+        conn_drop(c);
+        return REPLICA_IO;
+    }
+    *h = stored;
+    return REPLICA_OK;
 }
 
 replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_ms) {
@@ -1469,19 +1502,23 @@ replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_
 
 int replica_last_put_pulled(const ReplicaConn *c) { return c && c->last_pulled; }
 
-replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms) {
+static replica_status put_generation(ReplicaConn *c, SnapHeader *h, const void *payload, int crc_known, int timeout_ms) {
     if (!c || !h || (h->length > 0 && !payload)) return REPLICA_IO;
     io_bound b = bound_total(timeout_ms);
     replica_status ready = conn_ready(c, &b);
     if (ready != REPLICA_OK) return ready;
     c->last_pulled = 0;
     if (c->pull && h->length > 0) {
-        replica_status st = put_by_pull(c, h, payload, &b);
+        replica_status st = put_by_pull(c, h, payload, crc_known, &b);
         if (st != REPLICA_NO_PULL) {
             c->last_pulled = st == REPLICA_OK;
             return st;
         }
         c->pull = 0; /* this holder cannot read us: TCP from now on */
+    }
+    if (!crc_known) { /* TCP: the holder checks the bytes it receives against the header */
+        h->crc = crc32c(0, payload, h->length);
+        snap_header_seal(h);
     }
 
     unsigned char head[1 + sizeof(SnapHeader)];
@@ -1498,6 +1535,15 @@ replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payl
     if (st == REPLICA_OK && sent == 0) return REPLICA_OK;
     conn_drop(c); /* after a refusal the holder may have closed: start clean next time */
     return st == REPLICA_REFUSED ? REPLICA_REFUSED : REPLICA_IO;
+}
+
+replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms) {
+    SnapHeader copy = *h;
+    return put_generation(c, &copy, payload, 1, timeout_ms);
+}
+
+replica_status replica_put_summing(ReplicaConn *c, SnapHeader *h, const void *payload, int timeout_ms) {
+    return put_generation(c, h, payload, 0, timeout_ms);
 }
 
 replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,

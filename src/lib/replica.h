@@ -117,6 +117,11 @@ void replica_close(ReplicaConn *c);
 /* Replicates one generation and waits for the holder's verdict (bounded by timeout_ms).
  * payload must stay unchanged until this returns. */
 replica_status replica_put(ReplicaConn *c, const SnapHeader *h, const void *payload, int timeout_ms);
+/* The same for a header whose crc is not computed yet: a holder that pulls computes it from
+ * the bytes it copies (one pass over them, where otherwise the owner would make another) and
+ * *h is set to the header it stored, crc filled in and resealed; before a PUT over TCP this
+ * call computes it. So after REPLICA_OK, h->crc is the payload's CRC32C. */
+replica_status replica_put_summing(ReplicaConn *c, SnapHeader *h, const void *payload, int timeout_ms);
 /* Tells the holder that h->rank's generations will be h->length bytes (h->step is unused),
  * so it allocates both slots and faults their pages in now, ahead of the first PUT, rather
  * than during the first two while training runs. Slots that hold a generation are left

@@ -15,6 +15,7 @@ typedef struct {
     unsigned char *own;  /* this slot's buffer, for copied generations */
     size_t cap;          /* bytes allocated at own */
     int committed;       /* holds a committed generation (header.step) */
+    int crc_known;       /* header.crc is computed (an external payload's is left to its first holder) */
 } Slot;
 
 struct Snapshot {
@@ -106,7 +107,7 @@ static void warm_up(Snapshot *s) {
 /* Sends the slot to every holder; reconnects once per holder on a connection that failed fast
  * (a reset: the holder restarted its end), not after a failure that took more than half the
  * timeout: a holder cut off with its machine costs one timeout, not two. */
-static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
+static int replicate(Snapshot *s, Slot *slot, uint64_t *pulled) {
     int ok = 1;
     *pulled = 0;
     for (int i = 0; i < s->cfg.ntargets; i++) {
@@ -115,7 +116,9 @@ static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
         for (int attempt = 0; attempt < 2 && st == REPLICA_IO; attempt++) {
             if (attempt > 0 && now_ms() - t0 > s->cfg.timeout_ms / 2) break;
             if (!target_conn(s, i)) continue;
-            st = replica_put(s->conns[i], &slot->header, slot->data, s->cfg.timeout_ms);
+            st = slot->crc_known ? replica_put(s->conns[i], &slot->header, slot->data, s->cfg.timeout_ms)
+                                 : replica_put_summing(s->conns[i], &slot->header, slot->data, s->cfg.timeout_ms);
+            if (st == REPLICA_OK) slot->crc_known = 1;
             if (st == REPLICA_OK && replica_last_put_pulled(s->conns[i])) *pulled += slot->header.length;
             if (st == REPLICA_IO) {
                 replica_close(s->conns[i]);
@@ -135,13 +138,15 @@ static int replicate(Snapshot *s, const Slot *slot, uint64_t *pulled) {
 }
 
 /* The payload of `step` into the slot: copied from the live regions (with its CRC), or, for
- * an external generation, only checksummed where it lies. 0, or -1 without memory. */
+ * an external generation, left where it lies without its CRC: the first holder computes that
+ * as it copies the bytes (replica_put_summing), which spares this thread a pass over them.
+ * 0, or -1 without memory. */
 static int fill_slot(Snapshot *s, Slot *slot, int64_t step, const unsigned char *ext, size_t ext_len) {
     if (ext) {
         init_header(s, &slot->header);
         slot->data = (unsigned char *)ext;
         slot->header.length = ext_len;
-        slot->header.crc = crc32c(0, ext, ext_len);
+        slot->crc_known = 0;
         return 0;
     }
     if (slot->cap < s->bytes || !slot->own) { /* the state grew (e.g. optimizer moments allocated at the first step) */
@@ -156,6 +161,7 @@ static int fill_slot(Snapshot *s, Slot *slot, int64_t step, const unsigned char 
     }
     slot->data = slot->own;
     copy_regions(s, slot);
+    slot->crc_known = 1;
     return 0;
 }
 
@@ -187,6 +193,11 @@ static void run_generation(Snapshot *s, int64_t step, const unsigned char *ext, 
 
     uint64_t pulled;
     int ok = replicate(s, slot, &pulled);
+    if (ok && !slot->crc_known) { /* no holder: the local copy is checked against it when it is read back */
+        slot->header.crc = crc32c(0, slot->data, slot->header.length);
+        snap_header_seal(&slot->header);
+        slot->crc_known = 1;
+    }
     double t2 = now_ms();
 
     pthread_mutex_lock(&s->mu);

@@ -78,8 +78,10 @@ void snapshot_capture(Snapshot *s, int64_t step);
  * application reports may change between generations: the buffers grow to fit). Waits for
  * a generation in flight first. 0, or -1 without memory. */
 int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *regions, int n);
-/* Generation `step` is the caller's payload[0..len) itself: it is checksummed and replicated
- * where it lies, not copied, and it is the local copy a rollback uses. The caller must leave
+/* Generation `step` is the caller's payload[0..len) itself: it is replicated where it lies,
+ * not copied, and it is the local copy a rollback uses. Its CRC32C is computed once, by the
+ * first holder that pulls it, in the same pass as its copy (here only before a TCP send, or
+ * when there is no holder). The caller must leave
  * those bytes unchanged until generation step + 1 has committed (the training loop's order
  * guarantees that: see runtime.c, zero-copy state). Waits for a generation in flight first. */
 int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len);

@@ -10,8 +10,17 @@
  *     shift(crc(A), |B|) ^ crc0(B), where shift appends |B| zero bytes (a linear map over
  *     GF(2), applied here through four 256-entry tables) and crc0(B) is B's CRC started
  *     from a zero register. Same scheme as Mark Adler's crc32c.c.
- * crc32c() picks the hardware path at run time (__builtin_cpu_supports), so this file also
- * works in a build without -msse4.2 and on CPUs that lack the instruction.
+ *   - crc32c_fold: where the CPU has VPCLMULQDQ and AVX-512, big buffers are folded instead:
+ *     four 512-bit accumulators (16 lanes of 128 bits), each lane multiplied forward by x^D
+ *     modulo the polynomial with carry-less multiplies and XORed onto the data D bits
+ *     further, 256 bytes per iteration; the lanes are then folded into one 128-bit value
+ *     with the same CRC as everything folded, which the crc32 instruction finishes. The
+ *     method of Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ"
+ *     (Gopal et al., 2009); its constants are computed here from the polynomial (fold_key).
+ *     About three times the three-way crc32 path on data in cache: it is what a holder
+ *     spends per byte it pulls.
+ * crc32c() picks the fastest path at run time (__builtin_cpu_supports), so this file also
+ * works in a build without -msse4.2 and on CPUs that lack the instructions.
  *
  * The CRC register is kept inverted inside the loops ("~crc" in, "~crc" out), which is the
  * usual init/final xor of 0xFFFFFFFF: crc32c(0, "123456789", 9) == 0xE3069283. */
@@ -22,13 +31,17 @@
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <nmmintrin.h>
+#include <immintrin.h>
 #define CRC32C_HAVE_HW 1
 #else
 #define CRC32C_HAVE_HW 0
 #endif
 
 #define CRC32C_POLY 0x82F63B78u
+#define CRC32C_POLY_NORMAL 0x1EDC6F41u /* the same polynomial, x^31 first (fold_key) */
+
+/* Below this many bytes the fold's setup and final reduction do not pay. */
+#define CRC32C_FOLD_MIN 1024
 
 /* Stream lengths for the three-way hardware path. Powers of two (crc32c_zeros_op needs
  * that). LONG blocks carry big buffers; SHORT blocks pick up most of what is left so that
@@ -43,7 +56,11 @@
 static uint32_t sw_table[8][256];
 static uint32_t shift_long[4][256];  /* appends LONG zero bytes to a raw CRC register */
 static uint32_t shift_short[4][256]; /* appends SHORT zero bytes */
-static int use_hw;
+static int use_hw, use_fold;
+/* Fold constants, one 128-bit pair per lane: (x^(D+32) mod P, x^(D-32) mod P), bit-reflected
+ * and shifted left by one, for D = 2048 (a 256-byte iteration), 512 (one accumulator onto the
+ * next) and 128 (one lane onto the next). */
+static uint64_t fold_2048[2], fold_512[2], fold_128[2];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 /* ------------------------------------------------------------------------------------- */
@@ -125,13 +142,37 @@ static void init_sw_tables(void) {
     }
 }
 
+/* x^n mod P for the polynomial in its normal form, bit-reflected and shifted left by one: the
+ * factor that moves a reflected 64-bit half n - 32 bits (... see fold_keys) forward. With the
+ * IEEE polynomial it gives the constants of Intel's paper (0x154442bd4 for n = 544). */
+static uint64_t fold_key(unsigned n) {
+    uint32_t r = 1;
+    while (n--) r = (r << 1) ^ ((r & 0x80000000u) ? CRC32C_POLY_NORMAL : 0);
+    uint32_t reflected = 0;
+    for (int i = 0; i < 32; i++)
+        if (r >> i & 1) reflected |= 1u << (31 - i);
+    return (uint64_t)reflected << 1;
+}
+
+/* The low half of a lane holds the earlier bytes (the higher powers of x): it moves D + 32,
+ * the high half D - 32 (the 32 being the CRC's own x^32, the reflection's offset). */
+static void fold_keys(uint64_t key[2], unsigned d) {
+    key[0] = fold_key(d + 32);
+    key[1] = fold_key(d - 32);
+}
+
 static void crc32c_init(void) {
     init_sw_tables();
     crc32c_zeros_table(shift_long, CRC32C_LONG);
     crc32c_zeros_table(shift_short, CRC32C_SHORT);
+    fold_keys(fold_2048, 2048);
+    fold_keys(fold_512, 512);
+    fold_keys(fold_128, 128);
 #if CRC32C_HAVE_HW
     __builtin_cpu_init();
     use_hw = __builtin_cpu_supports("sse4.2");
+    use_fold = use_hw && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq") &&
+               __builtin_cpu_supports("pclmul");
 #endif
 }
 
@@ -211,6 +252,51 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const 
 }
 #endif
 
+#if CRC32C_HAVE_HW
+#define FOLD_TARGET __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq")))
+
+/* x moved forward by the key's distance, onto next. */
+FOLD_TARGET static inline __m512i fold512(__m512i x, __m512i key, __m512i next) {
+    __m512i lo = _mm512_clmulepi64_epi128(x, key, 0x00), hi = _mm512_clmulepi64_epi128(x, key, 0x11);
+    return _mm512_xor_si512(_mm512_xor_si512(lo, hi), next);
+}
+
+FOLD_TARGET static inline __m128i fold128(__m128i x, __m128i key, __m128i next) {
+    __m128i lo = _mm_clmulepi64_si128(x, key, 0x00), hi = _mm_clmulepi64_si128(x, key, 0x11);
+    return _mm_xor_si128(_mm_xor_si128(lo, hi), next);
+}
+
+/* len >= CRC32C_FOLD_MIN (>= 256). */
+FOLD_TARGET static uint32_t crc32c_fold(uint32_t crc, const unsigned char *p, size_t len) {
+    __m512i k2048 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_2048[1], (long long)fold_2048[0]));
+    __m512i k512 = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)fold_512[1], (long long)fold_512[0]));
+    __m128i k128 = _mm_set_epi64x((long long)fold_128[1], (long long)fold_128[0]);
+    __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 64);
+    __m512i x2 = _mm512_loadu_si512(p + 128), x3 = _mm512_loadu_si512(p + 192);
+    /* the register's start value goes into the first four bytes (the usual init xor) */
+    x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128((int)~crc)));
+    p += 256;
+    len -= 256;
+    for (; len >= 256; p += 256, len -= 256) {
+        x0 = fold512(x0, k2048, _mm512_loadu_si512(p));
+        x1 = fold512(x1, k2048, _mm512_loadu_si512(p + 64));
+        x2 = fold512(x2, k2048, _mm512_loadu_si512(p + 128));
+        x3 = fold512(x3, k2048, _mm512_loadu_si512(p + 192));
+    }
+    __m512i x = fold512(fold512(fold512(x0, k512, x1), k512, x2), k512, x3);
+    __m128i y = _mm512_extracti32x4_epi32(x, 0);
+    y = fold128(y, k128, _mm512_extracti32x4_epi32(x, 1));
+    y = fold128(y, k128, _mm512_extracti32x4_epi32(x, 2));
+    y = fold128(y, k128, _mm512_extracti32x4_epi32(x, 3));
+    for (; len >= 16; p += 16, len -= 16) y = fold128(y, k128, _mm_loadu_si128((const __m128i *)p));
+    /* y has the CRC of everything folded: 16 bytes for the crc32 instruction, from zero */
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(y));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(y, 1));
+    while (len--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return ~(uint32_t)c;
+}
+#endif
+
 /* ------------------------------------------------------------------------------------- */
 /* public entry points                                                                    */
 /* ------------------------------------------------------------------------------------- */
@@ -218,9 +304,23 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const 
 uint32_t crc32c(uint32_t crc, const void *data, size_t len) {
     pthread_once(&init_once, crc32c_init);
 #if CRC32C_HAVE_HW
+    if (use_fold && len >= CRC32C_FOLD_MIN) return crc32c_fold(crc, data, len);
     if (use_hw) return crc32c_hw(crc, data, len);
 #endif
     return crc32c_sw(crc, data, len);
+}
+
+uint32_t crc32c_nofold(uint32_t crc, const void *data, size_t len) {
+    pthread_once(&init_once, crc32c_init);
+#if CRC32C_HAVE_HW
+    if (use_hw) return crc32c_hw(crc, data, len);
+#endif
+    return crc32c_sw(crc, data, len);
+}
+
+const char *crc32c_path(void) {
+    pthread_once(&init_once, crc32c_init);
+    return use_fold ? "fold" : use_hw ? "sse4.2" : "software";
 }
 
 /* Copies n bytes with non-temporal stores where it can. A snapshot buffer is written now and

@@ -26,7 +26,8 @@
 # send) and the holders' threads (receive or pull, verify) spent on the generations, as a
 # share of the CPU time of all workers: the cost itself, without the run-to-run noise of a
 # shared machine; and, apart, the one-time CPU of setting up each rank's buffers.
-# usage: [MODES=...] [KEEP=DIR] bench/overhead.sh [PAIRS] [STEPS] [DATA]   runs, prints a Markdown report
+# WORKERS=2 runs 2 workers + 1 spare instead of 4 (on 2 cores: no worker waits for a core).
+# usage: [MODES=...] [KEEP=DIR] [WORKERS=N] bench/overhead.sh [PAIRS] [STEPS] [DATA]   runs, prints a Markdown report
 #        bench/overhead.sh --report DIR...    the report again, from runs kept with KEEP=DIR; several
 #                                             DIRs pool their pairs (same build and steps, please)
 # KEEP=DIR keeps every run's metrics and events under DIR (it must not exist yet).
@@ -159,6 +160,7 @@ fi
 PAIRS=${1:-6}
 STEPS=${2:-12}
 DATA=${3:-../shared/data/tinyshakespeare.txt}
+WORKERS=${WORKERS:-4}
 DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
 read -r -a MODES <<<"${MODES:-$ALL_MODES}"
 [[ " ${MODES[*]} " == *" none "* ]] || { echo "overhead.sh: MODES must include none (the baseline), found: ${MODES[*]}" >&2; exit 2; }
@@ -175,7 +177,7 @@ for p in $(seq "$PAIRS"); do
   for m in "${order[@]}"; do
     out="$work/$m-$p"
     # shellcheck disable=SC2046
-    ./deadpool run --workers 4 --spares 1 --model small --steps "$STEPS" --seed 1 --out "$out" \
+    ./deadpool run --workers "$WORKERS" --spares 1 --model small --steps "$STEPS" --seed 1 --out "$out" \
       --comm-timeout-ms 30000 $(mode_args "$m") "${DATA_ARGS[@]}" >/dev/null 2>"$out.log" || { cat "$out.log"; exit 1; }
     rm -rf "$out/ckpt"; sync
     echo "pair $p $m $(run_ms "$out") ms/step" >&2
@@ -183,4 +185,4 @@ for p in $(seq "$PAIRS"); do
 done
 
 report "$work"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u +%F); pairs $PAIRS, steps $STEPS"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $(date -u +%F); pairs $PAIRS, steps $STEPS, workers $WORKERS + 1 spare"

@@ -108,8 +108,9 @@ typedef struct ReplicaConn ReplicaConn;
 /* Connects to a holder and runs the handshake (both sides prove they hold `key`, which is
  * copied), bounded by timeout_ms. NULL + err. With allow_pull, a holder on the same machine
  * copies a PUT's payload straight out of this process's memory (process_vm_readv: one copy
- * instead of a send and a receive through the kernel); the holder still verifies the bytes
- * it took, and a holder elsewhere, or one that is not allowed to read us, gets them over TCP. */
+ * instead of a send and a receive through the kernel); the holder checksums the bytes it
+ * took (against the header's CRC, or computing it: replica_put_summing), and a holder
+ * elsewhere, or one that is not allowed to read us, gets them over TCP. */
 ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull,
                              const unsigned char key[REPLICA_KEY_BYTES], char *err, size_t errlen);
 void replica_close(ReplicaConn *c);

@@ -121,15 +121,16 @@ static void free_part(Trainer *t) {
  * the whole model's. 0 / -1 + err. */
 static int load_initial_params(Trainer *t, char *err, size_t errlen) {
     GPT2Config mc = t->mc;
-    if (!t->mp) {
-        if (t->from_file) return modelfile_read(t->model_file, &mc, gpt2_params(t->model), err, errlen);
-        gpt2_init_params(t->model, t->seed);
-        return 0;
+    size_t n = gpt2_num_params(&t->mc);
+    if (!t->from_file) {
+        if (gpt2_init_params(t->model, t->seed) == 0) return 0; /* a part keeps its slice of the whole */
+        snprintf(err, errlen, "out of memory for the model's %zu parameters", n);
+        return -1;
     }
-    float *full = malloc(gpt2_num_params(&t->mc) * sizeof(float));
-    if (!full) { snprintf(err, errlen, "out of memory for the model's %zu parameters", gpt2_num_params(&t->mc)); return -1; }
-    int rc = t->from_file ? modelfile_read(t->model_file, &mc, full, err, errlen) : 0;
-    if (!t->from_file) gpt2_init_full(&t->mc, full, t->seed);
+    if (!t->mp) return modelfile_read(t->model_file, &mc, gpt2_params(t->model), err, errlen);
+    float *full = malloc(n * sizeof(float));
+    if (!full) { snprintf(err, errlen, "out of memory for the model's %zu parameters", n); return -1; }
+    int rc = modelfile_read(t->model_file, &mc, full, err, errlen);
     if (rc == 0) gpt2_load_full(t->model, full);
     free(full);
     return rc;
@@ -209,20 +210,18 @@ static dp_status ensure_groups(Trainer *t) {
 }
 
 Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errlen) {
+    Trainer *t = calloc(1, sizeof *t);
+    if (!t) { snprintf(err, errlen, "out of memory"); return NULL; }
     GPT2Config mc;
-    int from_file;
-    char model_file[4200];
-    if (load_model_config(o, dp_resume_dir(dp), model_file, sizeof model_file, &mc, &from_file, err, errlen) != 0)
-        return NULL;
+    Layout lay;
+    if (load_model_config(o, dp_resume_dir(dp), t->model_file, sizeof t->model_file, &mc, &t->from_file, err, errlen) != 0)
+        goto fail;
     int T = o->seq_len ? o->seq_len : mc.max_seq_len;
     if (T > mc.max_seq_len) {
         snprintf(err, errlen, "--seq-len: expected <= the model's max_seq_len %d, found %d", mc.max_seq_len, T);
-        return NULL;
+        goto fail;
     }
-    Layout lay;
-    if (layout_make(dp_world(dp), o->tp, o->pp, &mc, &lay, err, errlen) != 0) return NULL;
-    Trainer *t = calloc(1, sizeof *t);
-    if (!t) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (layout_make(dp_world(dp), o->tp, o->pp, &mc, &lay, err, errlen) != 0) goto fail;
     t->opt_cfg = *o;
     t->dp = dp;
     t->size = dp_world(dp);
@@ -235,8 +234,6 @@ Trainer *trainer_create(const TrainOptions *o, dp_t *dp, char *err, size_t errle
     t->model_rank = -1;
     t->groups_epoch = -1;
     t->opt = optimizer_config(o, (int)dp_steps(dp));
-    snprintf(t->model_file, sizeof t->model_file, "%s", model_file);
-    t->from_file = from_file;
 
     t->data = o->data[0] ? data_open(o->data, mc.vocab_size, err, errlen) : data_builtin(1 << 20);
     if (!t->data) goto fail;

@@ -549,6 +549,7 @@ struct comm {
     // nobody else tells them that the epoch closed.
     comm *parent = nullptr;
     std::vector<comm *> children;
+    std::mutex childMutex; // guards children
     // Sends posted by comm_send, waited for by comm_wait_sends.
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
 
@@ -570,7 +571,6 @@ struct comm {
         std::lock_guard<std::mutex> lock(childMutex); // a child unlinks itself under it before it is freed
         for (comm *k : children) k->abort();
     }
-    std::mutex childMutex; // guards children
 
     void shutSockets() {
         std::lock_guard<std::mutex> lock(sockMutex);

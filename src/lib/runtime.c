@@ -1658,11 +1658,14 @@ dp_status dp_recover(dp_t *dp, char *err, size_t errlen) {
 
 /* --- collectives --------------------------------------------------------------------- */
 
-static dp_status comm_result(dp_t *dp, comm_status st) {
+/* A collective's status on communicator c (the epoch's or one of its groups'). */
+static dp_status result_on(dp_t *dp, comm_t *c, comm_status st) {
     if (st == COMM_OK) return DP_OK;
     if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
-    return comm_failed(dp, comm_last_error(dp->comm));
+    return comm_failed(dp, comm_last_error(c));
 }
+
+static dp_status comm_result(dp_t *dp, comm_status st) { return result_on(dp, dp->comm, st); }
 
 dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n) {
     if (!dp->comm) return DP_ERR;
@@ -1739,11 +1742,7 @@ dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *e
 int dp_group_index(const dp_group *g) { return g->index; }
 int dp_group_size(const dp_group *g) { return g->size; }
 
-static dp_status group_result(dp_group *g, comm_status st) {
-    if (st == COMM_OK) return DP_OK;
-    if (atomic_load(&g->dp->abort_step)) return epoch_closed(g->dp);
-    return comm_failed(g->dp, comm_last_error(g->comm));
-}
+static dp_status group_result(dp_group *g, comm_status st) { return result_on(g->dp, g->comm, st); }
 
 dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n) {
     return group_result(g, comm_allreduce_sum(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));

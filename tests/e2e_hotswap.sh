@@ -42,6 +42,12 @@ rb=$(grep -o '"event":"recovered".*' "$WORK/snapshot_every_3/events.jsonl" | gre
 commits=$(grep '"event":"snapshot_stats"' "$WORK/snapshot_every_3/events.jsonl" | grep -o '"commits":[0-9]*' | cut -d: -f2 | sort -u | tr '\n' ' ')
 if [ "$rb" = 9 ]; then ok "snapshot_every_3_rolls_back_to_step_9 (commits per rank and epoch: $commits)"
 else notok "snapshot_every_3_rolls_back_to_step_9" "rollback_step '$rb', commits $commits"; fi
+# ... and no rank copied its state for a snapshot: the steps between two snapshots update in
+# place, the snapshot's successor writes the other buffer (gen_block), so the snapshot is
+# replicated where it lies, the restore point after the recovery too.
+copied=$(grep '"event":"snapshot_stats"' "$WORK/snapshot_every_3/events.jsonl" | grep -o '"bytes_copied":[0-9]*' | cut -d: -f2 | sort -u | tr '\n' ' ')
+if [ "$copied" = "0 " ]; then ok "snapshot_every_3_copies_nothing"
+else notok "snapshot_every_3_copies_nothing" "bytes_copied per rank and epoch: '$copied'"; fi
 
 expect_recovered two_nonadjacent_same_step 2 --spares 2 --inject kill:0@10 --inject kill:2@10
 expect_recovered failure_during_recovery 1 --spares 2 --inject kill:2@10 --inject rkill:2@1

@@ -3,6 +3,7 @@
  * killed mid-replication leaves the previous committed generation intact and usable; the
  * buffers here and on the holder are faulted in before the first capture; an engine without
  * the job's key replicates nothing. */
+#include <limits.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "checksum.h"
+#include "generation.h"
 #include "harness.h"
 #include "replica.h"
 #include "snapshot.h"
@@ -266,12 +268,42 @@ static void test_wrong_key_replicates_nothing(void) {
     replica_server_stop(srv);
 }
 
+/* Which block holds each generation of declared state (gen_block): the generations between two
+ * snapshots share a block, every snapshot's successor starts the other one, and so a snapshot
+ * is never in the block its successors write until the next snapshot. Checked against the
+ * rule itself over the first generations, for several intervals. */
+static void test_gen_block(void) {
+    CHECK(gen_block(-1, 1) == 1 && gen_block(0, 1) == 0 && gen_block(1, 1) == 1 && gen_block(2, 1) == 0,
+          "every step: gen & 1");
+    CHECK(gen_block(-1, 3) == 1 && gen_block(0, 3) == 0 && gen_block(2, 3) == 0 && gen_block(3, 3) == 1 &&
+          gen_block(5, 3) == 1 && gen_block(6, 3) == 0, "every 3 steps: floor(gen / 3) & 1");
+    for (int every = 1; every <= 7; every++)
+        for (int64_t k = -1; k < 60; k++) {
+            int snap = (k + 1) % every == 0; /* -1 (the initial state) counts as one */
+            int64_t next = k + every;      /* the next snapshot after a snapshot k */
+            if (snap) {
+                CHECK(gen_block(k + 1, every) != gen_block(k, every), "every %d: successor of snapshot %lld in its block",
+                      every, (long long)k);
+                for (int64_t j = k + 1; j <= next; j++)
+                    CHECK(gen_block(j, every) != gen_block(k, every), "every %d: generation %lld overwrites snapshot %lld",
+                          every, (long long)j, (long long)k);
+            } else {
+                CHECK(gen_block(k + 1, every) == gen_block(k, every), "every %d: %lld -> %lld not in place", every,
+                      (long long)k, (long long)k + 1);
+            }
+        }
+    CHECK(gen_block(5, 0) == 1, "an interval below 1 counts as 1");
+    CHECK(gen_block(-1, INT_MAX) == 1 && gen_block(0, INT_MAX) == 0 && gen_block(1000000, INT_MAX) == 0,
+          "no snapshots: the first update out of place, the rest in place");
+}
+
 int main(void) {
     char secret[REPLICA_SECRET_HEX_LEN + 1];
     if (replica_secret_new(secret, sizeof secret) != 0 || replica_key_derive(secret, KEY) != 0) {
         printf("not ok - no channel key\n");
         return 1;
     }
+    RUN_TEST(test_gen_block);
     RUN_TEST(test_replica_equals_live_state);
     RUN_TEST(test_wait_protects_generation);
     RUN_TEST(test_rank_killed_mid_replication);

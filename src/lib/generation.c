@@ -11,6 +11,12 @@ size_t gen_head_bytes(int nregions, size_t extra_len) {
     return sizeof(GenHead) + (size_t)nregions * sizeof(GenEntry) + extra_len;
 }
 
+int gen_block(int64_t gen, int every) {
+    if (every < 1) every = 1;
+    int64_t group = gen >= 0 ? gen / every : -1 - (-1 - gen) / every; /* floor division */
+    return (int)(group & 1);
+}
+
 void gen_head_write(void *buf, uint64_t seed, int64_t next_step, const dp_region *r, int n, const void *extra,
                     size_t extra_len) {
     GenHead h = {.magic = GEN_MAGIC, .nregions = (uint32_t)n, .extra_len = extra_len, .seed = seed, .next_step = next_step};

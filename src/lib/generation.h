@@ -41,4 +41,12 @@ void gen_head_write(void *buf, uint64_t seed, int64_t next_step, const dp_region
 int gen_parse(const void *payload, size_t len, dp_generation *g, dp_region *regions, int max, uint64_t *seed,
               int64_t *next_step, char *err, size_t errlen);
 
+/* Which of a rank's two blocks of declared state holds generation gen (-1: the initial state)
+ * when a snapshot is taken of every generation k with (k + 1) % every == 0. The generations
+ * between two snapshots share a block, and each snapshot's successor starts the other one:
+ * block floor(gen / every) & 1. So the update after a snapshot is out of place (the snapshot
+ * stays intact in its block until the next one has committed) and the others are in place.
+ * With every == 1 this is gen & 1. */
+int gen_block(int64_t gen, int every);
+
 #endif

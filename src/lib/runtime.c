@@ -7,6 +7,7 @@
 #include "deadpool.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -365,13 +366,16 @@ fail:
 /* --- generations: capture and restore ------------------------------------------------ */
 
 /* --- state DeadPool owns ---------------------------------------------------------------
- * dp_state(id, k) is generation k of a declared region, in block[k & 1]. The update of step
- * k reads block[(k-1) & 1] and writes block[k & 1]; generation k is then snapshotted where it
- * lies (no copy: capture_zero_copy). Why block[k & 1] stays intact as long as a rollback may
- * need it: the next write to it is the update of step k + 2, which comes after this rank's
- * gradient reduction of k + 2; every rank enters that reduction only after committing k + 1
+ * dp_state(id, k) is generation k of a declared region, in block[gen_block(k, every)] (every:
+ * --snapshot-every; without in-memory snapshots, never: every update but the first is in
+ * place, as in a loop without DeadPool). A snapshot generation k ((k + 1) % every == 0) is snapshotted where it
+ * lies (no copy: capture_zero_copy); the update of step k + 1 reads it and writes the other
+ * block, and the updates up to the next snapshot k + every write that other block in place.
+ * Why block[gen_block(k)] stays intact as long as a rollback may need k: the next write to it
+ * is the update of step k + every + 1, which comes after this rank's gradient reduction of
+ * that step; every rank enters that reduction only after committing snapshot k + every
  * (dp_step_before_reduce waits for it), so by then the newest generation every rank committed
- * is k + 1 or later, and it is in the other block (docs/DESIGN.md, zero-copy state). */
+ * is k + every or later, and it is in the other block (docs/DESIGN.md, zero-copy state). */
 
 void dp_replica_spread(dp_t *dp, int block) { dp->spread_block = block > 0 ? block : 0; }
 
@@ -410,6 +414,8 @@ dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *er
     return DP_OK;
 }
 
+static int state_every(const dp_t *dp) { return dp->cfg.ft == FT_DEADPOOL ? dp->cfg.snapshot_every : INT_MAX; }
+
 static int state_index(const dp_t *dp, uint32_t id) {
     for (int i = 0; i < dp->nstate; i++)
         if (dp->state[i].id == id) return i;
@@ -418,7 +424,7 @@ static int state_index(const dp_t *dp, uint32_t id) {
 
 /* Generation gen of the k-th declared region. */
 static unsigned char *state_at(const dp_t *dp, int k, int64_t gen) {
-    return dp->block[gen & 1] + dp->head_area + dp->state_off[k];
+    return dp->block[gen_block(gen, state_every(dp))] + dp->head_area + dp->state_off[k];
 }
 
 void *dp_state(const dp_t *dp, uint32_t id, int64_t gen) {
@@ -452,12 +458,14 @@ static int app_regions(dp_t *dp, int64_t gen, dp_region *out, int max) {
     return n + dp->nstate;
 }
 
-/* Generation `step` as one payload where it lies, when the job snapshots every step and all
- * of this rank's state is declared: the head goes right before the regions in block[step & 1]
- * and the snapshot thread checksums and replicates from there. 1 captured, 0 not possible
- * (copy as usual). */
+/* Generation `step` as one payload where it lies, when it is a snapshot generation (the
+ * next update writes the other block: gen_block) and all of this rank's state is declared:
+ * the head goes right before the regions in its block and the snapshot thread replicates from
+ * there. 1 captured, 0 not possible (copy as usual; e.g. a restore point from a checkpoint
+ * between two snapshots, whose successor is updated in place). */
 static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t extra_len) {
-    if (!dp->nstate || dp->cfg.snapshot_every != 1 || extra_len > DP_STATE_EXTRA_MAX) return 0;
+    int every = state_every(dp);
+    if (!dp->nstate || gen_block(step, every) == gen_block(step + 1, every) || extra_len > DP_STATE_EXTRA_MAX) return 0;
     dp_region now[GEN_MAX_REGIONS];
     int n = dp->cb.regions(dp->cb.arg, now, GEN_MAX_REGIONS);
     if (n < 0) return 0;
@@ -466,7 +474,7 @@ static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t e
     dp_region kept[GEN_MAX_REGIONS];
     declared_regions(dp, step, kept);
     size_t hb = gen_head_bytes(dp->nstate, extra_len);
-    unsigned char *payload = dp->block[step & 1] + dp->head_area - hb;
+    unsigned char *payload = dp->block[gen_block(step, every)] + dp->head_area - hb;
     gen_head_write(payload, dp->cfg.seed, step + 1, kept, dp->nstate, extra, extra_len);
     snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area);
     return 1;
@@ -600,7 +608,7 @@ static void *place_restore(void *arg, uint64_t length) {
     dp_t *dp = p->dp;
     size_t regions = dp->block_bytes - dp->head_area;
     if (p->own_step != INT64_MIN && dp->nstate && length >= regions && length - regions <= dp->head_area)
-        return dp->block[p->own_step & 1] + dp->head_area - (length - regions);
+        return dp->block[gen_block(p->own_step, state_every(dp))] + dp->head_area - (length - regions);
     return dp->warm_buf && length <= dp->warm_cap ? dp->warm_buf : NULL;
 }
 
@@ -1093,7 +1101,7 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     SnapshotConfig sc = {.job = dp->job, .epoch = dp->epoch, .rank = dp->rank, .world = dp->cfg.workers,
                          .bytes_hint = hint, .targets = targets, .ntargets = n, .timeout_ms = job_comm_timeout_ms(&dp->cfg),
                          .allow_pull = dp->cfg.replica_transport == TRANSPORT_AUTO,
-                         .external = dp->nstate > 0 && dp->cfg.snapshot_every == 1 && nr == dp->nstate + 1,
+                         .external = dp->nstate > 0 && nr == dp->nstate + 1,
                          .key = replica_server_key(dp->replicas), .on_commit = on_commit, .arg = dp,
                          .abort = &dp->abort_step};
     dp->snap = snapshot_create(&sc, err, errlen);

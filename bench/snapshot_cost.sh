@@ -4,10 +4,12 @@
 # Comparing whole runs (bench/overhead.sh) is at the mercy of this machine's run-to-run
 # swings: two identical runs land up to 15 % apart, which buries a 1 % effect. Here the A/B
 # is step by step inside one job: `small`, 4 workers + 1 spare, `--ft deadpool
-# --snapshot-every 2`. A snapshot is captured after the allgather of every even step, so its
-# copy and replication run during the next (odd) step; even steps carry none. For each odd
-# step s >= 3 the sample is t(s) / sqrt(t(s-1) * t(s+1)): the step with a snapshot against its
-# two neighbours without (the geometric mean cancels a linear drift). The estimate is the
+# --snapshot-every 2`. A snapshot is captured after the allgather of every even step, where it
+# lies (zero copy), so its replication runs during the next (odd) step, whose optimizer update
+# is also the out-of-place one (it must not overwrite the snapshot); even steps carry no
+# replication and update in place. For each odd step s >= 3 the sample is
+# t(s) / sqrt(t(s-1) * t(s+1)): the step with a snapshot against its two neighbours without
+# (the geometric mean cancels a linear drift). The estimate is the
 # median over all samples of all runs, with a 90 % bootstrap interval (2000 resamples, fixed
 # seed). Control: the same samples from `--ft none` runs of the same job, interleaved with the
 # others, where odd and even steps differ in nothing.

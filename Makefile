@@ -80,6 +80,11 @@ $(BUILD)/bench/%: bench/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
+# Times the trainer's own optimizer.
+$(BUILD)/bench/update_place: bench/update_place.c $(BUILD)/gpt2/optimizer.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(GPT2_INC) -o $@ $^ -lm
+
 # Fuzzing (docs/RELIABILITY.md). `make fuzz` builds the libFuzzer harnesses tests/fuzz/fuzz_NAME.c
 # with clang under ASan+UBSan into build/fuzz/fuzz_NAME; tests/fuzz/run.sh [SECONDS] runs them.
 # Without clang, `make fuzz-replay` builds the same harnesses with $(CC) and a plain main

@@ -7,10 +7,11 @@
 # metrics are out (every buffer and replica slot is set up and in use by then), VmRSS and
 # RssAnon of every worker and of the spare, read from /proc/PID/status. Prints a Markdown
 # table: the workers' median, the spare, the whole job.
-# usage: [WORKERS=N] bench/memory.sh [BINARY...]      (default: ./deadpool)
+# usage: [WORKERS=N] [ARGS="--snapshot-every 2 ..."] bench/memory.sh [BINARY...]   (default: ./deadpool)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKERS=${WORKERS:-4}
+read -r -a EXTRA <<<"${ARGS:-}"
 DATA=../shared/data/tinyshakespeare.txt
 DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
 [ $# -gt 0 ] || { make -s deadpool; set -- ./deadpool; }
@@ -24,7 +25,7 @@ echo "|---|---:|---:|---:|---:|---:|"
 for bin in "$@"; do
   out="$work/run"; rm -rf "$out"
   "$bin" run --workers "$WORKERS" --spares 1 --model small --steps 12 --seed 1 --out "$out" "${DATA_ARGS[@]}" \
-    >/dev/null 2>"$work/log" &
+    "${EXTRA[@]}" >/dev/null 2>"$work/log" &
   job=$!
   for _ in $(seq 600); do # up to 120 s for the 6th step
     n=$(cat "$out/metrics.jsonl" 2>/dev/null | grep -c '"step"' || true)

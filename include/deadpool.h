@@ -116,14 +116,14 @@ typedef struct {
  * dp_state(dp, id, k - 1) and writes generation k into dp_state(dp, id, k), so that when a
  * step that takes a snapshot commits, its generation is already in a DeadPool buffer and is
  * replicated where it lies, not copied. After a snapshot the two pointers differ (an
- * out-of-place update: the snapshot stays intact); between two snapshots (--snapshot-every
- * > 1), and without in-memory snapshots (--ft none, disk) after the first step, they are
- * the same (in place). The update must allow both: element by element, each
- * output written only after its inputs are read. The initial state goes into
- * dp_state(dp, id, -1) (also from the reset callback). After a rollback to generation g
- * (dp_next_step = g + 1), dp_state(dp, id, g) holds it. Declared regions are DP_SHARDED,
- * restored by DeadPool itself, and not reported by the regions callback (which reports the
- * rest, if any). Call once, before dp_join; DP_OK or DP_ERR + err. */
+ * out-of-place update: the snapshot stays intact); between two snapshots (--snapshot-every >
+ * 1), and without in-memory snapshots (--ft none, disk) after the first step, they are the
+ * same (in place). The update must allow both: element by element, each output written only
+ * after its inputs are read. The initial state goes into dp_state(dp, id, -1) (also from the
+ * reset callback). After a rollback to generation g (dp_next_step = g + 1), dp_state(dp, id,
+ * g) holds it. Declared regions are DP_SHARDED, restored by DeadPool itself, and not reported
+ * by the regions callback (which reports the rest, if any). Call once, before dp_join; DP_OK
+ * or DP_ERR + err. */
 typedef struct {
     uint32_t id;
     size_t len;

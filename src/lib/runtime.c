@@ -368,14 +368,15 @@ fail:
 /* --- state DeadPool owns ---------------------------------------------------------------
  * dp_state(id, k) is generation k of a declared region, in block[gen_block(k, every)] (every:
  * --snapshot-every; without in-memory snapshots, never: every update but the first is in
- * place, as in a loop without DeadPool). A snapshot generation k ((k + 1) % every == 0) is snapshotted where it
- * lies (no copy: capture_zero_copy); the update of step k + 1 reads it and writes the other
- * block, and the updates up to the next snapshot k + every write that other block in place.
- * Why block[gen_block(k)] stays intact as long as a rollback may need k: the next write to it
- * is the update of step k + every + 1, which comes after this rank's gradient reduction of
- * that step; every rank enters that reduction only after committing snapshot k + every
- * (dp_step_before_reduce waits for it), so by then the newest generation every rank committed
- * is k + every or later, and it is in the other block (docs/DESIGN.md, zero-copy state). */
+ * place, as in a loop without DeadPool). A snapshot generation k ((k + 1) % every == 0) is
+ * snapshotted where it lies (no copy: capture_zero_copy); the update of step k + 1 reads it
+ * and writes the other block, and the updates up to the next snapshot k + every write that
+ * other block in place. Why block[gen_block(k)] stays intact as long as a rollback may need k:
+ * the next write to it is the update of step k + every + 1, which comes after this rank's
+ * gradient reduction of that step; every rank enters that reduction only after committing
+ * snapshot k + every (dp_step_before_reduce waits for it), so by then the newest generation
+ * every rank committed is k + every or later, and it is in the other block (docs/DESIGN.md,
+ * zero-copy state). */
 
 void dp_replica_spread(dp_t *dp, int block) { dp->spread_block = block > 0 ? block : 0; }
 

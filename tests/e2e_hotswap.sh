@@ -84,6 +84,16 @@ if [ $rc -ne 0 ] && [ -n "$msg" ] && grep -q '"event":"no_spare"' "$WORK/nospare
   ok "no_spare_persists_then_resume_bit_identical"
 else notok "no_spare_persists_then_resume_bit_identical" "rc $rc $rc2 msg '$msg'" "$(tail -3 "$WORK/nospare.log")"; fi
 
+# The same with a snapshot every 2 steps: what is persisted is a zero-copy snapshot whose
+# block the steps after it no longer write (gen_block), the survivors' from their own blocks.
+run_job "$WORK/nospare2" 120 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --snapshot-every 2 \
+  --inject kill:1@13; rc=$?
+persisted=$(ls "$WORK/nospare2/ckpt" 2>/dev/null | tr '\n' ' ')
+timeout -k 5 120 "$DP" run --resume "$WORK/nospare2" >"$WORK/nospare2.resume.stdout" 2>"$WORK/nospare2.resume.log"; rc2=$?
+if [ $rc -ne 0 ] && [ $rc2 -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$WORK/nospare2/model.bin" && no_leftovers "$WORK/nospare2"; then
+  ok "no_spare_snapshot_every_2_resume_bit_identical (persisted: $persisted)"
+else notok "no_spare_snapshot_every_2_resume_bit_identical" "rc $rc $rc2 persisted '$persisted'" "$(tail -3 "$WORK/nospare2.log")"; fi
+
 # A failed rank and its only replica holder die together: the job stops with a clear message
 # and resumes from the persistent tier, bit-identical.
 run_job "$WORK/lost" 120 "${BASE[@]}" --spares 2 --persist-every 5 --inject kill:1@13 --inject kill:2@13; rc=$?

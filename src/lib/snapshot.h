@@ -81,9 +81,9 @@ int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *region
 /* Generation `step` is the caller's payload[0..len) itself: it is replicated where it lies,
  * not copied, and it is the local copy a rollback uses. Its CRC32C is computed once, by the
  * first holder that pulls it, in the same pass as its copy (here only before a TCP send, or
- * when there is no holder). The caller must leave
- * those bytes unchanged until the next generation it captures has committed (the training
- * loop's order guarantees that: see runtime.c, zero-copy state). Waits for a generation in flight first. */
+ * when there is no holder). The caller must leave those bytes unchanged until the next
+ * generation it captures has committed (the training loop's order guarantees that: see
+ * runtime.c, zero-copy state). Waits for a generation in flight first. */
 int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len);
 /* Blocks until the generation in flight (if any) is committed or has failed, or until
  * *cfg.abort; *waited_ms gets the time spent. 0 if every captured generation committed, -1 if

@@ -80,10 +80,13 @@ $(BUILD)/bench/%: bench/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
-# Times the trainer's own optimizer.
-$(BUILD)/bench/update_place: bench/update_place.c $(BUILD)/gpt2/optimizer.o
+# Benchmarks of the project's own code link its objects (the optimizer, util's clock and
+# huge-page allocator).
+$(BUILD)/bench/copy_floor: bench/copy_floor.c $(BUILD)/common/util.o
+$(BUILD)/bench/update_place: bench/update_place.c $(BUILD)/gpt2/optimizer.o $(BUILD)/common/util.o
+$(BUILD)/bench/copy_floor $(BUILD)/bench/update_place:
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(GPT2_INC) -o $@ $^ -lm
+	$(CC) $(CFLAGS) $(GPT2_INC) -o $@ $(filter %.c %.o,$^) -lm
 
 # Fuzzing (docs/RELIABILITY.md). `make fuzz` builds the libFuzzer harnesses tests/fuzz/fuzz_NAME.c
 # with clang under ASan+UBSan into build/fuzz/fuzz_NAME; tests/fuzz/run.sh [SECONDS] runs them.

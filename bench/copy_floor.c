@@ -16,27 +16,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "util.h"
 
 #define CHUNK (256u << 10)
 #define EVICT (128u << 20) /* larger than the last-level cache */
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
+/* A buffer on transparent huge pages (the project's alloc_huge), written once. */
 static unsigned char *huge(size_t bytes) {
-    size_t align = 2u << 20, len = (bytes + align - 1) & ~(align - 1);
-    void *p = NULL;
-    if (posix_memalign(&p, align, len) != 0) return NULL;
-    madvise(p, len, MADV_HUGEPAGE);
-    memset(p, 0x5a, len);
+    unsigned char *p = alloc_huge(bytes);
+    if (p) memset(p, 0x5a, bytes);
     return p;
 }
 

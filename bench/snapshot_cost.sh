@@ -9,10 +9,10 @@
 # is also the out-of-place one (it must not overwrite the snapshot); even steps carry no
 # replication and update in place. For each odd step s >= 3 the sample is
 # t(s) / sqrt(t(s-1) * t(s+1)): the step with a snapshot against its two neighbours without
-# (the geometric mean cancels a linear drift). The estimate is the
-# median over all samples of all runs, with a 90 % bootstrap interval (2000 resamples, fixed
-# seed). Control: the same samples from `--ft none` runs of the same job, interleaved with the
-# others, where odd and even steps differ in nothing.
+# (the geometric mean cancels a linear drift). The estimate is the median over all samples of
+# all runs, with a 90 % bootstrap interval (2000 resamples, fixed seed). Control: the same
+# samples from `--ft none` runs of the same job, interleaved with the others, where odd and
+# even steps differ in nothing.
 # usage: bench/snapshot_cost.sh [RUNS] [STEPS] [CONTROL_EVERY] [DATA]
 #   RUNS deadpool runs of STEPS steps; a --ft none control run after every CONTROL_EVERY-th.
 set -euo pipefail

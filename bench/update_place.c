@@ -10,25 +10,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
 #include "optimizer.h"
+#include "util.h"
 
 #define EVICT (128u << 20) /* larger than the last-level cache */
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
+/* A buffer of n floats on transparent huge pages (the project's alloc_huge), zeroed. */
 static float *huge(size_t n) {
-    size_t align = 2u << 20, len = (n * sizeof(float) + align - 1) & ~(align - 1);
-    void *p = NULL;
-    if (posix_memalign(&p, align, len) != 0) return NULL;
-    madvise(p, len, MADV_HUGEPAGE);
-    memset(p, 0, len);
+    float *p = alloc_huge(n * sizeof(float));
+    if (p) memset(p, 0, n * sizeof(float));
     return p;
 }
 

@@ -417,6 +417,9 @@ dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *er
 
 static int state_every(const dp_t *dp) { return dp->cfg.ft == FT_DEADPOOL ? dp->cfg.snapshot_every : INT_MAX; }
 
+/* The block that holds generation gen of the declared state. */
+static unsigned char *block_of(const dp_t *dp, int64_t gen) { return dp->block[gen_block(gen, state_every(dp))]; }
+
 static int state_index(const dp_t *dp, uint32_t id) {
     for (int i = 0; i < dp->nstate; i++)
         if (dp->state[i].id == id) return i;
@@ -425,7 +428,7 @@ static int state_index(const dp_t *dp, uint32_t id) {
 
 /* Generation gen of the k-th declared region. */
 static unsigned char *state_at(const dp_t *dp, int k, int64_t gen) {
-    return dp->block[gen_block(gen, state_every(dp))] + dp->head_area + dp->state_off[k];
+    return block_of(dp, gen) + dp->head_area + dp->state_off[k];
 }
 
 void *dp_state(const dp_t *dp, uint32_t id, int64_t gen) {
@@ -465,8 +468,7 @@ static int app_regions(dp_t *dp, int64_t gen, dp_region *out, int max) {
  * there. 1 captured, 0 not possible (copy as usual; e.g. a restore point from a checkpoint
  * between two snapshots, whose successor is updated in place). */
 static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t extra_len) {
-    int every = state_every(dp);
-    if (!dp->nstate || gen_block(step, every) == gen_block(step + 1, every) || extra_len > DP_STATE_EXTRA_MAX) return 0;
+    if (!dp->nstate || block_of(dp, step) == block_of(dp, step + 1) || extra_len > DP_STATE_EXTRA_MAX) return 0;
     dp_region now[GEN_MAX_REGIONS];
     int n = dp->cb.regions(dp->cb.arg, now, GEN_MAX_REGIONS);
     if (n < 0) return 0;
@@ -475,7 +477,7 @@ static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t e
     dp_region kept[GEN_MAX_REGIONS];
     declared_regions(dp, step, kept);
     size_t hb = gen_head_bytes(dp->nstate, extra_len);
-    unsigned char *payload = dp->block[gen_block(step, every)] + dp->head_area - hb;
+    unsigned char *payload = block_of(dp, step) + dp->head_area - hb;
     gen_head_write(payload, dp->cfg.seed, step + 1, kept, dp->nstate, extra, extra_len);
     snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area);
     return 1;
@@ -609,7 +611,7 @@ static void *place_restore(void *arg, uint64_t length) {
     dp_t *dp = p->dp;
     size_t regions = dp->block_bytes - dp->head_area;
     if (p->own_step != INT64_MIN && dp->nstate && length >= regions && length - regions <= dp->head_area)
-        return dp->block[gen_block(p->own_step, state_every(dp))] + dp->head_area - (length - regions);
+        return block_of(dp, p->own_step) + dp->head_area - (length - regions);
     return dp->warm_buf && length <= dp->warm_cap ? dp->warm_buf : NULL;
 }
 

@@ -239,8 +239,39 @@ static int cmd_worker(int argc, char **argv) {
     return worker_exec(&a, self);
 }
 
+/* A Python program of the job (python/deadpool) finds its package and libdeadpool beside this
+ * binary: in a build tree ./python and build/libdeadpool.so, in an install PREFIX/lib. What the
+ * environment already names wins: PYTHONPATH is prepended to, DEADPOOL_LIB is kept. */
+static void python_env(void) {
+    char self[4096], path[4200], lib[4200];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (!slash) return;
+    *slash = 0;
+    snprintf(path, sizeof path, "%s/python", self);
+    snprintf(lib, sizeof lib, "%s/build/libdeadpool.so", self);
+    char probe[4300];
+    snprintf(probe, sizeof probe, "%s/deadpool/__init__.py", path);
+    if (access(probe, R_OK) != 0) { /* an install: PREFIX/bin/deadpool */
+        snprintf(path, sizeof path, "%s/../lib/python3/dist-packages", self);
+        snprintf(lib, sizeof lib, "%s/../lib/libdeadpool.so.1", self);
+        snprintf(probe, sizeof probe, "%s/deadpool/__init__.py", path);
+        if (access(probe, R_OK) != 0) return;
+    }
+    const char *old = getenv("PYTHONPATH");
+    char *joined = malloc(strlen(path) + (old ? strlen(old) : 0) + 2);
+    if (!joined) return;
+    sprintf(joined, "%s%s%s", path, old && *old ? ":" : "", old && *old ? old : "");
+    setenv("PYTHONPATH", joined, 1);
+    free(joined);
+    if (!getenv("DEADPOOL_LIB") && access(lib, R_OK) == 0) setenv("DEADPOOL_LIB", lib, 0);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "run") || !strcmp(argv[1], "worker")) python_env();
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(argv[1], "worker") == 0) return cmd_worker(argc - 2, argv + 2);
     if (strcmp(argv[1], "train") == 0) return gpt2_main(argc - 2, argv + 2);

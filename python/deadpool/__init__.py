@@ -1,0 +1,460 @@
+"""DeadPool from Python: a binding of libdeadpool (include/deadpool.h) through ctypes.
+
+The loop is the C one (deadpool.h has it in full), with the same calls:
+
+    import deadpool
+    job = deadpool.Job()                        # role, rank, world from `deadpool run`
+    job.join(deadpool.Callbacks(regions=..., reset=...))   # spares wait here until needed
+    ...
+    sys.exit(job.finish(status))
+
+Every blocking call releases the GIL. Statuses are `Status` values (OK, FAILED: call
+`recover`, STOPPED and FENCED: leave); a usage or setup error (DP_ERR) is raised as `Error`
+with the library's message. A callback that raises does not take the process down: the
+library gets an error return (or, for `reset`, the failure is remembered), and the call that
+ran the callback raises `Error` naming it, chained to the original exception.
+
+For PyTorch, `deadpool.torch` puts a module and an optimizer under DeadPool in a few lines.
+"""
+import ctypes
+import enum
+
+from . import _lib
+from ._lib import find as find_library  # noqa: F401  (public: where the library is)
+
+__all__ = ["Job", "Callbacks", "Region", "Generation", "Group", "Status", "Role", "Kind", "Error",
+           "checkpoint_read", "find_library", "API_VERSION"]
+
+API_VERSION = 1  # DEADPOOL_API_VERSION of the deadpool.h this binding covers
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    ERR = -1       # a usage or setup error: raised as Error, never returned
+    FAILED = 1     # the step failed (a peer died, the epoch closed): call Job.recover
+    STOPPED = 2    # the job is over: leave with Job.finish
+    FENCED = 3     # a newer epoch replaced this process (it hung or was cut off): leave
+
+
+class Role(enum.IntEnum):
+    INITIAL = 0    # a member since the job started (or was resumed from disk)
+    SURVIVOR = 1   # a member that rolled back from its own buffers after a failure
+    RECOVERED = 2  # a spare that took a failed rank and restored its state
+    SPARE = 3      # a spare still waiting
+
+
+class Kind(enum.IntEnum):
+    SHARDED = 0    # this rank's own state: snapshotted and replicated by every rank
+    IDENTICAL = 1  # the same bytes on every rank
+
+
+class Error(Exception):
+    """A DeadPool error; the message is the library's (or names the callback that raised)."""
+
+
+class Region:
+    """One piece of state: `nbytes` bytes of host memory at address `ptr` (which must stay
+    valid and unchanged from a commit until the next before_reduce). `keep` holds a reference
+    to whatever owns the memory."""
+    __slots__ = ("id", "kind", "ptr", "nbytes", "keep")
+
+    def __init__(self, id, kind, ptr, nbytes, keep=None):
+        self.id, self.kind, self.ptr, self.nbytes, self.keep = int(id), Kind(kind), int(ptr), int(nbytes), keep
+
+    def __repr__(self):
+        return "Region(id=%d, kind=%s, nbytes=%d)" % (self.id, self.kind.name, self.nbytes)
+
+
+class Generation:
+    """A verified generation handed to a callback. `regions` is a list of (id, kind,
+    memoryview); the memory is DeadPool's and valid only during the callback: copy out of it."""
+
+    def __init__(self, g):
+        self.step, self.rank, self.world = g.step, g.rank, g.world
+        self.extra = ctypes.string_at(g.extra, g.extra_len) if g.extra_len else b""
+        self.regions = []
+        for i in range(g.nregions):
+            r = g.regions[i]
+            buf = (ctypes.c_char * r.len).from_address(r.ptr) if r.len else bytearray()
+            self.regions.append((r.id, Kind(r.kind), memoryview(buf).cast("B")))
+
+    def region(self, id):
+        """The memoryview of region `id`, None if the generation has none."""
+        for rid, _, view in self.regions:
+            if rid == id:
+                return view
+        return None
+
+
+class Callbacks:
+    """What DeadPool calls (deadpool.h's dp_callbacks), as Python callables:
+      regions() -> list of Region: the state as it is now (asked at every capture);
+      restore(gen: Generation): put a generation back (None: copy each region by id);
+      reset(): back to the initial state (required);
+      rebuild(job) -> Status or None: after a restore, rebuild derived state with the new
+          epoch's collectives;
+      checkpoint(dir, step, world): write the application's files into a complete checkpoint
+          (may run on a DeadPool thread while the loop trains)."""
+
+    def __init__(self, regions, reset, restore=None, rebuild=None, checkpoint=None):
+        if regions is None or reset is None:
+            raise Error("Callbacks: regions and reset are required")
+        self.regions, self.reset, self.restore, self.rebuild, self.checkpoint = (
+            regions, reset, restore, rebuild, checkpoint)
+
+
+def _put_err(err, errlen, msg):
+    if err and errlen:
+        data = msg.encode("utf-8", "replace")[: errlen - 1] + b"\0"
+        ctypes.memmove(err, data, len(data))
+
+
+def _float_buffer(buf, what):
+    """(address, element count) of a contiguous float32 buffer: a CPU torch tensor, a numpy
+    array, or anything with the buffer protocol whose items are 4-byte floats."""
+    if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor, without importing torch
+        if str(buf.dtype) != "torch.float32":
+            raise Error("%s: expected a float32 tensor, found %s" % (what, buf.dtype))
+        if buf.device.type != "cpu":
+            raise Error("%s: expected a tensor in host memory, found one on %s" % (what, buf.device))
+        if not buf.is_contiguous():
+            raise Error("%s: expected a contiguous tensor" % what)
+        return buf.data_ptr(), buf.numel()
+    view = memoryview(buf)
+    if view.format != "f" or view.itemsize != 4:
+        raise Error("%s: expected float32 items, found format %r" % (what, view.format))
+    if not view.c_contiguous or view.readonly:
+        raise Error("%s: expected a writable contiguous buffer" % what)
+    n = view.nbytes // 4
+    if n == 0:
+        return 0, 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(view.cast("B"))), n
+
+
+def _byte_buffer(buf, what):
+    """(address, size in bytes) of a writable contiguous buffer or CPU tensor."""
+    if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):
+        if buf.device.type != "cpu" or not buf.is_contiguous():
+            raise Error("%s: expected a contiguous tensor in host memory" % what)
+        return buf.data_ptr(), buf.numel() * buf.element_size()
+    view = memoryview(buf)
+    if not view.c_contiguous or view.readonly:
+        raise Error("%s: expected a writable contiguous buffer" % what)
+    if view.nbytes == 0:
+        return 0, 0
+    return ctypes.addressof(ctypes.c_char.from_buffer(view.cast("B"))), view.nbytes
+
+
+_FPTR = ctypes.POINTER(ctypes.c_float)
+
+
+class Job:
+    """A process of a DeadPool job (deadpool.h's dp_t). Every method is local to this process
+    unless it says it is collective (every rank of the epoch must call it, in the same order).
+
+    Job(redis_url=None, job=None, spare=False, rank=-1, bind_host=None): connects and claims a
+    role; with no arguments everything comes from the environment `deadpool run` sets."""
+
+    def __init__(self, redis_url=None, job=None, spare=False, rank=-1, bind_host=None):
+        self._L = _lib.lib()
+        self._cb_error = None  # (callback name, exception) of the last callback that raised
+        self._keep = None      # the ctypes callback objects, referenced while the library may call them
+        self._regions_out = []  # the Region lists of the newest captures (their memory must stay alive)
+        err = ctypes.create_string_buffer(1024)
+        opts = None
+        if any(v is not None for v in (redis_url, job, bind_host)) or spare or rank != -1:
+            enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+            opts = ctypes.byref(_lib.Options(enc(redis_url), enc(job), int(bool(spare)), int(rank), enc(bind_host)))
+        self._dp = self._L.dp_init(opts, err, len(err))
+        if not self._dp:
+            raise Error(err.value.decode("utf-8", "replace") or "dp_init failed")
+
+    # --- state of this process (local) ---
+    def _h(self):
+        if not self._dp:
+            raise Error("the job was finished: this Job can no longer be used")
+        return self._dp
+
+    @property
+    def role(self): return Role(self._L.dp_get_role(self._h()))
+    @property
+    def rank(self): return self._L.dp_rank(self._h())
+    @property
+    def world(self): return self._L.dp_world(self._h())
+    @property
+    def local_rank(self): return self._L.dp_local_rank(self._h())
+    @property
+    def next_step(self): return self._L.dp_next_step(self._h())
+    @property
+    def steps(self): return self._L.dp_steps(self._h())
+    @property
+    def seed(self): return self._L.dp_seed(self._h())
+    @property
+    def epoch(self): return self._L.dp_epoch(self._h())
+
+    @property
+    def out_dir(self):
+        p = self._L.dp_out_dir(self._h())
+        return p.decode() if p else None
+
+    @property
+    def resume_dir(self):
+        p = self._L.dp_resume_dir(self._h())
+        return p.decode() if p else None
+
+    @property
+    def last_error(self):
+        p = self._L.dp_last_error(self._h())
+        return p.decode("utf-8", "replace") if p else ""
+
+    def store_prefix(self):
+        """The Redis key prefix of the current epoch, "dp:JOB:eEPOCH:app:"."""
+        buf = ctypes.create_string_buffer(256)
+        if self._L.dp_store_prefix(self._h(), buf, len(buf)) != 0:
+            raise Error("dp_store_prefix failed")
+        return buf.value.decode()
+
+    def aborted(self):
+        """True once the epoch was closed by a failure elsewhere (safe from any thread)."""
+        return bool(self._L.dp_aborted(self._h()))
+
+    def replica_spread(self, block):
+        """Take replica holders outside this rank's block of `block` ranks first. Before join."""
+        self._L.dp_replica_spread(self._h(), int(block))
+
+    def log(self, msg):
+        """"[deadpool rank R] msg" on stderr."""
+        self._L.dp_log(self._h(), b"%s", str(msg).encode("utf-8", "replace"))
+
+    def output_saved(self, path):
+        """Tells the job an output file was written (a model_saved event)."""
+        self._L.dp_output_saved(self._h(), str(path).encode())
+
+    # --- status handling ---
+    def _status(self, st, what, err=None):
+        """Status of a call; raises Error for DP_ERR or when a callback raised during it."""
+        cb = self._cb_error
+        self._cb_error = None
+        if cb is not None:
+            name, exc = cb
+            raise Error("%s: the %s callback raised %s: %s" % (what, name, type(exc).__name__, exc)) from exc
+        if st == Status.ERR:
+            msg = err.value.decode("utf-8", "replace") if err is not None else self.last_error
+            raise Error("%s: %s" % (what, msg or "failed"))
+        return Status(st)
+
+    # --- callbacks: Python functions behind C function pointers ---
+    def _wrap(self, cbs):
+        me = self
+
+        def fail(name, exc, err=None, errlen=0):
+            me._cb_error = (name, exc)
+            _put_err(err, errlen, "%s callback raised %s: %s" % (name, type(exc).__name__, exc))
+
+        def regions(_arg, out, maxn):
+            try:
+                rs = list(cbs.regions())
+                if len(rs) > maxn:
+                    raise Error("%d regions, at most %d" % (len(rs), maxn))
+                for i, r in enumerate(rs):
+                    out[i].id, out[i].kind, out[i].ptr, out[i].len = r.id, int(r.kind), r.ptr, r.nbytes
+                # The memory must outlive the background copy of this capture: keep the two newest.
+                me._regions_out = (me._regions_out + [rs])[-2:]
+                return len(rs)
+            except BaseException as e:  # noqa: B902 — never unwind through C
+                fail("regions", e)
+                return -1
+
+        def restore(_arg, g, err, errlen):
+            try:
+                cbs.restore(Generation(g.contents))
+                return 0
+            except BaseException as e:  # noqa: B902
+                fail("restore", e, err, errlen)
+                return -1
+
+        def reset(_arg):
+            try:
+                cbs.reset()
+            except BaseException as e:  # noqa: B902
+                fail("reset", e)
+
+        def rebuild(_dp, _arg):
+            try:
+                st = cbs.rebuild(me)
+                return int(Status.OK if st is None else st)
+            except BaseException as e:  # noqa: B902
+                fail("rebuild", e)
+                return int(Status.ERR)
+
+        def checkpoint(_arg, d, step, world, err, errlen):
+            try:
+                cbs.checkpoint(d.decode(), step, world)
+                return 0
+            except BaseException as e:  # noqa: B902
+                fail("checkpoint", e, err, errlen)
+                return -1
+
+        keep = [_lib.REGIONS_FN(regions), _lib.RESTORE_FN(restore if cbs.restore else 0),
+                _lib.RESET_FN(reset), _lib.REBUILD_FN(rebuild if cbs.rebuild else 0),
+                _lib.CHECKPOINT_FN(checkpoint if cbs.checkpoint else 0)]
+        return _lib.Callbacks(*keep, None), keep
+
+    # --- membership (collective with the other members) ---
+    def join(self, callbacks):
+        """Becomes a member (an initial one builds the collectives and, resuming, restores its
+        state from disk; a spare waits, warm, until it takes a failed rank). Collective.
+        Status.OK or Status.STOPPED (the job ended first)."""
+        c, keep = self._wrap(callbacks)
+        self._keep = (callbacks, c, keep)  # referenced for as long as the library may call them
+        err = ctypes.create_string_buffer(1024)
+        return self._status(self._L.dp_join(self._h(), ctypes.byref(c), err, len(err)), "join", err)
+
+    def recover(self):
+        """After Status.FAILED: waits for the decision, rolls back to the newest generation
+        every rank committed, and returns OK (next_step set), STOPPED or FENCED. Collective."""
+        err = ctypes.create_string_buffer(1024)
+        return self._status(self._L.dp_recover(self._h(), err, len(err)), "recover", err)
+
+    def finish(self, how=Status.OK):
+        """Leaves the job; returns the process exit status (0: done). The Job is unusable after."""
+        if not self._dp:
+            raise Error("finish called twice")
+        rc = self._L.dp_finish(self._dp, int(how))
+        self._dp = None
+        return rc
+
+    # --- the step ---
+    def before_reduce(self, step):
+        """After forward/backward of `step`, before communicating: OK or FAILED."""
+        return self._status(self._L.dp_step_before_reduce(self._h(), int(step)), "before_reduce")
+
+    def before_update(self):
+        """After the reduction, before the optimizer changes state: OK or FAILED."""
+        return self._status(self._L.dp_step_before_update(self._h()), "before_update")
+
+    def commit(self, step, extra=b"", loss=0.0, lr=0.0, grad_norm=0.0, tokens=0.0):
+        """After the update of `step`: captures generation `step` (regions + `extra` bytes,
+        copied now) and reports the metrics. OK or FAILED."""
+        extra = bytes(extra)
+        m = _lib.Metrics(float(loss), float(lr), float(grad_norm), float(tokens))
+        st = self._L.dp_step_commit(self._h(), int(step), extra, len(extra), ctypes.byref(m))
+        return self._status(st, "commit")
+
+    # --- collectives of the current epoch (collective; a fixed-order ring: deterministic) ---
+    def allreduce_sum(self, buf):
+        p, n = _float_buffer(buf, "allreduce_sum")
+        return self._status(self._L.dp_allreduce_sum(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_sum")
+
+    def allreduce_mean(self, buf):
+        """The mean over the ranks; append the loss to the buffer to average it in the same
+        collective. Falls back to sum and scale where the library predates dp_allreduce_mean."""
+        p, n = _float_buffer(buf, "allreduce_mean")
+        fn = getattr(self._L, "dp_allreduce_mean", None)
+        if fn is not None:
+            return self._status(fn(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_mean")
+        st = self._status(self._L.dp_allreduce_sum(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_mean")
+        if st == Status.OK and n:
+            import numpy
+            arr = numpy.ctypeslib.as_array((ctypes.c_float * n).from_address(p))
+            arr *= numpy.float32(1.0 / self.world)
+        return st
+
+    def allgather(self, inp, out):
+        """out[r*n:(r+1)*n] = rank r's inp (n = len(inp)); inp may alias its place in out."""
+        pi, n = _float_buffer(inp, "allgather input")
+        po, m = _float_buffer(out, "allgather output")
+        if m != n * self.world:
+            raise Error("allgather: the output holds %d floats, expected %d x %d" % (m, n, self.world))
+        return self._status(self._L.dp_allgather(self._h(), ctypes.cast(pi, _FPTR), ctypes.cast(po, _FPTR), n),
+                            "allgather")
+
+    def broadcast(self, buf, root):
+        p, n = _byte_buffer(buf, "broadcast")
+        return self._status(self._L.dp_broadcast(self._h(), p, n, int(root)), "broadcast")
+
+    def barrier(self):
+        return self._status(self._L.dp_barrier(self._h()), "barrier")
+
+    def group(self, name, index, size):
+        """Joins group `name` of `size` ranks as member `index` (collective among its members);
+        groups end at the next recovery: join them again after it."""
+        err = ctypes.create_string_buffer(1024)
+        g = self._L.dp_group_join(self._h(), name.encode(), int(index), int(size), err, len(err))
+        if not g:
+            raise Error("group %s: %s" % (name, err.value.decode("utf-8", "replace")))
+        return Group(self, g)
+
+    def __repr__(self):
+        if not self._dp:
+            return "Job(finished)"
+        return "Job(rank=%d, world=%d, role=%s, epoch=%d)" % (self.rank, self.world, self.role.name, self.epoch)
+
+
+class Group:
+    """Collectives among some of the ranks (deadpool.h's dp_group); valid until the next
+    recovery. Every method is collective among the group's members except send."""
+
+    def __init__(self, job, handle):
+        self._job, self._g = job, handle
+        self.index = job._L.dp_group_index(handle)
+        self.size = job._L.dp_group_size(handle)
+
+    def _st(self, st, what):
+        return self._job._status(st, what)
+
+    def allreduce_sum(self, buf):
+        p, n = _float_buffer(buf, "group allreduce_sum")
+        return self._st(self._job._L.dp_group_allreduce_sum(self._g, ctypes.cast(p, _FPTR), n), "group allreduce_sum")
+
+    def allreduce_mean(self, buf):
+        fn = getattr(self._job._L, "dp_group_allreduce_mean", None)
+        if fn is None:
+            raise Error("this libdeadpool has no dp_group_allreduce_mean")
+        p, n = _float_buffer(buf, "group allreduce_mean")
+        return self._st(fn(self._g, ctypes.cast(p, _FPTR), n), "group allreduce_mean")
+
+    def allgather(self, inp, out):
+        pi, n = _float_buffer(inp, "group allgather input")
+        po, m = _float_buffer(out, "group allgather output")
+        if m != n * self.size:
+            raise Error("group allgather: the output holds %d floats, expected %d x %d" % (m, n, self.size))
+        return self._st(self._job._L.dp_group_allgather(self._g, ctypes.cast(pi, _FPTR), ctypes.cast(po, _FPTR), n),
+                        "group allgather")
+
+    def send(self, buf, dst, tag=0):
+        """Posted: `buf` must stay unchanged until wait_sends."""
+        p, n = _byte_buffer(buf, "group send")
+        return self._st(self._job._L.dp_group_send(self._g, p, n, int(dst), int(tag)), "group send")
+
+    def recv(self, buf, src, tag=0):
+        p, n = _byte_buffer(buf, "group recv")
+        return self._st(self._job._L.dp_group_recv(self._g, p, n, int(src), int(tag)), "group recv")
+
+    def wait_sends(self):
+        return self._st(self._job._L.dp_group_wait_sends(self._g), "group wait_sends")
+
+
+def checkpoint_read(directory, rank, fn):
+    """Reads and verifies (CRC32C) rank's state in checkpoint directory `directory` and returns
+    fn(Generation)'s result. Raises Error for a missing, truncated or corrupt file."""
+    L = _lib.lib()
+    box = {}
+
+    def read(_arg, g):
+        try:
+            box["value"] = fn(Generation(g.contents))
+            return 0
+        except BaseException as e:  # noqa: B902
+            box["error"] = e
+            return -1
+
+    cfn = _lib.READ_FN(read)
+    err = ctypes.create_string_buffer(1024)
+    rc = L.dp_checkpoint_read(str(directory).encode(), int(rank), cfn, None, err, len(err))
+    if "error" in box:
+        e = box["error"]
+        raise Error("checkpoint_read %s rank %d: the reader raised %s: %s" % (directory, rank, type(e).__name__, e)) from e
+    if rc != 0:
+        raise Error(err.value.decode("utf-8", "replace") or "checkpoint_read failed")
+    return box.get("value")

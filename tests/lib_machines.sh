@@ -5,8 +5,12 @@
 # left. Needs root (hosts_available).
 hosts_create "${MACHINES_HOSTS:-4}" || { notok "hosts_create" "cannot build the simulated machines"; exit 1; }
 
-STEPS=240
-COMMON=(--nnodes 2 --nproc-per-node 2 --model tiny --steps "$STEPS" --seed 7)
+# The job's program: the built-in trainer's tiny model, or MACHINES_PROGRAM (an array: the
+# program after --, writing MACHINES_MODEL_FILE) for MACHINES_STEPS steps.
+STEPS=${MACHINES_STEPS:-240}
+MODEL_FILE=${MACHINES_MODEL_FILE:-model.bin}
+if [ -n "${MACHINES_PROGRAM+x}" ]; then TRAIN=(); PROG=(-- "${MACHINES_PROGRAM[@]}"); else TRAIN=(--model tiny); PROG=(); fi
+COMMON=(--nnodes 2 --nproc-per-node 2 "${TRAIN[@]}" --steps "$STEPS" --seed 7)
 export DEADPOOL_REDIS_PASSWORD="e2e-$$-$RANDOM"
 REDIS_PORT=6399
 host_spawn 0 "$WORK/redis.log" redis-server --port "$REDIS_PORT" --bind "${HOST_ADDR[0]}" --save '' \
@@ -17,8 +21,8 @@ for _ in $(seq 100); do redis_up && break; sleep 0.05; done
 redis_up || { notok "redis" "redis-server did not start in host 0" "$(tail -3 "$WORK/redis.log")"; exit 1; }
 
 # The single-machine reference: the same world (4 ranks), seed and steps, on loopback.
-run_job "$WORK/ref" 300 --workers 4 --spares 0 --model tiny --steps "$STEPS" --seed 7
-REF="$WORK/ref/model.bin"
+run_job "$WORK/ref" 300 --workers 4 --spares 0 "${TRAIN[@]}" --steps "$STEPS" --seed 7 "${PROG[@]}"
+REF="$WORK/ref/$MODEL_FILE"
 [ -s "$REF" ] || { notok "reference_run" "$(tail -3 "$WORK/ref.log")"; exit 1; }
 
 LAUNCHER=()  # HOST_SPAWN_PID of each machine's launcher, by host
@@ -27,7 +31,7 @@ LAUNCHER=()  # HOST_SPAWN_PID of each machine's launcher, by host
 start_machine() {
   local h=$1 job=$2 k; shift 2
   host_spawn "$h" "$WORK/$job.h$h.log" timeout -k 5 240 "$DP" run "${COMMON[@]}" --redis "$REDIS_URL" --job "$job" \
-    --out "${HOST_DIR[$h]}/$job" --bind "${HOST_ADDR[$h]}" "$@"
+    --out "${HOST_DIR[$h]}/$job" --bind "${HOST_ADDR[$h]}" "$@" "${PROG[@]}"
   LAUNCHER[$h]=$HOST_SPAWN_PID
   for k in $(seq 600); do
     grep -q 'joined job' "$WORK/$job.h$h.log" 2>/dev/null && return 0

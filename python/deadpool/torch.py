@@ -455,6 +455,7 @@ class FaultTolerant:
             step = self.job.next_step
             while step < self.job.steps:
                 self._step, self._reduced, self._committed = step, False, False
+                self._drop_foreign_grads()
                 yield step
                 if self._final is not None or self._failed:
                     break
@@ -463,6 +464,16 @@ class FaultTolerant:
                 step += 1
             else:
                 self._final = Status.OK
+
+    def _drop_foreign_grads(self):
+        """ZeRO: the loop's zero_grad() reaches only this rank's parameters (the optimizer's
+        filtered groups): the others' gradients start each step anew, or they would add up."""
+        if not self._zero:
+            return
+        mine = {id(p) for g in self._opt.param_groups for p in g["params"]}
+        for p in self._gparams:
+            if id(p) not in mine:
+                p.grad = None
 
     def _outcome(self, st):
         if st == Status.OK:

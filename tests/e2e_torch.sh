@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# e2e_torch.sh — a PyTorch loop under DeadPool (examples/torch/train_gpt2.py through
+# python/deadpool): every fault-tolerance path ends with the failure-free model.pt, byte for
+# byte, with a `recovered` event for each failure. Plain data parallelism (every rank holds
+# the same state) and ZeRO-1 (each rank owns a slice).
+source "$(dirname "$0")/lib_e2e.sh"
+PY=/usr/bin/python3
+TRAIN=("$PY" "$ROOT/examples/torch/train_gpt2.py")
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+  for c in torch_deterministic torch_kill torch_hang torch_failure_during_recovery torch_two_faults \
+           torch_no_spare_persist_then_resume torch_ft_disk torch_zero1_equals_plain torch_zero1_kill \
+           torch_machine_crash; do echo "not ok - $c (no torch for $PY: scripts/install-deps.sh --test)"; done
+  exit 1
+fi
+STEPS=24
+BASE=(--workers 3 --steps "$STEPS" --seed 5)
+
+run_job "$WORK/ref" 180 "${BASE[@]}" --spares 0 -- "${TRAIN[@]}"; rc=$?
+run_job "$WORK/ref2" 180 "${BASE[@]}" --spares 1 -- "${TRAIN[@]}"; rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ -s "$WORK/ref/model.pt" ] && cmp -s "$WORK/ref/model.pt" "$WORK/ref2/model.pt" \
+   && grep -q '"event":"model_saved"' "$WORK/ref/events.jsonl"; then
+  ok "torch_deterministic"
+else notok "torch_deterministic" "rc $rc $rc2" "$(tail -3 "$WORK/ref.log")"; fi
+
+# expect_same NAME REF MIN_RECOVERED ARGS... — a run that must end with REF's model.pt.
+expect_same() {
+  local name=$1 ref=$2 n=$3; shift 3
+  run_job "$WORK/$name" 240 "${BASE[@]}" "$@"; local rc=$?
+  local got bad=""
+  got=$(grep -c '"event":"recovered"' "$WORK/$name/events.jsonl" 2>/dev/null)
+  [ $rc -eq 0 ] || bad="rc $rc"
+  [ "${got:-0}" -ge "$n" ] || bad="$bad; $got recovered events, expected >= $n"
+  cmp -s "$WORK/$ref/model.pt" "$WORK/$name/model.pt" || bad="$bad; model.pt differs from the failure-free run"
+  no_leftovers "$WORK/$name" || bad="$bad; processes left behind"
+  if [ -z "$bad" ]; then ok "$name ($got recovered)"; else notok "$name" "$bad" "$(tail -5 "$WORK/$name.log")"; fi
+}
+
+expect_same torch_kill ref 1 --spares 1 --inject kill:1@8 -- "${TRAIN[@]}"
+expect_same torch_hang ref 1 --spares 1 --detect-timeout-ms 1000 --inject stop:2@9 -- "${TRAIN[@]}"
+expect_same torch_failure_during_recovery ref 1 --spares 1 --detect-timeout-ms 1000 \
+  --inject kill:0@10 --inject rkill:0@3 -- "${TRAIN[@]}"
+expect_same torch_two_faults ref 2 --spares 1 --inject kill:2@6 --inject kill:1@15 -- "${TRAIN[@]}"
+expect_same torch_ft_disk ref 1 --spares 0 --ft disk --ckpt-every 5 --inject kill:1@12 -- "${TRAIN[@]}"
+
+# No spare left: the committed state goes to disk (with the checkpoint callback's model.pt),
+# the job stops telling how to resume, and the resumed job ends with the same model.
+run_job "$WORK/nospare" 180 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --inject kill:1@12 \
+  -- "${TRAIN[@]}"; rc=$?
+timeout -k 5 180 "$DP" run --resume "$WORK/nospare" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
+ck=$(ls -d "$WORK"/nospare/ckpt/step_*/ 2>/dev/null | tail -1)
+if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/nospare.log" && [ $rc2 -eq 0 ] \
+   && cmp -s "$WORK/ref/model.pt" "$WORK/nospare/model.pt" && [ -s "${ck}model.pt" ] && no_leftovers "$WORK/nospare"; then
+  ok "torch_no_spare_persist_then_resume"
+else notok "torch_no_spare_persist_then_resume" "rc $rc $rc2; checkpoint ${ck:-none}" "$(tail -3 "$WORK/nospare.log")" \
+  "$(tail -3 "$WORK/nospare.resume.log")"; fi
+
+# ZeRO-1: the same parameters as plain data parallelism (values: the file's storage layout
+# differs), and a kill of a rank that owns a slice, then of another, ends byte-identical.
+run_job "$WORK/zref" 180 "${BASE[@]}" --spares 0 -- "${TRAIN[@]}" --zero; rc=$?
+same=$("$PY" -c '
+import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+print("same" if a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a) else "differ")' \
+  "$WORK/ref/model.pt" "$WORK/zref/model.pt" 2>&1)
+if [ $rc -eq 0 ] && [ "$same" = same ]; then ok "torch_zero1_equals_plain"
+else notok "torch_zero1_equals_plain" "rc $rc: $same" "$(tail -3 "$WORK/zref.log")"; fi
+expect_same torch_zero1_kill zref 2 --spares 1 --inject kill:0@7 --inject kill:2@14 -- "${TRAIN[@]}" --zero
+
+# A machine lost: 2 simulated machines x 2 ranks and a spare machine (tests/lib_hosts.sh);
+# machine 1 crashes with everything on it, the spare machine takes both ranks.
+source "$(dirname "$0")/lib_hosts.sh"
+if ! hosts_available; then
+  echo "ok - torch_machine_crash # SKIP no network namespaces (needs root)"
+  exit 0
+fi
+MACHINES_STEPS=60 MACHINES_MODEL_FILE=model.pt MACHINES_PROGRAM=("${TRAIN[@]}")
+source "$(dirname "$0")/lib_machines.sh"
+J=tm1; start_machine 1 $J; start_machine 2 $J; start_machine 3 $J
+if wait_step $J 1 10; then host_kill 2; fi
+finish 1 3
+host_wait "${LAUNCHER[2]}" 5 >/dev/null
+host_restart 2
+rec=$(events $J | grep -o '"total_ms":[0-9]*' | head -1)
+if same "${HOST_DISK[1]}/$J/model.pt" && [ "$RCS" = " 0 0" ] && [ "$(events $J | grep -c '"event":"recovered"')" -ge 1 ] && clean; then
+  ok "torch_machine_crash ($rec)"
+else notok "torch_machine_crash" "rcs:$RCS" "$(events $J | grep -E 'failure|decision|recovered')" "$(tail -5 "$WORK/$J.h1.log")"; fi
+hosts_destroy >/dev/null || notok "hosts_destroy" "something was left"

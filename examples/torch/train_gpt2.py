@@ -2,7 +2,7 @@
 DeadPool (or, with --ddp, under torchrun with DistributedDataParallel, for comparison).
 
     deadpool run --workers 3 --spares 1 --steps 50 --seed 1 -- /usr/bin/python3 examples/torch/train_gpt2.py
-    torchrun --nproc-per-node 3 examples/torch/train_gpt2.py --ddp --steps 50 --seed 1 --out out
+    torchrun --nproc_per_node 3 examples/torch/train_gpt2.py --ddp --steps 50 --seed 1 --out out
 
 With no arguments it trains a small model on the built-in generated corpus; under DeadPool the
 steps, the seed and the output directory are the job's, and the final weights go to

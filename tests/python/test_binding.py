@@ -1,0 +1,112 @@
+"""Unit tests of the Python binding (python/deadpool): statuses, errors, callbacks that raise,
+regions that appear and move. Prints `ok - NAME` / `not ok - NAME`; run by tests/e2e_python.sh.
+The tests that need a job start `deadpool run` (loopback only, bounded by a timeout)."""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("DEADPOOL_LIB", os.path.join(ROOT, "build", "libdeadpool.so"))
+import deadpool  # noqa: E402
+
+failed = 0
+
+
+def check(name, cond, detail=""):
+    global failed
+    if cond:
+        print("ok - %s" % name, flush=True)
+    else:
+        failed += 1
+        print("not ok - %s" % name)
+        for line in str(detail).splitlines()[-8:]:
+            print("  " + line)
+        sys.stdout.flush()
+
+
+def raises(fn, exc=deadpool.Error):
+    try:
+        fn()
+    except exc as e:
+        return str(e)
+    return None
+
+
+# --- without a job ---
+header = open(os.path.join(ROOT, "include", "deadpool.h")).read()
+values = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"\bDP_([A-Z_]+) = (-?\d+)", header))
+check("statuses_match_the_header", all(values[s.name] == s.value for s in deadpool.Status), values)
+check("roles_match_the_header", all(values.get("ROLE_" + r.name) == r.value for r in deadpool.Role), values)
+check("kinds_match_the_header", all(values.get(k.name) == k.value for k in deadpool.Kind), values)
+m = re.search(r"#define DEADPOOL_API_VERSION (\d+)", header)
+check("api_version_matches_the_header", m and int(m.group(1)) == deadpool.API_VERSION)
+
+msg = raises(lambda: deadpool.Job())
+check("job_outside_a_job_says_how_to_start_it", msg and "deadpool run" in msg, msg)
+
+r = subprocess.run([sys.executable, "-c", "import deadpool; deadpool.Job()"], capture_output=True, text=True,
+                   env=dict(os.environ, DEADPOOL_LIB="/nonexistent/libdeadpool.so",
+                            PYTHONPATH=os.path.join(ROOT, "python")), timeout=60)
+check("missing_library_named", r.returncode != 0 and "/nonexistent/libdeadpool.so" in r.stderr
+      and "DEADPOOL_LIB" in r.stderr, r.stderr)
+
+check("callbacks_require_regions_and_reset", raises(lambda: deadpool.Callbacks(regions=None, reset=None)))
+
+import numpy as np  # noqa: E402
+msg = raises(lambda: deadpool._float_buffer(np.zeros(4, dtype=np.float64), "x"))
+check("collective_buffer_type_checked", msg and "float32" in msg, msg)
+try:
+    import torch
+    msg = raises(lambda: deadpool._float_buffer(torch.zeros(4, dtype=torch.float16), "x"))
+    msg2 = raises(lambda: deadpool._float_buffer(torch.zeros(4, 4).t(), "x"))
+    check("collective_tensor_checked", msg and "float32" in msg and msg2 and "contiguous" in msg2, (msg, msg2))
+    from deadpool.torch import partition
+    owners = partition([10, 50, 30, 30, 5], 2)
+    check("zero_partition_deterministic_and_balanced", owners == partition([10, 50, 30, 30, 5], 2)
+          and owners == [0, 0, 1, 1, 0], owners)  # 50->0, 30->1, 30->1, 10->0, 5->0 (tie)
+except ImportError:
+    check("collective_tensor_checked # SKIP no torch", True)
+
+msg = raises(lambda: deadpool.checkpoint_read("/nonexistent/ckpt", 0, lambda g: 0))
+check("checkpoint_read_of_a_missing_directory", msg and "/nonexistent/ckpt" in msg, msg)
+
+# --- in a job ---
+DP = os.path.join(ROOT, "deadpool")
+PROG = [sys.executable, os.path.join(ROOT, "tests", "python", "binding_job.py")]
+work = tempfile.mkdtemp(prefix="dp_py_")
+
+
+def job(name, mode, *args):
+    out = os.path.join(work, name)
+    try:
+        r = subprocess.run([DP, "run", "--workers", "2", "--steps", "12", "--seed", "3", "--out", out] + list(args)
+                           + ["--"] + PROG + [mode], capture_output=True, text=True, timeout=120)
+        return r.returncode, r.stderr, out
+    except subprocess.TimeoutExpired as e:
+        return 124, (e.stderr or b"").decode(errors="replace"), out
+
+
+rc, err, out = job("ref", "moving", "--spares", "0")
+ref = open(os.path.join(out, "state.bin"), "rb").read() if rc == 0 else b""
+check("moving_regions_run", rc == 0 and len(ref) == 8000, err)
+rc, err, out = job("moved", "moving", "--spares", "1", "--inject", "kill:1@6", "--inject", "kill:0@9")
+got = open(os.path.join(out, "state.bin"), "rb").read() if rc == 0 else b""
+events = open(os.path.join(out, "events.jsonl")).read() if os.path.exists(os.path.join(out, "events.jsonl")) else ""
+check("regions_that_appear_and_move_restored_bit_identical",
+      rc == 0 and got == ref and events.count('"event":"recovered"') >= 2, err)
+check("finish_twice_raises", "binding: finish twice: finish called twice" in err, err)
+
+rc, err, out = job("raise_restore", "raise_restore", "--spares", "1", "--inject", "kill:1@5", "--spare-wait", "2")
+check("restore_that_raises_is_an_error_not_a_crash",
+      rc != 0 and "restore callback raised ValueError: boom" in err and "Segmentation" not in err
+      and "core dumped" not in err and "Traceback" not in err, err)
+
+rc, err, out = job("raise_regions", "raise_regions", "--spares", "0")
+check("regions_that_raise_is_an_error_not_a_crash",
+      rc != 0 and re.search(r"binding: raised deadpool.Error: commit: the regions callback raised RuntimeError: regions "
+                            r"exploded", err) is not None and "Segmentation" not in err, err)
+
+sys.exit(1 if failed else 0)

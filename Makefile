@@ -9,7 +9,8 @@
 #   src/common/ clocks, logging, files, option tables (library and trainer alike)
 #   src/gpt2/   the built-in GPT-2 trainer, a client of deadpool.h
 #   src/cli/    the `deadpool` command
-#   examples/   more clients of deadpool.h      -> build/examples/NAME
+#   examples/   more clients of deadpool.h      -> build/examples/NAME (examples/torch: PyTorch)
+#   python/     the `deadpool` Python package (ctypes over libdeadpool.so; deadpool.torch)
 CC      ?= cc
 CXX     ?= c++
 OPT     ?= -O2 -march=native
@@ -141,6 +142,8 @@ install: all
 	install -m 644 $(BUILD)/libdeadpool.a $(DESTDIR)$(PREFIX)/lib/libdeadpool.a
 	install -m 755 $(BUILD)/libdeadpool.so $(DESTDIR)$(PREFIX)/lib/libdeadpool.so.1
 	ln -sf libdeadpool.so.1 $(DESTDIR)$(PREFIX)/lib/libdeadpool.so
+	install -d $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/deadpool
+	install -m 644 python/deadpool/*.py $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/deadpool/
 	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: deadpool\nDescription: in-memory fault tolerance for training loops\nVersion: 1.0\nLibs: -L$${libdir} -ldeadpool\nLibs.private: %s\nCflags: -I$${includedir}\n' \
 	  '$(PREFIX)' '$(LIB_LIBS)' >$(DESTDIR)$(PREFIX)/lib/pkgconfig/deadpool.pc
 

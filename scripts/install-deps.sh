@@ -9,6 +9,9 @@ pkgs=(build-essential pkg-config libgloo-dev libhiredis-dev redis-server libopen
 # clang + libclang-rt-dev (libFuzzer, ASan, UBSan): the fuzz harnesses of tests/e2e_fuzz.sh and
 # tests/fuzz/run.sh; llvm: llvm-symbolizer, so their reports name functions and lines.
 [ "${1:-}" = "--test" ] && pkgs+=(clang libclang-rt-dev llvm)
+# python3-torch (1.13, CPU) + numpy: the PyTorch examples and tests/e2e_torch.sh, e2e_python.sh;
+# python3-setuptools + python3-pip: `pip install ./python` (offline) in tests/e2e_install.sh.
+[ "${1:-}" = "--test" ] && pkgs+=(python3-torch python3-numpy python3-setuptools python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

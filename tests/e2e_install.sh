@@ -41,3 +41,14 @@ if [ -x "$WORK/user/my_loop_static" ]; then
   if [ $rc -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$WORK/static/model.bin"; then ok "static_program_recovers"
   else notok "static_program_recovers" "rc $rc" "$(tail -3 "$WORK/static.log")"; fi
 fi
+
+# Python: the installed package finds the installed library by itself (no DEADPOOL_LIB, no
+# PYTHONPATH beyond the prefix's dist-packages), and `pip install ./python` works offline.
+if (cd "$WORK" && env -u DEADPOOL_LIB PYTHONPATH="$PREFIX/lib/python3/dist-packages" /usr/bin/python3 -c \
+      "import deadpool; assert deadpool.find_library().startswith('$PREFIX/lib/'), deadpool.find_library()") \
+      >"$WORK/py.log" 2>&1; then ok "installed_python_package_finds_the_library"
+else notok "installed_python_package_finds_the_library" "$(tail -3 "$WORK/py.log")"; fi
+if cp -r "$ROOT/python" "$WORK/pysrc" && timeout 120 /usr/bin/python3 -m pip install --no-index --no-cache-dir \
+      --break-system-packages --target "$WORK/pip" "$WORK/pysrc" >"$WORK/pip.log" 2>&1 \
+   && [ -f "$WORK/pip/deadpool/torch.py" ]; then ok "pip_install_offline"
+else notok "pip_install_offline" "$(tail -3 "$WORK/pip.log")"; fi

@@ -253,8 +253,9 @@ def train_ddp(a):
             g["lr"] = lr
         opt.step()
         if rank == 0:
-            print("step %d/%d loss %.4f %.1f ms" % (step + 1, a.steps, loss.item(), (time.time() - t0) * 1e3), flush=True)
-            t0 = time.time()
+            now = time.time()
+            print("step %d/%d loss %.4f %.1f ms t=%.3f" % (step + 1, a.steps, loss.item(), (now - t0) * 1e3, now), flush=True)
+            t0 = now
         if a.ckpt_every and (step + 1) % a.ckpt_every == 0 and rank == 0:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
             os.replace(ckpt + ".tmp", ckpt)

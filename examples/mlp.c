@@ -183,10 +183,10 @@ int main(void) {
         for (int64_t step = dp_next_step(dp); step < dp_steps(dp) && st == DP_OK; step++) {
             forward_backward(&net);
             st = dp_step_before_reduce(dp, step);                      /* DeadPool */
-            if (st == DP_OK) st = dp_allreduce_sum(dp, net.grads, NPARAMS + 1);
+            if (st == DP_OK) st = dp_allreduce_mean(dp, net.grads, NPARAMS + 1); /* the loss too */
             if (st == DP_OK) st = dp_step_before_update(dp);           /* DeadPool */
             if (st != DP_OK) break;
-            float scale = 1.0f / (float)(BATCH * dp_world(dp));
+            float scale = 1.0f / BATCH; /* the mean over ranks of per-rank sums over the batch */
             if (adam_update(&net, step, scale) != 0) { st = DP_ERR; break; }
             dp_metrics m = {.loss = net.grads[NPARAMS] * scale, .lr = LR, .tokens = BATCH * dp_world(dp)};
             st = dp_step_commit(dp, step, &net.cur, sizeof net.cur, &m); /* DeadPool */

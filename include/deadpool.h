@@ -206,6 +206,13 @@ dp_status dp_recover(dp_t *dp, char *err, size_t errlen);
 
 /* --- collectives of the current epoch (a fixed-order ring: deterministic) --------------- */
 dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n);
+/* The mean over the ranks, in place: the sum of dp_allreduce_sum (the same ring, the same
+ * order), then each element multiplied by inv = 1.0f / (float)dp_world(dp), computed once in
+ * float. So the bits are the same on every rank and in every run; for a world that is not a
+ * power of two an element may differ by 1 ulp from sum / world. Put the step's loss after
+ * the gradients (buf[n - 1]) and it is averaged in the same collective: no second allreduce
+ * of one float. */
+dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n);
 /* out[r*n .. (r+1)*n) = rank r's in[0..n); in may alias out + rank*n. */
 dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n);
 dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root);
@@ -223,6 +230,8 @@ dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *e
 int dp_group_index(const dp_group *g);
 int dp_group_size(const dp_group *g);
 dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n);
+/* dp_allreduce_mean among the group's members: multiplied by 1.0f / (float)dp_group_size(g). */
+dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n);
 dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n);
 /* Point to point between members (by index), for pipelines. A send is posted and returns at
  * once (the bytes leave when the receiver posts its receive: a send that waited could deadlock

@@ -1683,6 +1683,11 @@ dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n) {
     return comm_result(dp, comm_allreduce_sum(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
 }
 
+dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n) {
+    if (!dp->comm) return DP_ERR;
+    return comm_result(dp, comm_allreduce_mean(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
+}
+
 dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n) {
     if (!dp->comm) return DP_ERR;
     return comm_result(dp, comm_allgather(dp->comm, in, out, n, job_comm_timeout_ms(&dp->cfg)));
@@ -1757,6 +1762,10 @@ static dp_status group_result(dp_group *g, comm_status st) { return result_on(g-
 
 dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n) {
     return group_result(g, comm_allreduce_sum(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
+}
+
+dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n) {
+    return group_result(g, comm_allreduce_mean(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
 }
 
 dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n) {

@@ -28,6 +28,12 @@
  *     if (finish == DP_OK && dp_rank(dp) == 0) write the model to dp_out_dir(dp);
  *     return dp_finish(dp, finish);
  *
+ * Numbering. Steps are 0-based in this API: the loop runs steps 0 .. dp_steps(dp) - 1, and
+ * dp_next_step, the `step` arguments and dp_generation.step count from 0. What a user reads or
+ * types counts steps done, from 1: `--inject kill:R@N` fires in API step N - 1, the progress
+ * line's "step N/K" and the checkpoint directory `ckpt/step_N` (dp_generation.step = N - 1)
+ * are the state after API step N - 1. `--inject kill:R@0` is refused (steps start at 1).
+ *
  * Contract. The regions an application reports must not change between dp_step_commit of
  * step k and the next dp_step_before_reduce (the snapshot of k is copied from them in the
  * background meanwhile); in a loop shaped as above this holds by construction. Every call

@@ -71,7 +71,13 @@ typedef enum {
 
 typedef enum {
     DP_SHARDED = 0,   /* this rank's own state (a ZeRO shard): snapshotted and replicated by every rank */
-    DP_IDENTICAL = 1  /* the same bytes on every rank: kept by rank 0 only, broadcast to all after a restore */
+    /* The same bytes on every rank: every rank keeps them in its own snapshots (a survivor
+     * rolls back with them), rank 0 alone replicates them and writes them to checkpoints.
+     * After a restore the lowest rank that restored them broadcasts them to those that did
+     * not (see restore). A rank whose state is all DP_IDENTICAL, with no extra, has nothing
+     * of its own: its failure loses nothing, even together with its replica holders, as long
+     * as one member survives (or rank 0's holder does). */
+    DP_IDENTICAL = 1
 } dp_region_kind;
 
 /* One piece of state. ids are the application's and must be unique within a generation. */
@@ -98,9 +104,17 @@ typedef struct {
      * (or -1: too many). Asked again at every capture, so state may appear (lazily
      * allocated optimizer moments) or move between steps. */
     int (*regions)(void *arg, dp_region *out, int max);
-    /* Puts a generation back into the application: this rank's DP_SHARDED regions, or (the
-     * broadcast after a restore) the DP_IDENTICAL ones. NULL: DeadPool copies each region into
-     * the one with the same id that `regions` reports now (same length required). 0 / -1 + err. */
+    /* Puts a generation back into the application. Called first with this rank's generation:
+     * its DP_SHARDED regions and extra, with the DP_IDENTICAL regions when the generation
+     * carries them, which it does on a survivor (rolled back from its own snapshot) and on
+     * rank 0 restored from its replica or its checkpoint file. Where it does not (a spare that
+     * took a rank other than 0, whose replica holds that rank's own state only; a spare that
+     * took a rank with nothing of its own, which fetches nothing: an empty generation; a rank
+     * other than 0 resuming from a checkpoint), it is called a second time, after the new
+     * epoch's collectives are up, with only the DP_IDENTICAL regions (g->rank: the rank that
+     * broadcast them). So at most twice per recovery or resume. NULL: DeadPool copies each
+     * region into the one with the same id that `regions` reports now (same length
+     * required). 0 / -1 + err. */
     int (*restore)(void *arg, const dp_generation *g, char *err, size_t errlen);
     /* Back to the initial state (a rollback before the first generation). Required. */
     void (*reset)(void *arg);

@@ -81,6 +81,13 @@ struct dp {
     size_t head_cap;
     dp_region app_regions[GEN_MAX_REGIONS];
     SnapRegion snap_regions[GEN_MAX_REGIONS + 1];
+    /* ...and its local part (snapshot.h): on ranks other than 0 the DP_IDENTICAL regions
+     * behind a head of their own, kept in this rank's snapshots but not replicated */
+    unsigned char *local_head;
+    size_t local_head_cap;
+    SnapRegion snap_locals[GEN_MAX_REGIONS + 1];
+    int nlocals;
+    int own_published;        /* KEY_OWN_STATE is set for this rank (by this process) */
     /* state DeadPool owns (dp_state_declare): two blocks, one per generation parity, each
      * [head area | region 0 | region 1 | ...], so that a generation is one contiguous payload */
     dp_state_spec state[GEN_MAX_REGIONS];
@@ -91,6 +98,7 @@ struct dp {
     size_t head_area, block_bytes;
     void *restored_extra;     /* the extra state of the generation restored last */
     size_t restored_extra_len;
+    int restored_identical;   /* ...and whether it carried the DP_IDENTICAL regions */
     Decision decision;        /* the one being followed (large: not on the stack) */
     const char *join_phase;   /* where join_epoch is: "restore", "rendezvous" (join_failed says) */
 };
@@ -305,6 +313,7 @@ static void free_process(dp_t *dp) {
         ctl_heartbeat_clear(dp->ctl, dp->proc_id);
     if (dp->ctl) ctl_close(dp->ctl);
     free(dp->head);
+    free(dp->local_head);
     free(dp->warm_buf);
     free(dp->block[0]);
     free(dp->block[1]);
@@ -462,6 +471,25 @@ static int app_regions(dp_t *dp, int64_t gen, dp_region *out, int max) {
     return n + dp->nstate;
 }
 
+/* The local part of generation `step` (see struct dp): same[0..n), all DP_IDENTICAL, as a
+ * generation payload of its own in dp->snap_locals; nothing when n is 0. 0, -1 + dp->err. */
+static int local_part(dp_t *dp, int64_t step, const dp_region *same, int n) {
+    dp->nlocals = 0;
+    if (n == 0) return 0;
+    size_t hb = gen_head_bytes(n, 0);
+    if (hb > dp->local_head_cap) {
+        unsigned char *grown = realloc(dp->local_head, hb);
+        if (!grown) { snprintf(dp->err, sizeof dp->err, "out of memory for a generation head"); return -1; }
+        dp->local_head = grown;
+        dp->local_head_cap = hb;
+    }
+    gen_head_write(dp->local_head, dp->cfg.seed, step + 1, same, n, NULL, 0);
+    dp->snap_locals[0] = (SnapRegion){dp->local_head, hb};
+    for (int i = 0; i < n; i++) dp->snap_locals[i + 1] = (SnapRegion){same[i].ptr, same[i].len};
+    dp->nlocals = n + 1;
+    return 0;
+}
+
 /* Generation `step` as one payload where it lies, when it is a snapshot generation (the
  * next update writes the other block: gen_block) and all of this rank's state is declared:
  * the head goes right before the regions in its block and the snapshot thread replicates from
@@ -474,25 +502,31 @@ static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t e
     if (n < 0) return 0;
     for (int i = 0; i < n; i++)
         if (now[i].kind == DP_SHARDED || dp->rank == 0) return 0; /* state of its own to copy */
+    if (local_part(dp, step, now, n) != 0) return 0; /* the identical regions, kept here only */
     dp_region kept[GEN_MAX_REGIONS];
     declared_regions(dp, step, kept);
     size_t hb = gen_head_bytes(dp->nstate, extra_len);
     unsigned char *payload = block_of(dp, step) + dp->head_area - hb;
     gen_head_write(payload, dp->cfg.seed, step + 1, kept, dp->nstate, extra, extra_len);
-    snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area);
-    return 1;
+    return snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area, dp->snap_locals,
+                                     dp->nlocals) == 0;
 }
 
-/* The application's regions now, with the snapshot regions of this rank's generation:
- * the head first, then the regions this rank keeps (identical ones on rank 0 only). The
- * number of snapshot regions, -1 + dp->err. */
+/* The application's regions now, with the snapshot regions of this rank's generation: the
+ * head first, then the regions it replicates: its own, and on rank 0 the identical ones too
+ * (so that they outlive every member failing at once). Every other rank keeps the identical
+ * regions in the local part (local_part): any survivor can provide them after a rollback.
+ * The number of snapshot regions, -1 + dp->err. */
 static int gather_regions(dp_t *dp, int64_t step, const void *extra, size_t extra_len) {
     int n = app_regions(dp, step, dp->app_regions, GEN_MAX_REGIONS);
     if (n < 0) return -1;
-    dp_region kept[GEN_MAX_REGIONS];
-    int k = 0;
-    for (int i = 0; i < n; i++)
+    dp_region kept[GEN_MAX_REGIONS], same[GEN_MAX_REGIONS];
+    int k = 0, m = 0;
+    for (int i = 0; i < n; i++) {
         if (dp->app_regions[i].kind == DP_SHARDED || dp->rank == 0) kept[k++] = dp->app_regions[i];
+        else same[m++] = dp->app_regions[i];
+    }
+    if (local_part(dp, step, same, m) != 0) return -1;
     size_t hb = gen_head_bytes(k, extra_len);
     if (hb > dp->head_cap) {
         unsigned char *grown = realloc(dp->head, hb);
@@ -562,23 +596,30 @@ static int app_restore(dp_t *dp, const dp_generation *g, char *err, size_t errle
     return default_restore(dp, g, err, errlen);
 }
 
-/* Checks a verified payload of this rank and hands it to the application. */
-static int restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, char *err, size_t errlen) {
+/* Checks a verified payload of this rank (with its local part local[0..local_len), from this
+ * rank's own snapshot; 0 bytes: none) and hands it to the application: one generation. */
+static int restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, const void *local, size_t local_len,
+                           char *err, size_t errlen) {
     if (h->rank != dp->rank || h->world != dp->cfg.workers) {
         snprintf(err, errlen, "state of rank %d of %d offered to rank %d of %d", h->rank, h->world, dp->rank,
                  dp->cfg.workers);
         return -1;
     }
-    dp_region regions[GEN_MAX_REGIONS];
-    dp_generation g = {.step = h->step, .rank = h->rank, .world = h->world};
-    uint64_t seed;
-    int64_t next;
+    dp_region regions[2 * GEN_MAX_REGIONS];
+    dp_generation g = {.step = h->step, .rank = h->rank, .world = h->world}, l = g;
+    uint64_t seed, lseed = dp->cfg.seed;
+    int64_t next, lnext = h->step + 1;
     if (gen_parse(payload, h->length, &g, regions, GEN_MAX_REGIONS, &seed, &next, err, errlen) != 0) return -1;
-    if (seed != dp->cfg.seed || next != h->step + 1) {
+    if (local_len && gen_parse(local, local_len, &l, regions + g.nregions, GEN_MAX_REGIONS, &lseed, &lnext, err, errlen) != 0)
+        return -1;
+    if (seed != dp->cfg.seed || next != h->step + 1 || lseed != seed || lnext != next) {
         snprintf(err, errlen, "state of step %lld: taken with seed %llu, next step %lld; this job has seed %llu",
                  (long long)h->step + 1, (unsigned long long)seed, (long long)next, (unsigned long long)dp->cfg.seed);
         return -1;
     }
+    if (local_len) g.nregions += l.nregions;
+    dp->restored_identical = 0;
+    for (int i = 0; i < g.nregions; i++) dp->restored_identical |= regions[i].kind == DP_IDENTICAL;
     /* Kept for the restore point's snapshot in the new epoch, which must carry it too. */
     void *copy = malloc(g.extra_len ? g.extra_len : 1);
     if (!copy) { snprintf(err, errlen, "out of memory for %zu bytes of extra state", g.extra_len); return -1; }
@@ -589,10 +630,10 @@ static int restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, c
     return app_restore(dp, &g, err, errlen);
 }
 
-static int restore_in_place(const SnapHeader *h, const void *payload, void *arg) {
+static int restore_in_place(const SnapHeader *h, const void *payload, const void *local, size_t local_len, void *arg) {
     dp_t *dp = arg;
     char err[512];
-    if (restore_payload(dp, h, payload, err, sizeof err) == 0) return 0;
+    if (restore_payload(dp, h, payload, local, local_len, err, sizeof err) == 0) return 0;
     log_msg("local copy of step %lld unusable: %s", (long long)h->step + 1, err);
     return -1;
 }
@@ -693,8 +734,23 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     return -1;
 }
 
-/* Puts this rank's state at generation `rollback`: from our own ping-pong buffer, else from
- * a replica holder, else (the resumed checkpoint) from disk; -1 means the initial state. */
+/* 1 when this rank's generation `rollback` can only have been empty: no generation of the
+ * rank ever carried state of its own (KEY_OWN_STATE is absent), it is not the resumed
+ * checkpoint (whose files are read instead), and some member survives to provide the
+ * identical state (or the rank is not 0, whose replica carries it). 0 when in doubt. */
+static int nothing_of_its_own(dp_t *dp, long long rollback) {
+    if (rollback == dp->cfg.resume_step) return 0;
+    int survivors = dp->decision.world - dp->decision.nfailed;
+    if (dp->rank == 0 && survivors <= 0) return 0;
+    char k[48], value[8];
+    const char *suffix = key(k, sizeof k, KEY_OWN_STATE, dp->rank, 0);
+    int present = 1;
+    return ctl_get_many(dp->ctl, &suffix, 1, value, sizeof value, &present) == 0 && !present;
+}
+
+/* Puts this rank's state at generation `rollback`: from our own ping-pong buffer, else (a
+ * rank with nothing of its own) an empty generation, else from a replica holder, else (the
+ * resumed checkpoint) from disk; -1 means the initial state. */
 static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char *err, size_t errlen) {
     dp->next_step = rollback + 1;
     if (rollback < 0) {
@@ -702,6 +758,15 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
         return 0;
     }
     if (old && snapshot_local_use(old, rollback, restore_in_place, dp) == 0) return 0;
+    if (nothing_of_its_own(dp, rollback)) { /* its identical state comes with the broadcast (share_and_rebuild) */
+        log_msg("rank %d has no state of its own: nothing to fetch for step %lld", dp->rank, rollback + 1);
+        free(dp->restored_extra);
+        dp->restored_extra = NULL;
+        dp->restored_extra_len = 0;
+        dp->restored_identical = 0;
+        dp_generation g = {.step = rollback, .rank = dp->rank, .world = dp->cfg.workers};
+        return app_restore(dp, &g, err, errlen);
+    }
     SnapHeader h;
     void *payload = NULL;
     int found = fetch_from_holders(dp, dp->rank, rollback, dp->epoch - 1, &h, &payload) == 0;
@@ -710,7 +775,7 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
         snprintf(err, errlen, "no copy of rank %d's state at step %lld is reachable", dp->rank, rollback + 1);
         return -1;
     }
-    int rc = restore_payload(dp, &h, payload, err, errlen);
+    int rc = restore_payload(dp, &h, payload, NULL, 0, err, errlen);
     if (!payload_is_ours(dp, payload)) free(payload);
     return rc;
 }
@@ -740,34 +805,61 @@ static void release_warm_buffer(dp_t *dp) {
     dp->warm_cap = 0;
 }
 
-/* After a restore: rank 0 broadcasts the DP_IDENTICAL regions (only it keeps them), the other
- * ranks hand them to the application; then the application rebuilds what is derived. */
+/* 1 if the application reports a DP_IDENTICAL region now. */
+static int reports_identical(dp_t *dp) {
+    dp_region r[GEN_MAX_REGIONS];
+    int n = dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS);
+    for (int i = 0; i < n; i++)
+        if (r[i].kind == DP_IDENTICAL) return 1;
+    return 0;
+}
+
+/* After a restore: the lowest rank whose restored generation carried the DP_IDENTICAL regions
+ * (a survivor from its own snapshot, rank 0 from its replica or its checkpoint file)
+ * broadcasts them, and the ranks whose generation lacked them (a spare that took another
+ * rank, a rank other than 0 resuming from disk) hand them to the application: a second
+ * restore call. Then the application rebuilds what is derived. */
 static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
     if (dp->cfg.workers > 1) {
+        int world = dp->cfg.workers, from = -1, to = job_comm_timeout_ms(&dp->cfg);
+        float *has = malloc(sizeof *has * (size_t)world);
+        if (!has) { snprintf(err, errlen, "out of memory for %d flags", world); return DP_ERR; }
+        has[dp->rank] = dp->restored_identical ? 1.0f : 0.0f;
+        comm_status st = comm_allgather(dp->comm, has + dp->rank, has, 1, to);
+        for (int r = 0; r < world && from < 0 && st == COMM_OK; r++)
+            if (has[r] != 0.0f) from = r;
+        free(has);
+        if (st != COMM_OK) goto comm_failed;
+        if (from < 0 && reports_identical(dp)) { /* no use trying again: the job stops (join_failed) */
+            dp->join_phase = "restore";
+            snprintf(err, errlen, "no member restored the state every rank holds identically (DP_IDENTICAL) of step %lld",
+                     (long long)dp->next_step);
+            return DP_ERR;
+        }
         dp_region all[GEN_MAX_REGIONS], same[GEN_MAX_REGIONS];
         unsigned char *blob = NULL;
         uint64_t size = 0;
         int k = 0;
-        if (dp->rank == 0) {
+        if (dp->rank == from) {
             int n = dp->cb.regions(dp->cb.arg, all, GEN_MAX_REGIONS);
             for (int i = 0; i < n; i++)
                 if (all[i].kind == DP_IDENTICAL) same[k++] = all[i];
             size = gen_head_bytes(k, 0);
             for (int i = 0; i < k; i++) size += same[i].len;
         }
-        if (comm_broadcast(dp->comm, &size, sizeof size, 0, job_comm_timeout_ms(&dp->cfg)) != COMM_OK) goto comm_failed;
+        if (from >= 0 && comm_broadcast(dp->comm, &size, sizeof size, from, to) != COMM_OK) goto comm_failed;
         if (size > gen_head_bytes(0, 0)) {
             blob = malloc(size);
             if (!blob) { snprintf(err, errlen, "out of memory for %llu bytes of identical state", (unsigned long long)size); return DP_ERR; }
-            if (dp->rank == 0) {
+            if (dp->rank == from) {
                 gen_head_write(blob, dp->cfg.seed, dp->next_step, same, k, NULL, 0);
                 size_t off = gen_head_bytes(k, 0);
                 for (int i = 0; i < k; i++) { memcpy(blob + off, same[i].ptr, same[i].len); off += same[i].len; }
             }
-            if (comm_broadcast(dp->comm, blob, size, 0, job_comm_timeout_ms(&dp->cfg)) != COMM_OK) { free(blob); goto comm_failed; }
-            if (dp->rank != 0) {
+            if (comm_broadcast(dp->comm, blob, size, from, to) != COMM_OK) { free(blob); goto comm_failed; }
+            if (!dp->restored_identical) {
                 dp_region regions[GEN_MAX_REGIONS];
-                dp_generation g = {.step = dp->next_step - 1, .rank = 0, .world = dp->cfg.workers};
+                dp_generation g = {.step = dp->next_step - 1, .rank = from, .world = world};
                 uint64_t seed;
                 int64_t next;
                 int rc = gen_parse(blob, size, &g, regions, GEN_MAX_REGIONS, &seed, &next, err, errlen);
@@ -840,6 +932,12 @@ static void persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const vo
 static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
     dp_t *dp = arg;
     pthread_mutex_lock(&dp->snap_ctl_mu);
+    /* Before the commit is published: a coordinator that counts this generation as committed
+     * must also see that the rank has state of its own (decide.h, stateless). */
+    char k[48];
+    if (!dp->own_published && gen_own_state(payload, h->length) &&
+        ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0)
+        dp->own_published = 1;
     ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step);
     ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
     int every = dp->cfg.persist_every;
@@ -1253,7 +1351,7 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
         if (d->rollback >= 0 && capture_zero_copy(dp, d->rollback, dp->restored_extra, dp->restored_extra_len) == 0) {
             int n = gather_regions(dp, d->rollback, dp->restored_extra, dp->restored_extra_len);
             if (n < 0) { snprintf(err, errlen, "%s", dp->err); return -1; }
-            snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n);
+            snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n, dp->snap_locals, dp->nlocals);
         }
     }
     char k[64], value[128];
@@ -1322,7 +1420,7 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
         SnapHeader h;
         void *payload = NULL;
         int rc = read_resumed_state(dp, dp->rank, &h, &payload, err, errlen);
-        if (rc == 0) rc = restore_payload(dp, &h, payload, err, errlen);
+        if (rc == 0) rc = restore_payload(dp, &h, payload, NULL, 0, err, errlen);
         free(payload);
         if (rc != 0) { emit_error(dp, "resume: ", err); return DP_ERR; }
         if (share_and_rebuild(dp, err, errlen) != DP_OK) { emit_error(dp, "resume: ", err); return DP_FAILED; }
@@ -1572,7 +1670,8 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
         snapshot_wait_previous(dp->snap, NULL); /* the head buffer is the thread's until then */
         if (!capture_zero_copy(dp, step, extra, extra_len)) {
             int n = gather_regions(dp, step, extra, extra_len);
-            if (n < 0 || snapshot_capture_regions(dp->snap, step, dp->snap_regions, n) != 0) return DP_ERR;
+            if (n < 0 || snapshot_capture_regions(dp->snap, step, dp->snap_regions, n, dp->snap_locals, dp->nlocals) != 0)
+                return DP_ERR;
         }
     } else if (dp->cfg.ft == FT_DISK && (step + 1) % dp->cfg.ckpt_every == 0) {
         /* A synchronous checkpoint is part of the step it follows. */

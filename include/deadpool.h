@@ -25,7 +25,7 @@
  *         }
  *         if (st != DP_FAILED || (st = dp_recover(dp, err, sizeof err)) != DP_OK) { finish = st; break; }
  *     }
- *     if (finish == DP_OK && dp_rank(dp) == 0) write the model to dp_out_dir(dp);
+ *     if (finish == DP_OK && dp_rank(dp) == 0) write the model to dp_out_dir(dp); // see dp_local_rank
  *     return dp_finish(dp, finish);
  *
  * Numbering. Steps are 0-based in this API: the loop runs steps 0 .. dp_steps(dp) - 1, and
@@ -183,8 +183,13 @@ dp_role dp_get_role(const dp_t *dp);
 int dp_rank(const dp_t *dp);            /* -1 while a spare waits */
 int dp_world(const dp_t *dp);
 /* This rank's place among the job's ranks on its machine (0 = the lowest rank there), -1 for
- * a spare or when it cannot be known (the control plane is gone). What every machine should
- * have once, such as the final model in each machine's --out, is written where it is 0. */
+ * a spare or when it cannot be known (the control plane is gone; rank 0 is always 0). Who
+ * writes the final model, when every rank holds it (plain data parallelism, or ZeRO after
+ * its allgather): where dp_local_rank(dp) == 0, one copy per machine into that machine's
+ * --out, which is right everywhere (the built-in trainer does this); where dp_rank(dp) == 0,
+ * one copy for the job, which is the same thing on one machine or with an --out that every
+ * machine shares, but across machines with disks of their own leaves the model on rank 0's
+ * machine only (examples/mlp.c, one machine, does this). */
 int dp_local_rank(dp_t *dp);
 int64_t dp_next_step(const dp_t *dp);   /* the step to run next (after a join or a recovery) */
 int64_t dp_steps(const dp_t *dp);       /* --steps */
@@ -221,7 +226,9 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
 int dp_aborted(const dp_t *dp);
 /* After DP_FAILED: waits for the coordinator's decision, rolls back to the newest generation
  * every rank committed (restore, rebuild), and returns DP_OK with dp_next_step set; or
- * DP_STOPPED / DP_FENCED (leave), DP_ERR + err. */
+ * DP_STOPPED / DP_FENCED (leave), DP_ERR + err. A survivor keeps its rank and the world does
+ * not change: each failed rank is taken by a spare (dp_rank and dp_world are the same after
+ * dp_recover; dp_epoch and dp_get_role, now DP_ROLE_SURVIVOR, are not). */
 dp_status dp_recover(dp_t *dp, char *err, size_t errlen);
 
 /* --- collectives of the current epoch (a fixed-order ring: deterministic) --------------- */

@@ -54,6 +54,21 @@ for pair in 1:2 0:2; do
     || notok "example_plain_kill_${a}_and_${b}_one_decision" "the two failures were not decided together"
 done
 
+# A spare's restore lands in memory it faulted in while it waited, even for state that appears
+# at the first step: with --hidden 8192 the Adam moments (96 KiB each, allocated lazily) outgrow
+# the buffer sized at join, and it grows when the ranks publish their generations' size. The
+# spare taking rank 0 fetches them in rank 0's replica, the next one (taking rank 1) receives
+# them in the identical state's broadcast.
+WIDE=(--workers 3 --steps 150 --seed 7)
+run_job "$WORK/wide_ref" 120 "${WIDE[@]}" --spares 0 -- "$MLP" --hidden 8192; rc=$?
+[ $rc -eq 0 ] || notok "example_wide_reference" "rc $rc" "$(tail -3 "$WORK/wide_ref.log")"
+expect_like wide_ref example_spare_restore_warm 2 "${WIDE[@]}" --spares 1 --inject kill:0@60 --inject kill:1@120 \
+  -- "$MLP" --hidden 8192
+warm=$(grep '"event":"recovered"' "$WORK/example_spare_restore_warm/events.jsonl" 2>/dev/null | grep -o '"restore_warm":[a-z]*' | tr '\n' ' ')
+[ "$(echo "$warm" | grep -o 'true' | wc -l)" -eq 2 ] && ! echo "$warm" | grep -q false \
+  && ok "example_spare_restore_lands_in_its_warm_buffer ($warm)" \
+  || notok "example_spare_restore_lands_in_its_warm_buffer" "recovered events say: ${warm:-no restore_warm}"
+
 # Replicas on the spares, two of them per rank.
 expect_same example_replicas_on_spares 1 --spares 2 --replicas 2 --replica-placement spares --inject kill:2@70 -- "$MLP"
 

@@ -68,6 +68,14 @@ struct dp {
     Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
     void *warm_buf;           /* a spare's buffer for the state it will restore, pages faulted in */
     size_t warm_cap;
+    int warm_wanted;          /* the spare restores into warm_buf (not into its declared blocks) */
+    pthread_t warm_thread;    /* grows it in the background (warm_grow_check) */
+    int warm_growing;
+    atomic_int warm_grown;
+    void *warm_next;          /* ...into this buffer of warm_next_cap bytes */
+    size_t warm_next_cap;
+    size_t restore_cold;      /* bytes this recovery received into memory not faulted in before */
+    size_t gen_bytes_published; /* KEY_GEN_BYTES of this rank, as this process set it */
     ctl_t *snap_ctl;          /* the snapshot threads' own connection (on_commit) */
     pthread_mutex_t snap_ctl_mu; /* ...shared by the current epoch's thread and a finishing one */
     int first_commit_pending; /* the epoch's first step is not committed yet */
@@ -653,7 +661,9 @@ static void *place_restore(void *arg, uint64_t length) {
     size_t regions = dp->block_bytes - dp->head_area;
     if (p->own_step != INT64_MIN && dp->nstate && length >= regions && length - regions <= dp->head_area)
         return block_of(dp, p->own_step) + dp->head_area - (length - regions);
-    return dp->warm_buf && length <= dp->warm_cap ? dp->warm_buf : NULL;
+    if (dp->warm_buf && length <= dp->warm_cap) return dp->warm_buf;
+    dp->restore_cold += length; /* into a fresh buffer: faulted in as it arrives */
+    return NULL;
 }
 
 /* A payload in memory DeadPool keeps (not to be freed). */
@@ -780,14 +790,16 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
     return rc;
 }
 
-/* A spare's state arrives from a holder into memory that should not be touched for the first
- * time then: the kernel's first-touch faults cost 150 ms for 31 MiB on this VM, twice the
- * transfer. The buffer holds the largest generation this process could be asked to restore:
- * every region as rank 0 keeps them (sharded and identical), as sized now; a state that has
- * grown since (or a larger extra) falls back to a fresh buffer. */
+/* A spare's state arrives from a holder (and the identical state in the broadcast after it)
+ * into memory that should not be touched for the first time then: the kernel's first-touch
+ * faults cost 150 ms for 31 MiB on this VM, twice the transfer. At join the buffer holds the
+ * largest generation this process could be asked to restore as the state is sized then: every
+ * region as rank 0 keeps them (sharded and identical); state that appears later (optimizer
+ * moments allocated at the first step) grows it while the spare waits (warm_grow_check). */
 static void warm_restore_buffer(dp_t *dp) {
     dp_region r[GEN_MAX_REGIONS];
     if (dp->nstate && dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS) == 0) return; /* all declared: lands in a block */
+    dp->warm_wanted = 1;
     int n = app_regions(dp, 0, r, GEN_MAX_REGIONS);
     if (n < 0) return;
     size_t bytes = gen_head_bytes(n, DP_STATE_EXTRA_MAX); /* extra state: a cursor, an RNG */
@@ -799,7 +811,55 @@ static void warm_restore_buffer(dp_t *dp) {
     dp->warm_cap = bytes;
 }
 
+static void *warm_grow_thread(void *arg) {
+    dp_t *dp = arg;
+    void *b = alloc_huge(dp->warm_next_cap);
+    if (b) prefault(b, dp->warm_next_cap);
+    dp->warm_next = b; /* only slower without it */
+    atomic_store(&dp->warm_grown, 1);
+    return NULL;
+}
+
+/* Takes the grown buffer once the thread is done (wait: wait for it). */
+static void warm_grow_finish(dp_t *dp, int wait) {
+    if (!dp->warm_growing || (!wait && !atomic_load(&dp->warm_grown))) return;
+    pthread_join(dp->warm_thread, NULL);
+    dp->warm_growing = 0;
+    if (!dp->warm_next) return;
+    free(dp->warm_buf);
+    dp->warm_buf = dp->warm_next;
+    dp->warm_cap = dp->warm_next_cap;
+    dp->warm_next = NULL;
+}
+
+/* While a spare waits: when a rank has committed a generation larger than the warm buffer
+ * (KEY_GEN_BYTES: what a spare fetches, and bounds the identical state's broadcast), a new
+ * one is allocated and faulted in on a thread of its own, so that a decision is never late
+ * for it. One MGET of the world's keys. */
+static void warm_grow_check(dp_t *dp) {
+    warm_grow_finish(dp, 0);
+    if (!dp->warm_wanted || dp->warm_growing) return;
+    int world = dp->cfg.workers;
+    char (*names)[48] = malloc(sizeof *names * (size_t)world), (*values)[24] = malloc(sizeof *values * (size_t)world);
+    const char **suffixes = malloc(sizeof *suffixes * (size_t)world);
+    size_t want = 0;
+    if (names && values && suffixes) {
+        for (int r = 0; r < world; r++) suffixes[r] = key(names[r], sizeof names[r], KEY_GEN_BYTES, r, 0);
+        if (ctl_get_many(dp->ctl, suffixes, world, values[0], sizeof values[0], NULL) == 0)
+            for (int r = 0; r < world; r++)
+                if ((size_t)strtoull(values[r], NULL, 10) > want) want = (size_t)strtoull(values[r], NULL, 10);
+    }
+    free(names);
+    free(values);
+    free(suffixes);
+    if (want <= dp->warm_cap) return;
+    dp->warm_next_cap = want;
+    atomic_store(&dp->warm_grown, 0);
+    dp->warm_growing = pthread_create(&dp->warm_thread, NULL, warm_grow_thread, dp) == 0;
+}
+
 static void release_warm_buffer(dp_t *dp) {
+    warm_grow_finish(dp, 1);
     free(dp->warm_buf);
     dp->warm_buf = NULL;
     dp->warm_cap = 0;
@@ -849,14 +909,20 @@ static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
         }
         if (from >= 0 && comm_broadcast(dp->comm, &size, sizeof size, from, to) != COMM_OK) goto comm_failed;
         if (size > gen_head_bytes(0, 0)) {
-            blob = malloc(size);
+            /* A spare's restored generation is in the application by now: its warm buffer is free. */
+            int warm = dp->warm_buf && size <= dp->warm_cap;
+            blob = warm ? dp->warm_buf : malloc(size);
             if (!blob) { snprintf(err, errlen, "out of memory for %llu bytes of identical state", (unsigned long long)size); return DP_ERR; }
+            if (!warm && !dp->restored_identical) dp->restore_cold += size;
             if (dp->rank == from) {
                 gen_head_write(blob, dp->cfg.seed, dp->next_step, same, k, NULL, 0);
                 size_t off = gen_head_bytes(k, 0);
                 for (int i = 0; i < k; i++) { memcpy(blob + off, same[i].ptr, same[i].len); off += same[i].len; }
             }
-            if (comm_broadcast(dp->comm, blob, size, from, to) != COMM_OK) { free(blob); goto comm_failed; }
+            if (comm_broadcast(dp->comm, blob, size, from, to) != COMM_OK) {
+                if (!warm) free(blob);
+                goto comm_failed;
+            }
             if (!dp->restored_identical) {
                 dp_region regions[GEN_MAX_REGIONS];
                 dp_generation g = {.step = dp->next_step - 1, .rank = from, .world = world};
@@ -864,9 +930,12 @@ static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
                 int64_t next;
                 int rc = gen_parse(blob, size, &g, regions, GEN_MAX_REGIONS, &seed, &next, err, errlen);
                 if (rc == 0) rc = app_restore(dp, &g, err, errlen);
-                if (rc != 0) { free(blob); return DP_ERR; }
+                if (rc != 0) {
+                    if (!warm) free(blob);
+                    return DP_ERR;
+                }
             }
-            free(blob);
+            if (!warm) free(blob);
         }
     }
     if (dp->cb.rebuild) {
@@ -938,6 +1007,10 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
     if (!dp->own_published && gen_own_state(payload, h->length) &&
         ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0)
         dp->own_published = 1;
+    char bytes[32];
+    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)h->length);
+    if (h->length > dp->gen_bytes_published && ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
+        dp->gen_bytes_published = h->length; /* what a waiting spare sizes its buffer for */
     ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step);
     ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
     int every = dp->cfg.persist_every;
@@ -1332,6 +1405,7 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     set_role_log(dp);
     replica_server_set_min_epoch(dp->replicas, d->epoch);
     dp->join_phase = "restore";
+    dp->restore_cold = 0;
     if (restore_generation(dp, dp->restore_src, d->rollback, err, errlen) != 0) return -1;
     dp->join_phase = "rendezvous";
     log_msg("restored step %lld in %.1f ms", d->rollback + 1, now_ms() - t0);
@@ -1355,7 +1429,8 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
         }
     }
     char k[64], value[128];
-    snprintf(value, sizeof value, "%.3f %.3f %.3f %lld", t1 - t0, t2 - t1, now_ms() - t2, (long long)wall_ms());
+    snprintf(value, sizeof value, "%.3f %.3f %.3f %lld %d", t1 - t0, t2 - t1, now_ms() - t2, (long long)wall_ms(),
+             dp->restore_cold == 0);
     ctl_set(dp->ctl, key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
     dp->first_commit_pending = 1;
     dp->step_t0 = now_ms();
@@ -1445,7 +1520,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
-    double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0;
+    double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0, warm_checked = 0;
     int rejoin = 0;
     while (!atomic_load(&dp->job_over) && !atomic_load(&dp->control_lost)) {
         if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
@@ -1462,6 +1537,10 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
                 break;
             }
         }
+        if (now_ms() - warm_checked > 200) { /* state that appeared since: the buffer grows */
+            warm_checked = now_ms();
+            warm_grow_check(dp);
+        }
         /* A gap longer than the detect timeout: this spare was stopped (or starved) and the
          * coordinator has dropped it from the pool. Back and warm, it joins again. */
         if (now_ms() - last > dp->cfg.detect_timeout_ms) rejoin = 1;
@@ -1472,6 +1551,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             if (decision_read(dp->ctl, e, d) == 0 && decision_rank_of(d, dp->proc_id) >= 0) {
                 log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
                 ctl_spare_remove(dp->ctl, dp->proc_id);
+                warm_grow_finish(dp, 1); /* started long before, if at all: what is left is cheaper than faulting */
                 dp_status st = follow_decisions(dp, d, err, errlen);
                 release_warm_buffer(dp);
                 return st;
@@ -1486,6 +1566,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
         }
     }
     ctl_spare_remove(dp->ctl, dp->proc_id);
+    release_warm_buffer(dp);
     return DP_STOPPED;
 }
 
@@ -1563,12 +1644,13 @@ static void report_recovery(dp_t *dp) {
     /* The slowest member sets each phase; training resumed when the last member did. Every
      * member's timing and join costs, and the newest step, in one MGET (per 256 keys). */
     double restore = 0, rebuild = 0, resnap = 0, rendezvous = 0, barrier = 0, rwait = 0, rconnect = 0;
+    int *warm = calloc((size_t)dp->cfg.workers, sizeof *warm);
     long long resumed = 0, first_in = 0, last_in = 0;
     unsigned long long rtt_max = 0, rtt_total = 0;
     int world = dp->cfg.workers, nk = 2 * world + 1;
     char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
     const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
-    if (!names || !values || !suffixes) { free(names); free(values); free(suffixes); return; }
+    if (!names || !values || !suffixes || !warm) { free(names); free(values); free(suffixes); free(warm); return; }
     for (int r = 0; r < world; r++) {
         suffixes[r] = key(names[r], sizeof names[r], KEY_TIMING, dp->epoch, r);
         suffixes[world + r] = key(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, dp->epoch, r);
@@ -1580,7 +1662,7 @@ static void report_recovery(dp_t *dp) {
         double a, b, c;
         long long w;
         unsigned long long rc, rs;
-        if (sscanf(values[r], "%lf %lf %lf %lld", &a, &b, &c, &w) == 4) {
+        if (sscanf(values[r], "%lf %lf %lf %lld %d", &a, &b, &c, &w, &warm[r]) >= 4) {
             if (a > restore) restore = a;
             if (b > rebuild) rebuild = b;
             if (c > resnap) resnap = c;
@@ -1612,13 +1694,15 @@ static void report_recovery(dp_t *dp) {
                    "\"rendezvous_ms\":%.1f,\"rendezvous_wait_ms\":%.1f,\"rendezvous_connect_ms\":%.1f,"
                    "\"rendezvous_spread_ms\":%lld,\"rendezvous_last_in_ms\":%lld,\"barrier_ms\":%.1f,"
                    "\"join_round_trips_max\":%llu,"
-                   "\"join_round_trips_total\":%llu,\"failed_wall_ms\":%lld,\"resumed_wall_ms\":%lld",
+                   "\"join_round_trips_total\":%llu,\"failed_wall_ms\":%lld,\"resumed_wall_ms\":%lld,"
+                   "\"restore_warm\":%s",
                    dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
                    (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
                    rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1), world, rendezvous, rwait,
                    rconnect, last_in - first_in, last_in ? last_in - (long long)d->t_decide_ms : 0, barrier, rtt_max,
-                   rtt_total, (long long)d->t_fail_ms, resumed);
+                   rtt_total, (long long)d->t_fail_ms, resumed, warm[d->failed[i].rank] ? "true" : "false");
     }
+    free(warm);
     if (d->nfailed == 0)
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
                    "\"epoch\":%ld,\"rank\":-1,\"failure_kind\":\"comm\",\"rollback_step\":%lld,\"total_ms\":%lld",

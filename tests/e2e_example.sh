@@ -53,6 +53,16 @@ for pair in 1:2 0:2; do
     && ok "example_plain_kill_${a}_and_${b}_one_decision" \
     || notok "example_plain_kill_${a}_and_${b}_one_decision" "the two failures were not decided together"
 done
+# ... and with no spare: the committed state goes to disk, rank 1's (empty: nothing of its own)
+# written by rank 0 although its holder died with it, and the resumed job ends the same.
+run_job "$WORK/plain_nospare" 120 "${PLAIN[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 \
+  --inject kill:1@30 --inject kill:2@30 -- "$MLP" --plain; rc=$?
+timeout -k 5 120 "$DP" run --resume "$WORK/plain_nospare" >"$WORK/plain_nospare.resume.stdout" 2>"$WORK/plain_nospare.resume.log"; rc2=$?
+if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/plain_nospare.log" && [ $rc2 -eq 0 ] \
+   && cmp -s "$WORK/plain_ref/model.bin" "$WORK/plain_nospare/model.bin" && no_leftovers "$WORK/plain_nospare"; then
+  ok "example_plain_no_spare_persist_then_resume"
+else notok "example_plain_no_spare_persist_then_resume" "rc $rc $rc2" "$(tail -3 "$WORK/plain_nospare.log")" \
+  "$(tail -3 "$WORK/plain_nospare.resume.log")"; fi
 
 # A spare's restore lands in memory it faulted in while it waited, even for state that appears
 # at the first step: with --hidden 8192 the Adam moments (96 KiB each, allocated lazily) outgrow

@@ -744,18 +744,25 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     return -1;
 }
 
-/* 1 when this rank's generation `rollback` can only have been empty: no generation of the
- * rank ever carried state of its own (KEY_OWN_STATE is absent), it is not the resumed
- * checkpoint (whose files are read instead), and some member survives to provide the
- * identical state (or the rank is not 0, whose replica carries it). 0 when in doubt. */
-static int nothing_of_its_own(dp_t *dp, long long rollback) {
-    if (rollback == dp->cfg.resume_step) return 0;
-    int survivors = dp->decision.world - dp->decision.nfailed;
-    if (dp->rank == 0 && survivors <= 0) return 0;
+/* 1 when no generation of `rank` carried state of its own (KEY_OWN_STATE is absent) since
+ * the job started or resumed, so that any generation g of it other than the resumed
+ * checkpoint's (whose files exist) holds the identical state at most; 0 when one did, or when
+ * Redis cannot say. */
+static int rank_stateless(dp_t *dp, int rank, long long g) {
+    if (g == dp->cfg.resume_step) return 0;
     char k[48], value[8];
-    const char *suffix = key(k, sizeof k, KEY_OWN_STATE, dp->rank, 0);
+    const char *suffix = key(k, sizeof k, KEY_OWN_STATE, rank, 0);
     int present = 1;
     return ctl_get_many(dp->ctl, &suffix, 1, value, sizeof value, &present) == 0 && !present;
+}
+
+/* 1 when this rank need not fetch generation `rollback`: it has nothing of its own and some
+ * member survives to provide the identical state (or the rank is not 0, whose replica alone
+ * carries it). */
+static int nothing_of_its_own(dp_t *dp, long long rollback) {
+    int survivors = dp->decision.world - dp->decision.nfailed;
+    if (dp->rank == 0 && survivors <= 0) return 0;
+    return rank_stateless(dp, dp->rank, rollback);
 }
 
 /* Puts this rank's state at generation `rollback`: from our own ping-pong buffer, else (a
@@ -1036,6 +1043,33 @@ static dp_status disk_checkpoint(dp_t *dp, int64_t step, const void *extra, size
     return DP_OK;
 }
 
+/* A failed rank with nothing of its own whose replicas are gone too: its generation `g` was the
+ * identical state (rank 0: a head and its regions, which is what this survivor's local part
+ * is) or an empty head (any other rank). Written from there. */
+typedef struct {
+    dp_t *dp;
+    int rank, rc;
+} StatelessPersist;
+
+static int persist_as_stateless(const SnapHeader *h, const void *payload, const void *local, size_t local_len, void *arg) {
+    (void)payload;
+    StatelessPersist *p = arg;
+    dp_t *dp = p->dp;
+    unsigned char empty[sizeof(GenHead)];
+    gen_head_write(empty, dp->cfg.seed, h->step + 1, NULL, 0, NULL, 0);
+    SnapRegion r = p->rank == 0 && local_len ? (SnapRegion){local, local_len} : (SnapRegion){empty, sizeof empty};
+    char err[1024];
+    if (checkpoint_write_live(dp->cfg.out, dp->job, h->epoch, p->rank, dp->cfg.workers, h->step, &r, 1, err, sizeof err) != 0) {
+        log_msg("persist rank %d's step %lld: %s", p->rank, (long long)h->step + 1, err);
+        return -1;
+    }
+    SnapHeader as = *h;
+    as.rank = p->rank;
+    count_persisted(dp, dp->ctl, &as, "persist");
+    p->rc = 0;
+    return 0;
+}
+
 /* The coordinator found no spare: write our committed generation to disk so the job can be
  * resumed even if none ever comes; the named writer also writes the failed ranks' states
  * from their replicas. Once per request. */
@@ -1062,7 +1096,9 @@ static void answer_persist_request(dp_t *dp) {
         int rank = atoi(tok);
         payload = NULL;
         if (fetch_from_holders(dp, rank, g, dp->epoch, &h, &payload) != 0) {
-            log_msg("cannot persist rank %d's step %lld: no holder has it", rank, g + 1);
+            StatelessPersist sp = {dp, rank, -1};
+            if (!rank_stateless(dp, rank, g) || snapshot_local_use(dp->snap, g, persist_as_stateless, &sp) != 0 || sp.rc != 0)
+                log_msg("cannot persist rank %d's step %lld: no holder has it", rank, g + 1);
             continue;
         }
         persist_generation(dp, dp->ctl, &h, payload);

@@ -48,6 +48,25 @@ static int replica_equals(ReplicaServer *srv, int rank, int64_t step, const Snap
     return same;
 }
 
+/* Which payloads carry state of their rank's own (decide.h: a rank without any loses nothing). */
+static void test_gen_own_state(void) {
+    unsigned char buf[512];
+    float a[4] = {1, 2, 3, 4};
+    dp_region same[2] = {{1, DP_IDENTICAL, a, sizeof a}, {2, DP_IDENTICAL, a, 8}};
+    gen_head_write(buf, 7, 1, same, 2, NULL, 0);
+    size_t len = gen_head_bytes(2, 0) + sizeof a + 8;
+    CHECK(gen_own_state(buf, len) == 0, "identical regions only, no extra: nothing of its own");
+    gen_head_write(buf, 7, 1, NULL, 0, NULL, 0);
+    CHECK(gen_own_state(buf, gen_head_bytes(0, 0)) == 0, "an empty generation");
+    uint64_t cursor = 5;
+    gen_head_write(buf, 7, 1, same, 2, &cursor, sizeof cursor);
+    CHECK(gen_own_state(buf, len + sizeof cursor) == 1, "extra bytes are its own");
+    same[1].kind = DP_SHARDED;
+    gen_head_write(buf, 7, 1, same, 2, NULL, 0);
+    CHECK(gen_own_state(buf, len) == 1, "a sharded region is its own");
+    CHECK(gen_own_state(buf, 10) == 1 && gen_own_state(buf, sizeof(GenHead) + 4) == 1, "too short to tell: assume so");
+}
+
 static void test_replica_equals_live_state(void) {
     char err[256];
     ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
@@ -361,6 +380,7 @@ int main(void) {
         return 1;
     }
     RUN_TEST(test_gen_block);
+    RUN_TEST(test_gen_own_state);
     RUN_TEST(test_replica_equals_live_state);
     RUN_TEST(test_local_part_not_replicated);
     RUN_TEST(test_wait_protects_generation);

@@ -25,8 +25,14 @@
  *         }
  *         if (st != DP_FAILED || (st = dp_recover(dp, err, sizeof err)) != DP_OK) { finish = st; break; }
  *     }
- *     if (finish == DP_OK && dp_rank(dp) == 0) write the model to dp_out_dir(dp);
+ *     if (finish == DP_OK && dp_rank(dp) == 0) write the model to dp_out_dir(dp); // see dp_local_rank
  *     return dp_finish(dp, finish);
+ *
+ * Numbering. Steps are 0-based in this API: the loop runs steps 0 .. dp_steps(dp) - 1, and
+ * dp_next_step, the `step` arguments and dp_generation.step count from 0. What a user reads or
+ * types counts steps done, from 1: `--inject kill:R@N` fires in API step N - 1, the progress
+ * line's "step N/K" and the checkpoint directory `ckpt/step_N` (dp_generation.step = N - 1)
+ * are the state after API step N - 1. `--inject kill:R@0` is refused (steps start at 1).
  *
  * Contract. The regions an application reports must not change between dp_step_commit of
  * step k and the next dp_step_before_reduce (the snapshot of k is copied from them in the
@@ -65,7 +71,13 @@ typedef enum {
 
 typedef enum {
     DP_SHARDED = 0,   /* this rank's own state (a ZeRO shard): snapshotted and replicated by every rank */
-    DP_IDENTICAL = 1  /* the same bytes on every rank: kept by rank 0 only, broadcast to all after a restore */
+    /* The same bytes on every rank: every rank keeps them in its own snapshots (a survivor
+     * rolls back with them), rank 0 alone replicates them and writes them to checkpoints.
+     * After a restore the lowest rank that restored them broadcasts them to those that did
+     * not (see restore). A rank whose state is all DP_IDENTICAL, with no extra, has nothing
+     * of its own: its failure loses nothing, even together with its replica holders, as long
+     * as one member survives (or rank 0's holder does). */
+    DP_IDENTICAL = 1
 } dp_region_kind;
 
 /* One piece of state. ids are the application's and must be unique within a generation. */
@@ -92,9 +104,17 @@ typedef struct {
      * (or -1: too many). Asked again at every capture, so state may appear (lazily
      * allocated optimizer moments) or move between steps. */
     int (*regions)(void *arg, dp_region *out, int max);
-    /* Puts a generation back into the application: this rank's DP_SHARDED regions, or (the
-     * broadcast after a restore) the DP_IDENTICAL ones. NULL: DeadPool copies each region into
-     * the one with the same id that `regions` reports now (same length required). 0 / -1 + err. */
+    /* Puts a generation back into the application. Called first with this rank's generation:
+     * its DP_SHARDED regions and extra, with the DP_IDENTICAL regions when the generation
+     * carries them, which it does on a survivor (rolled back from its own snapshot) and on
+     * rank 0 restored from its replica or its checkpoint file. Where it does not (a spare that
+     * took a rank other than 0, whose replica holds that rank's own state only; a spare that
+     * took a rank with nothing of its own, which fetches nothing: an empty generation; a rank
+     * other than 0 resuming from a checkpoint), it is called a second time, after the new
+     * epoch's collectives are up, with only the DP_IDENTICAL regions (g->rank: the rank that
+     * broadcast them). So at most twice per recovery or resume. NULL: DeadPool copies each
+     * region into the one with the same id that `regions` reports now (same length
+     * required). 0 / -1 + err. */
     int (*restore)(void *arg, const dp_generation *g, char *err, size_t errlen);
     /* Back to the initial state (a rollback before the first generation). Required. */
     void (*reset)(void *arg);
@@ -163,8 +183,13 @@ dp_role dp_get_role(const dp_t *dp);
 int dp_rank(const dp_t *dp);            /* -1 while a spare waits */
 int dp_world(const dp_t *dp);
 /* This rank's place among the job's ranks on its machine (0 = the lowest rank there), -1 for
- * a spare or when it cannot be known (the control plane is gone). What every machine should
- * have once, such as the final model in each machine's --out, is written where it is 0. */
+ * a spare or when it cannot be known (the control plane is gone; rank 0 is always 0). Who
+ * writes the final model, when every rank holds it (plain data parallelism, or ZeRO after
+ * its allgather): where dp_local_rank(dp) == 0, one copy per machine into that machine's
+ * --out, which is right everywhere (the built-in trainer does this); where dp_rank(dp) == 0,
+ * one copy for the job, which is the same thing on one machine or with an --out that every
+ * machine shares, but across machines with disks of their own leaves the model on rank 0's
+ * machine only (examples/mlp.c, one machine, does this). */
 int dp_local_rank(dp_t *dp);
 int64_t dp_next_step(const dp_t *dp);   /* the step to run next (after a join or a recovery) */
 int64_t dp_steps(const dp_t *dp);       /* --steps */
@@ -201,11 +226,20 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
 int dp_aborted(const dp_t *dp);
 /* After DP_FAILED: waits for the coordinator's decision, rolls back to the newest generation
  * every rank committed (restore, rebuild), and returns DP_OK with dp_next_step set; or
- * DP_STOPPED / DP_FENCED (leave), DP_ERR + err. */
+ * DP_STOPPED / DP_FENCED (leave), DP_ERR + err. A survivor keeps its rank and the world does
+ * not change: each failed rank is taken by a spare (dp_rank and dp_world are the same after
+ * dp_recover; dp_epoch and dp_get_role, now DP_ROLE_SURVIVOR, are not). */
 dp_status dp_recover(dp_t *dp, char *err, size_t errlen);
 
 /* --- collectives of the current epoch (a fixed-order ring: deterministic) --------------- */
 dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n);
+/* The mean over the ranks, in place: the sum of dp_allreduce_sum (the same ring, the same
+ * order), then each element multiplied by inv = 1.0f / (float)dp_world(dp), computed once in
+ * float. So the bits are the same on every rank and in every run; for a world that is not a
+ * power of two an element may differ by 1 ulp from sum / world. Put the step's loss after
+ * the gradients (buf[n - 1]) and it is averaged in the same collective: no second allreduce
+ * of one float. */
+dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n);
 /* out[r*n .. (r+1)*n) = rank r's in[0..n); in may alias out + rank*n. */
 dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n);
 dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root);
@@ -223,6 +257,8 @@ dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *e
 int dp_group_index(const dp_group *g);
 int dp_group_size(const dp_group *g);
 dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n);
+/* dp_allreduce_mean among the group's members: multiplied by 1.0f / (float)dp_group_size(g). */
+dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n);
 dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n);
 /* Point to point between members (by index), for pipelines. A send is posted and returns at
  * once (the bytes leave when the receiver posts its receive: a send that waited could deadlock

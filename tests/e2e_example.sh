@@ -13,18 +13,20 @@ if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ -s "$WORK/ref/model.bin" ] && cmp -s "$W
   ok "example_deterministic"
 else notok "example_deterministic" "rc $rc $rc2" "$(tail -3 "$WORK/ref.log")"; fi
 
-# expect_same NAME MIN_RECOVERED ARGS... — a run that must end with the reference model.
-expect_same() {
-  local name=$1 n=$2; shift 2
-  run_job "$WORK/$name" 180 "${BASE[@]}" "$@"; local rc=$?
+# expect_like REF NAME MIN_RECOVERED ARGS... — a run that must end with REF's model.
+expect_like() {
+  local ref=$1 name=$2 n=$3; shift 3
+  run_job "$WORK/$name" 180 "$@"; local rc=$?
   local got bad=""
   got=$(grep -c '"event":"recovered"' "$WORK/$name/events.jsonl" 2>/dev/null)
   [ $rc -eq 0 ] || bad="rc $rc"
   [ "${got:-0}" -ge "$n" ] || bad="$bad; $got recovered events, expected >= $n"
-  cmp -s "$WORK/ref/model.bin" "$WORK/$name/model.bin" || bad="$bad; model differs from the failure-free run"
+  cmp -s "$WORK/$ref/model.bin" "$WORK/$name/model.bin" || bad="$bad; model differs from the failure-free run"
   no_leftovers "$WORK/$name" || bad="$bad; processes left behind"
   if [ -z "$bad" ]; then ok "$name ($got recovered)"; else notok "$name" "$bad" "$(tail -5 "$WORK/$name.log")"; fi
 }
+# expect_same NAME MIN_RECOVERED ARGS... — the same with the reference run's options.
+expect_same() { local name=$1 n=$2; shift 2; expect_like ref "$name" "$n" "${BASE[@]}" "$@"; }
 
 # A kill, a hang, then a kill whose replacement dies while it recovers (epoch 3 -> 4).
 expect_same example_kill_hang_recovery_failure 3 --spares 1 --detect-timeout-ms 1000 \
@@ -34,6 +36,48 @@ kinds=$(grep '"event":"recovered"' "$e" | grep -o '"failure_kind":"[a-z]*"' | so
 if grep -q '"failure_kind":"crash"' "$e" && grep -q '"failure_kind":"hang"' "$e" && grep -q '"event":"join_failed"\|"epoch":4' "$e"; then
   ok "example_recovered_each_kind ($kinds)"
 else notok "example_recovered_each_kind" "$kinds"; fi
+
+# Plain data parallelism (mlp --plain): every rank's state is DP_IDENTICAL and no extra, so a
+# rank has nothing of its own and every member keeps the identical state. Two ranks die in one
+# step (one decision): (a) ranks 1 and 2, rank 1's only holder dying with it; (b) ranks 0 and
+# 2, rank 2's holder being rank 0: rank 1 alone still holds the state, and provides it.
+PLAIN=(--workers 3 --steps 60 --seed 7)
+run_job "$WORK/plain_ref" 120 "${PLAIN[@]}" --spares 0 -- "$MLP" --plain; rc=$?
+[ $rc -eq 0 ] && [ -s "$WORK/plain_ref/model.bin" ] && ok "example_plain_reference" \
+  || notok "example_plain_reference" "rc $rc" "$(tail -3 "$WORK/plain_ref.log")"
+for pair in 1:2 0:2; do
+  a=${pair%:*} b=${pair#*:}
+  expect_like plain_ref "example_plain_kill_${a}_and_${b}_together" 2 "${PLAIN[@]}" --spares 2 \
+    --inject "kill:$a@30" --inject "kill:$b@30" -- "$MLP" --plain
+  grep -q '"event":"decision".*"failed":2' "$WORK/example_plain_kill_${a}_and_${b}_together/events.jsonl" \
+    && ok "example_plain_kill_${a}_and_${b}_one_decision" \
+    || notok "example_plain_kill_${a}_and_${b}_one_decision" "the two failures were not decided together"
+done
+# ... and with no spare: the committed state goes to disk, rank 1's (empty: nothing of its own)
+# written by rank 0 although its holder died with it, and the resumed job ends the same.
+run_job "$WORK/plain_nospare" 120 "${PLAIN[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 \
+  --inject kill:1@30 --inject kill:2@30 -- "$MLP" --plain; rc=$?
+timeout -k 5 120 "$DP" run --resume "$WORK/plain_nospare" >"$WORK/plain_nospare.resume.stdout" 2>"$WORK/plain_nospare.resume.log"; rc2=$?
+if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/plain_nospare.log" && [ $rc2 -eq 0 ] \
+   && cmp -s "$WORK/plain_ref/model.bin" "$WORK/plain_nospare/model.bin" && no_leftovers "$WORK/plain_nospare"; then
+  ok "example_plain_no_spare_persist_then_resume"
+else notok "example_plain_no_spare_persist_then_resume" "rc $rc $rc2" "$(tail -3 "$WORK/plain_nospare.log")" \
+  "$(tail -3 "$WORK/plain_nospare.resume.log")"; fi
+
+# A spare's restore lands in memory it faulted in while it waited, even for state that appears
+# at the first step: with --hidden 8192 the Adam moments (96 KiB each, allocated lazily) outgrow
+# the buffer sized at join, and it grows when the ranks publish their generations' size. The
+# spare taking rank 0 fetches them in rank 0's replica, the next one (taking rank 1) receives
+# them in the identical state's broadcast.
+WIDE=(--workers 3 --steps 150 --seed 7)
+run_job "$WORK/wide_ref" 120 "${WIDE[@]}" --spares 0 -- "$MLP" --hidden 8192; rc=$?
+[ $rc -eq 0 ] || notok "example_wide_reference" "rc $rc" "$(tail -3 "$WORK/wide_ref.log")"
+expect_like wide_ref example_spare_restore_warm 2 "${WIDE[@]}" --spares 1 --inject kill:0@60 --inject kill:1@120 \
+  -- "$MLP" --hidden 8192
+warm=$(grep '"event":"recovered"' "$WORK/example_spare_restore_warm/events.jsonl" 2>/dev/null | grep -o '"restore_warm":[a-z]*' | tr '\n' ' ')
+[ "$(echo "$warm" | grep -o 'true' | wc -l)" -eq 2 ] && ! echo "$warm" | grep -q false \
+  && ok "example_spare_restore_lands_in_its_warm_buffer ($warm)" \
+  || notok "example_spare_restore_lands_in_its_warm_buffer" "recovered events say: ${warm:-no restore_warm}"
 
 # Replicas on the spares, two of them per rank.
 expect_same example_replicas_on_spares 1 --spares 2 --replicas 2 --replica-placement spares --inject kill:2@70 -- "$MLP"

@@ -385,6 +385,44 @@ static void test_collectives_4ranks(void) {
     printf("# 16 MiB allreduce, 4 ranks, loopback: %.1f ms\n", sh->allreduce16_ms);
 }
 
+/* The mean over 3 ranks (1/3 is not exact in float): the sum of the same ring times
+ * 1.0f / 3, bit for bit, the same on every rank; a loss appended to the gradients is averaged
+ * in the same call. */
+static void rank_mean(int r, const char *prefix, int size) {
+    comm_t *c = create_or_fail(prefix, r, size, 10000);
+    if (c == NULL) return;
+    enum { N = 1001 };
+    float *mean = malloc((N + 1) * sizeof *mean), *sum = malloc((N + 1) * sizeof *sum);
+    fill_random(mean, N, r, 11);
+    mean[N] = 0.25f * (float)(r + 1); /* this rank's loss */
+    memcpy(sum, mean, (N + 1) * sizeof *sum);
+    comm_status s1 = comm_allreduce_sum(c, sum, N + 1, 10000), s2 = comm_allreduce_mean(c, mean, N + 1, 10000);
+    CHECK(s1 == COMM_OK && s2 == COMM_OK, "allreduce: %s / %s", comm_status_str(s1), comm_status_str(s2));
+    const float inv = 1.0f / (float)size;
+    size_t bad = 0;
+    for (size_t i = 0; i <= N; i++) {
+        float want = sum[i] * inv;
+        if (memcmp(&mean[i], &want, sizeof want) != 0) bad++;
+    }
+    CHECK(bad == 0, "mean: %zu elements differ from sum * (1.0f / %d)", bad, size);
+    CHECK(fabsf(mean[N] - 0.5f) < 1e-6f, "mean loss %g, expected 0.5", (double)mean[N]);
+    memcpy(sum, mean, (N + 1) * sizeof *sum);
+    CHECK(comm_broadcast(c, sum, (N + 1) * sizeof *sum, 0, 10000) == COMM_OK, "broadcast");
+    CHECK(memcmp(sum, mean, (N + 1) * sizeof *sum) == 0, "rank %d's mean differs bitwise from rank 0's", r);
+    CHECK(comm_allreduce_mean(c, NULL, 4, 1000) == COMM_ERR_INVALID, "NULL buffer accepted");
+    free(mean);
+    free(sum);
+    comm_destroy(c);
+}
+
+static void test_allreduce_mean_3ranks(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-mean", (int)getpid());
+    pid_t pids[3];
+    for (int r = 0; r < 3; r++) pids[r] = spawn(rank_mean, r, prefix, 3);
+    wait_children(pids, 3, 25, "mean");
+}
+
 /* Peer failure: the last rank dies by SIGKILL while the others are inside an allreduce. The
  * survivors must fail promptly (PEER, or TIMEOUT at worst) and keep the broken communicator
  * for 1.5 s before destroying it: with 4 ranks, survivors that are not ring neighbours of the
@@ -877,6 +915,7 @@ int main(void) {
     double t0 = now_s();
     RUN_TEST(test_size_one);
     RUN_TEST(test_collectives_4ranks);
+    RUN_TEST(test_allreduce_mean_3ranks);
     RUN_TEST(test_peer_failure_and_swap);
     RUN_TEST(test_peer_failure_cascade);
     RUN_TEST(test_timeout);

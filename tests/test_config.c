@@ -1,5 +1,8 @@
 /* test_config.c — option parsing, validation, and the serialisation workers read back. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "harness.h"
@@ -89,9 +92,46 @@ static void test_inject_grammar(void) {
     CHECK(n == 4, "%d: %s", n, err);
     CHECK(f[0].kind == FAULT_KILL && f[0].rank == 2 && f[0].at == 10 && f[3].kind == FAULT_RKILL && f[3].at == 1, "fields");
     CHECK(inject_parse("boom:1@2", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "boom"), "%s", err);
-    CHECK(inject_parse("kill:1@0", 4, f, INJECT_MAX, err, sizeof err) < 0, "step 0");
+    /* Steps are 1-based in --inject (as in the progress line and ckpt/step_N): step 0 is
+     * refused with a message that says so, and so is epoch 0 for rkill. */
+    CHECK(inject_parse("kill:2@0", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "kill:2@0") &&
+              strstr(err, "steps start at 1"), "%s", err);
+    CHECK(inject_parse("corrupt:1@3,stop:1@0", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "stop:1@0") &&
+              !strstr(err, "corrupt") && strstr(err, "steps start at 1"), "%s", err);
+    CHECK(inject_parse("rkill:1@0", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "epochs of a recovery start at 1"),
+          "%s", err);
+    CHECK(inject_parse("corrupt:3@1", 4, f, INJECT_MAX, err, sizeof err) == 1 && f[0].kind == FAULT_CORRUPT && f[0].at == 1,
+          "%s", err);
     CHECK(inject_parse("kill:1@2;x", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, ";x"), "%s", err);
     CHECK(inject_netdown_rank("kill:1@2,netdown:3@4") == 3 && inject_netdown_rank("kill:1@2") == -1, "netdown rank");
+}
+
+/* `deadpool run --help` names every --inject kind and says how steps are numbered. */
+static void test_help_inject(void) {
+    char path[] = "/tmp/test_config_help_XXXXXX";
+    int fd = mkstemp(path), saved = dup(1);
+    CHECK(fd >= 0 && saved >= 0, "temporary file");
+    if (fd < 0 || saved < 0) return;
+    fflush(stdout);
+    dup2(fd, 1);
+    job_config_print_help();
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    char text[16384] = "";
+    ssize_t got = pread(fd, text, sizeof text - 1, 0);
+    close(fd);
+    unlink(path);
+    text[got > 0 ? got : 0] = 0;
+    const char *inject = strstr(text, "\n  --inject ");
+    if (inject) inject++;
+    CHECK(inject != NULL, "no --inject in the help");
+    if (!inject) return;
+    char line[1024];
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(inject, "\n"), inject);
+    const char *kinds[] = {"kill", "stop", "netdown", "corrupt", "rkill"};
+    for (int i = 0; i < 5; i++) CHECK(strstr(line, kinds[i]) != NULL, "--inject help lacks %s: %s", kinds[i], line);
+    CHECK(strstr(line, "1-based"), "--inject help does not say steps are 1-based: %s", line);
 }
 
 static void test_holder_list_grammar(void) {
@@ -224,6 +264,7 @@ int main(void) {
     RUN_TEST(test_bad_values_named);
     RUN_TEST(test_train_options);
     RUN_TEST(test_inject_grammar);
+    RUN_TEST(test_help_inject);
     RUN_TEST(test_holder_list_grammar);
     RUN_TEST(test_program_argv);
     RUN_TEST(test_lr_schedule);

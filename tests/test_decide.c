@@ -206,6 +206,62 @@ static void test_holder_lost_one_alive(void) {
           decide_outcome_name(o), g_why);
 }
 
+/* Plain data parallelism: every rank's state is DP_IDENTICAL, nothing of its own
+ * (stateless), so every member keeps all of it in its own snapshots. A world of 3 (procs
+ * 11..13, ring holders r + 1). */
+static void test_stateless_ranks(void) {
+    DecideInput *in = base_input();
+    in->world = 3;
+    long h0[] = {12}, h1[] = {13}, h2[] = {11}, spares[] = {20, 21, 22};
+    int alive[] = {1};
+    /* (a) ranks 1 and 2 fail together; rank 1's only holder is rank 2: nothing of its own is
+     * lost, rank 0 provides the identical state. */
+    add_failure(in, 1, "crash", 1000, 1001, 1, h1, alive)->stateless = 1;
+    add_failure(in, 2, "crash", 1000, 1002, 1, h2, alive)->stateless = 1;
+    add_spares(in, 2, spares);
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_SWAP && g_d.procs[1] == 20 && g_d.procs[2] == 21 && g_d.rollback == 9, "(a) %s: %s",
+          decide_outcome_name(o), g_why);
+    /* With state of its own (an extra cursor, a shard) rank 1's state is lost, as before. */
+    in->failed[0].stateless = 0;
+    o = run(in);
+    CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "rank 1 failed (crash) together with every holder of its replicas"),
+          "%s: %s", decide_outcome_name(o), g_why);
+    /* (b) ranks 0 and 2: rank 2's holder is rank 0, but rank 1 still holds the identical state. */
+    in->nfailed = 0;
+    add_failure(in, 0, "crash", 1000, 1001, 1, h0, alive)->stateless = 1;
+    add_failure(in, 2, "crash", 1000, 1002, 1, h2, alive)->stateless = 1;
+    o = run(in);
+    CHECK(o == DECIDE_SWAP && g_d.procs[0] == 20 && g_d.procs[2] == 21, "(b) %s: %s", decide_outcome_name(o), g_why);
+    /* ... rank 0 is stateless too when its holder is gone with it. */
+    in->nfailed = 0;
+    long none[] = {13};
+    add_failure(in, 0, "crash", 1000, 1001, 1, none, alive)->stateless = 1;
+    add_failure(in, 2, "crash", 1000, 1002, 0, NULL, NULL)->stateless = 1;
+    o = run(in);
+    CHECK(o == DECIDE_SWAP, "no holder needed while rank 1 survives: %s: %s", decide_outcome_name(o), g_why);
+    /* Every rank fails: only rank 0's replica carries the identical state. */
+    in->nfailed = 0;
+    add_failure(in, 0, "crash", 1000, 1001, 1, h0, alive)->stateless = 1;
+    add_failure(in, 1, "crash", 1000, 1002, 1, h1, alive)->stateless = 1;
+    add_failure(in, 2, "crash", 1000, 1003, 1, h2, alive)->stateless = 1;
+    add_spares(in, 1, spares + 2);
+    o = run(in);
+    CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "every rank failed") && strstr(g_why, "held identically is lost") &&
+              strstr(g_why, "no checkpoint exists"),
+          "%s: %s", decide_outcome_name(o), g_why);
+    long outside[] = {30}; /* --replica-placement spares: rank 0's holder is alive */
+    in->failed[0].holder_proc[0] = outside[0];
+    o = run(in);
+    CHECK(o == DECIDE_SWAP, "rank 0's replica on a live spare: %s: %s", decide_outcome_name(o), g_why);
+    /* Stateless ranks still need spares. */
+    in->nfailed = 0;
+    in->nspares = 0;
+    add_failure(in, 1, "hang", 1000, 1001, 0, NULL, NULL)->stateless = 1;
+    o = run(in);
+    CHECK(o == DECIDE_NO_SPARE, "%s: %s", decide_outcome_name(o), g_why);
+}
+
 static void test_no_spare(void) {
     DecideInput *in = base_input();
     long holders[] = {11};
@@ -495,6 +551,7 @@ int main(void) {
     RUN_TEST(test_failure_during_recovery);
     RUN_TEST(test_holder_lost_too);
     RUN_TEST(test_holder_lost_one_alive);
+    RUN_TEST(test_stateless_ranks);
     RUN_TEST(test_no_spare);
     RUN_TEST(test_fewer_spares_than_failures);
     RUN_TEST(test_comm_failure_rebuild);

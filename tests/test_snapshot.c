@@ -2,7 +2,7 @@
  * replicas equal the live state byte for byte, the loop never sees a torn copy, and a rank
  * killed mid-replication leaves the previous committed generation intact and usable; the
  * buffers here and on the holder are faulted in before the first capture; an engine without
- * the job's key replicates nothing; and which of a rank's two blocks holds each generation of
+ * the job's key replicates nothing; a generation's local part is kept but not sent; and which of a rank's two blocks holds each generation of
  * its declared state (gen_block). */
 #include <limits.h>
 #include <signal.h>
@@ -48,6 +48,25 @@ static int replica_equals(ReplicaServer *srv, int rank, int64_t step, const Snap
     return same;
 }
 
+/* Which payloads carry state of their rank's own (decide.h: a rank without any loses nothing). */
+static void test_gen_own_state(void) {
+    unsigned char buf[512];
+    float a[4] = {1, 2, 3, 4};
+    dp_region same[2] = {{1, DP_IDENTICAL, a, sizeof a}, {2, DP_IDENTICAL, a, 8}};
+    gen_head_write(buf, 7, 1, same, 2, NULL, 0);
+    size_t len = gen_head_bytes(2, 0) + sizeof a + 8;
+    CHECK(gen_own_state(buf, len) == 0, "identical regions only, no extra: nothing of its own");
+    gen_head_write(buf, 7, 1, NULL, 0, NULL, 0);
+    CHECK(gen_own_state(buf, gen_head_bytes(0, 0)) == 0, "an empty generation");
+    uint64_t cursor = 5;
+    gen_head_write(buf, 7, 1, same, 2, &cursor, sizeof cursor);
+    CHECK(gen_own_state(buf, len + sizeof cursor) == 1, "extra bytes are its own");
+    same[1].kind = DP_SHARDED;
+    gen_head_write(buf, 7, 1, same, 2, NULL, 0);
+    CHECK(gen_own_state(buf, len) == 1, "a sharded region is its own");
+    CHECK(gen_own_state(buf, 10) == 1 && gen_own_state(buf, sizeof(GenHead) + 4) == 1, "too short to tell: assume so");
+}
+
 static void test_replica_equals_live_state(void) {
     char err[256];
     ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
@@ -91,6 +110,64 @@ static void test_replica_equals_live_state(void) {
     free(a);
     free(b);
     free(c);
+}
+
+/* The local part of a generation (state other ranks hold too) is committed with it and read
+ * back by snapshot_local_use, but never sent: the holder's replica is the payload alone. */
+static int local_seen(const SnapHeader *h, const void *payload, const void *local, size_t local_len, void *arg) {
+    const SnapRegion *want = arg; /* [payload, local] */
+    return h->length == want[0].len && memcmp(payload, want[0].ptr, want[0].len) == 0 && local_len == want[1].len &&
+                   memcmp(local, want[1].ptr, want[1].len) == 0
+               ? 0
+               : -1;
+}
+
+static void test_local_part_not_replicated(void) {
+    char err[256];
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    CHECK(srv != NULL, "%s", err);
+    if (!srv) return;
+    size_t n1 = 1000, n2 = 70000;
+    unsigned char *own = malloc(n1), *same = malloc(n2), *ext = malloc(n1);
+    SnapRegion mine = {own, n1}, local = {same, n2};
+    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
+    SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 1, .world = WORLD, .targets = &target, .ntargets = 1,
+                         .timeout_ms = 5000, .key = KEY};
+    Snapshot *s = snapshot_create(&sc, err, sizeof err);
+    CHECK(s != NULL, "%s", err);
+    if (!s) return;
+    for (int step = 0; step < 4; step++) {
+        snapshot_wait_previous(s, NULL);
+        fill(own, n1, step * 2 + 1);
+        fill(same, n2, step * 2 + 2);
+        if (step % 2 == 0) CHECK(snapshot_capture_regions(s, step, &mine, 1, &local, 1) == 0, "capture %d", step);
+        else { /* a zero-copy generation carries a local part too */
+            memcpy(ext, own, n1);
+            CHECK(snapshot_capture_external(s, step, ext, n1, &local, 1) == 0, "capture %d", step);
+        }
+        CHECK(snapshot_drain(s, 5000) == 0 && snapshot_committed(s) == step, "generation %d", step);
+        CHECK(replica_equals(srv, 1, step, &mine, 1), "replica of step %d is not the payload alone", step);
+        unsigned char *copy = malloc(n2);
+        memcpy(copy, same, n2);
+        SnapRegion want[2] = {{own, n1}, {copy, n2}};
+        fill(same, n2, 99); /* the live state moves on: the local part must not */
+        CHECK(snapshot_local_use(s, step, local_seen, want) == 0, "local part of step %d", step);
+        free(copy);
+    }
+    /* A generation without a local part has none. */
+    snapshot_wait_previous(s, NULL);
+    CHECK(snapshot_capture_regions(s, 4, &mine, 1, NULL, 0) == 0 && snapshot_drain(s, 5000) == 0, "capture 4");
+    SnapRegion none[2] = {{own, n1}, {same, 0}};
+    CHECK(snapshot_local_use(s, 4, local_seen, none) == 0, "generation 4 has no local part");
+    SnapshotStats st;
+    snapshot_stats(s, &st);
+    CHECK(st.bytes_replicated == 5 * n1, "replicated %llu bytes, expected %zu", (unsigned long long)st.bytes_replicated,
+          5 * n1);
+    snapshot_destroy(s);
+    replica_server_stop(srv);
+    free(own);
+    free(same);
+    free(ext);
 }
 
 /* The capture in flight blocks the next update only until it has read the live state; a
@@ -303,7 +380,9 @@ int main(void) {
         return 1;
     }
     RUN_TEST(test_gen_block);
+    RUN_TEST(test_gen_own_state);
     RUN_TEST(test_replica_equals_live_state);
+    RUN_TEST(test_local_part_not_replicated);
     RUN_TEST(test_wait_protects_generation);
     RUN_TEST(test_rank_killed_mid_replication);
     RUN_TEST(test_buffers_set_up_before_first_capture);

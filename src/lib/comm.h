@@ -64,6 +64,10 @@ void comm_rendezvous_ms(const comm_t *c, double *wait_ms, double *connect_ms);
 
 /* In-place sum over all ranks of buf[0..n). */
 comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms);
+/* In-place mean: the sum above, then every element multiplied by inv = 1.0f / (float)size
+ * (one float division, then one float multiplication per element: the same bits on every
+ * rank, and for a size that is not a power of two possibly 1 ulp from sum / size). */
+comm_status comm_allreduce_mean(comm_t *c, float *buf, size_t n, int timeout_ms);
 /* out[r*n .. (r+1)*n) = rank r's in[0..n) for every r. in may alias out + rank*n. */
 comm_status comm_allgather(comm_t *c, const float *in, float *out, size_t n, int timeout_ms);
 /* Root's buf[0..nbytes) copied to every rank. */

@@ -828,6 +828,14 @@ comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms) 
     });
 }
 
+comm_status comm_allreduce_mean(comm_t *c, float *buf, size_t n, int timeout_ms) {
+    comm_status st = comm_allreduce_sum(c, buf, n, timeout_ms);
+    if (st != COMM_OK || c->size == 1) return st;
+    const float inv = 1.0f / static_cast<float>(c->size);
+    for (size_t i = 0; i < n; i++) buf[i] *= inv;
+    return COMM_OK;
+}
+
 comm_status comm_allgather(comm_t *c, const float *in, float *out, size_t n, int timeout_ms) {
     if (c == nullptr || ((in == nullptr || out == nullptr) && n > 0) ||
         n > SIZE_MAX / sizeof(float) / static_cast<size_t>(c->size))

@@ -18,7 +18,7 @@ static const char *const TRANSPORT_NAMES[] = {"auto", "tcp", NULL};
 static const OptSpec OPTIONS[] = {
     {"workers", OPT_INT, F(workers), 0, 1, DP_MAX_RANKS, NULL, "data-parallel worker processes"},
     {"spares", OPT_INT, F(spares), 0, 0, DP_MAX_RANKS, NULL, "warm spare processes"},
-    {"steps", OPT_INT, F(steps), 0, 1, 1e9, NULL, "optimizer steps"},
+    {"steps", OPT_INT, F(steps), 0, 1, 1e9, NULL, "optimizer steps, numbered 1..K in --inject, the progress line and ckpt/step_N (0..K-1 in deadpool.h)"},
     {"seed", OPT_U64, F(seed), 0, 0, 0, NULL, "seed for initialisation and data sampling"},
     {"out", OPT_STR, S(out), 0, 0, NULL, "output directory (model.bin, metrics.jsonl, events.jsonl)"},
     {"redis", OPT_STR, S(redis), 0, 0, NULL, "redis://HOST:PORT, password in DEADPOOL_REDIS_PASSWORD (default: embedded server)"},
@@ -35,7 +35,7 @@ static const OptSpec OPTIONS[] = {
     {"resume", OPT_STR, S(resume), 0, 0, NULL, "continue from the newest checkpoint in this directory"},
     {"resume-step", OPT_INT, F(resume_step), 0, -1, 1e9, NULL, "(internal) the checkpoint step --resume found"},
     {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left (and a waiting spare, for a launcher that went away)"},
-    {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown:RANK@STEP (mid-step), or rkill:RANK@EPOCH (dies recovering); repeatable"},
+    {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown|corrupt:RANK@STEP (mid-step STEP, 1-based like the progress line; corrupt: RANK's replica holders damage their copies), or rkill:RANK@EPOCH (dies recovering into EPOCH, 1-based); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used (one machine only: across machines spares are spare machines)"},
     {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},

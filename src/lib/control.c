@@ -771,6 +771,8 @@ const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long l
     case KEY_COORD: snprintf(buf, len, "coordinator"); break;
     case KEY_COORD_TOKEN: snprintf(buf, len, "coordinator:token"); break;
     case KEY_RESUME_HOLDER: snprintf(buf, len, "resume:holder:%lld", a); break;
+    case KEY_OWN_STATE: snprintf(buf, len, "own:%lld", a); break;
+    case KEY_GEN_BYTES: snprintf(buf, len, "gen_bytes:%lld", a); break;
     default: snprintf(buf, len, "unknown"); break;
     }
     return buf;

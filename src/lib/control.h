@@ -94,7 +94,10 @@ typedef enum {
     KEY_COORD_TOKEN,  /* coordinator:token — the lease's fencing token, +1 at every new holder */
     KEY_PERSIST_COMPLETE, /* persist:complete — newest step persisted by every rank (machines' disks) */
     KEY_INVENTORY,    /* inventory — hash: machine index -> the checkpoints on its disk (checkpoint_inventory) */
-    KEY_RESUME_HOLDER /* resume:holder:RANK — "HOST:PORT" of a launcher serving RANK's resumed state */
+    KEY_RESUME_HOLDER, /* resume:holder:RANK — "HOST:PORT" of a launcher serving RANK's resumed state */
+    KEY_OWN_STATE,    /* own:RANK — "1" once a generation of RANK carried state of its own (DP_SHARDED
+                       * regions or extra bytes); absent: RANK loses nothing when it fails */
+    KEY_GEN_BYTES     /* gen_bytes:RANK — the largest generation RANK committed, in bytes (what a spare may fetch) */
 } ctl_key;
 
 /* The suffix of key k into buf; returns buf. */

@@ -499,6 +499,25 @@ static void gather_holders(Coordinator *c, DecideFailure *f) {
         for (int h = 0; h < nh; h++) f->holder_alive[h] = 0;
 }
 
+/* Which failed ranks never had state of their own (KEY_OWN_STATE absent), one MGET; read
+ * after the committed generations (a rank sets its key before it publishes a commit). On an
+ * error every rank counts as having some. */
+static void gather_stateless(Coordinator *c, DecideInput *in) {
+    int n = in->nfailed;
+    char (*keys)[48] = malloc(sizeof *keys * (size_t)n), (*values)[8] = malloc(sizeof *values * (size_t)n);
+    const char **suffixes = malloc(sizeof *suffixes * (size_t)n);
+    int *present = malloc(sizeof *present * (size_t)n);
+    if (keys && values && suffixes && present) {
+        for (int i = 0; i < n; i++) suffixes[i] = ctl_key_suffix(keys[i], sizeof keys[i], KEY_OWN_STATE, in->failed[i].rank, 0);
+        if (ctl_get_many(c->ctl, suffixes, n, values[0], sizeof values[0], present) == 0)
+            for (int i = 0; i < n; i++) in->failed[i].stateless = !present[i];
+    }
+    free(keys);
+    free(values);
+    free(suffixes);
+    free(present);
+}
+
 /* Everything decide_next needs, from the coordinator's state and the job's Redis keys. */
 static void gather_input(Coordinator *c, int suspicion_due) {
     DecideInput *in = &c->in;
@@ -522,10 +541,12 @@ static void gather_input(Coordinator *c, int suspicion_due) {
         f->t_fail_ms = c->pending[i].t_fail_ms;
         f->t_detect_ms = c->pending[i].t_detect_ms;
         f->nholders = 0;
+        f->stateless = 0;
     }
     /* Holders, checkpoints and spares matter only when a failed rank can be hot-swapped. */
     if (c->npending == 0 || c->cfg->ft != FT_DEADPOOL) return;
     for (int i = 0; i < c->npending; i++) gather_holders(c, &in->failed[i]);
+    gather_stateless(c, in);
     char err[256];
     in->checkpoint_step = checkpoint_latest(c->cfg->out, err, sizeof err);
     in->nspares = live_spares(c, in->spares, DP_MAX_RANKS);

@@ -123,20 +123,26 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
         return DECIDE_NO_FT;
     }
     /* A rank whose every replica holder is gone lost its state, unless the job restarts
-     * from its initial state anyway (nothing committed yet). */
+     * from its initial state anyway (nothing committed yet). A rank with no state of its own
+     * loses nothing: the state every rank holds identically is in each member's own
+     * snapshots, so only when no member survives must rank 0's replica (which carries it)
+     * be reachable. */
+    int survivors = in->world - in->nfailed;
     for (int i = 0; i < in->nfailed && out->rollback >= 0; i++) {
         const DecideFailure *f = &in->failed[i];
-        if (replica_survives(in, f)) continue;
-        if (in->checkpoint_step >= 0)
-            say(why, whylen,
-                "rank %d failed (%s) together with every holder of its replicas, so its in-memory state is "
-                "lost; continue from the checkpoint of step %lld with `deadpool run --resume %.700s`",
-                f->rank, f->kind, (long long)in->checkpoint_step + 1, out_dir);
+        if ((f->stateless && (f->rank != 0 || survivors > 0)) || replica_survives(in, f)) continue;
+        char lost[320];
+        if (f->stateless)
+            snprintf(lost, sizeof lost, "every rank failed (rank %d: %s) and every holder of rank %d's replicas with "
+                     "them, so the state every rank held identically is lost", f->rank, f->kind, f->rank);
         else
-            say(why, whylen,
-                "rank %d failed (%s) together with every holder of its replicas, so its state is lost and "
-                "no checkpoint exists (use --replicas 2 or --persist-every K to survive this)",
-                f->rank, f->kind);
+            snprintf(lost, sizeof lost, "rank %d failed (%s) together with every holder of its replicas, so its %sstate "
+                     "is lost", f->rank, f->kind, in->checkpoint_step >= 0 ? "in-memory " : "");
+        if (in->checkpoint_step >= 0)
+            say(why, whylen, "%s; continue from the checkpoint of step %lld with `deadpool run --resume %.700s`", lost,
+                (long long)in->checkpoint_step + 1, out_dir);
+        else
+            say(why, whylen, "%s and no checkpoint exists (use --replicas 2 or --persist-every K to survive this)", lost);
         return DECIDE_STATE_LOST;
     }
     if (nspares < in->nfailed) {

@@ -27,6 +27,12 @@ typedef struct {
     int nholders;
     long holder_proc[HOLDERS_MAX];
     int holder_alive[HOLDERS_MAX];
+    /* 1: no generation of this rank carried state of its own (no DP_SHARDED region, no extra
+     * bytes; control.h KEY_OWN_STATE), only DP_IDENTICAL regions, which every rank keeps in
+     * its own snapshots: the rank loses nothing when it fails, and needs no holder as long as
+     * a member survives to provide the identical state. 0 (the default): it has, or it is not
+     * known. */
+    int stateless;
 } DecideFailure;
 
 typedef struct {
@@ -53,7 +59,8 @@ typedef enum {
     DECIDE_REBUILD,      /* same members, new communicator: publish *out */
     DECIDE_NO_SPARE,     /* fewer live spares than failed ranks: persist, wait for spares; `why`
                           * says what to tell the user if none comes within --spare-wait */
-    DECIDE_STATE_LOST,   /* a failed rank lost every holder of its replicas: `why` */
+    DECIDE_STATE_LOST,   /* a failed rank with state of its own lost every holder of its replicas, or
+                          * every rank failed and rank 0's holders with them (the identical state): `why` */
     DECIDE_NO_FT,        /* --ft disk|none: no in-memory snapshots to hot-swap from: `why` */
     DECIDE_INVALID,      /* the input is inconsistent (a world, rank or count out of range): `why` */
 } decide_outcome;

@@ -68,3 +68,16 @@ int gen_parse(const void *payload, size_t len, dp_generation *g, dp_region *regi
     *next_step = h.next_step;
     return 0;
 }
+
+int gen_own_state(const void *payload, size_t len) {
+    GenHead h;
+    if (len < sizeof h) return 1; /* not a generation: assume the worst */
+    memcpy(&h, payload, sizeof h);
+    if (h.extra_len > 0 || h.nregions > (len - sizeof h) / sizeof(GenEntry)) return 1;
+    for (uint32_t i = 0; i < h.nregions; i++) {
+        GenEntry e;
+        memcpy(&e, (const unsigned char *)payload + sizeof h + i * sizeof e, sizeof e);
+        if (e.kind == DP_SHARDED) return 1;
+    }
+    return 0;
+}

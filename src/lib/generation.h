@@ -41,6 +41,10 @@ void gen_head_write(void *buf, uint64_t seed, int64_t next_step, const dp_region
 int gen_parse(const void *payload, size_t len, dp_generation *g, dp_region *regions, int max, uint64_t *seed,
               int64_t *next_step, char *err, size_t errlen);
 
+/* 1 if a payload carries state of its rank's own (extra bytes or a DP_SHARDED region) or is
+ * too short to tell, 0 if nothing but DP_IDENTICAL regions (state every rank holds). */
+int gen_own_state(const void *payload, size_t len);
+
 /* Which of a rank's two blocks of declared state holds generation gen (-1: the initial state)
  * when a snapshot is taken of every generation k with (k + 1) % every == 0. The generations
  * between two snapshots share a block, and each snapshot's successor starts the other one:

@@ -18,8 +18,17 @@ int inject_parse(const char *list, int workers, FaultSpec *out, int max, char *e
         if (sscanf(at, "%15[a-z]:%d@%d%n", kind, &rank, &when, &used) == 3)
             for (int i = 0; i < NKINDS; i++)
                 if (!strcmp(kind, KINDS[i])) k = i;
-        if (k < 0 || rank < 0 || when < (k == FAULT_RKILL ? 1 : 1)) {
+        if (k < 0 || rank < 0) {
             snprintf(err, errlen, "--inject: expected kill|stop|netdown|corrupt:RANK@STEP or rkill:RANK@EPOCH, found '%.60s'", at);
+            return -1;
+        }
+        if (when < 1) { /* 1-based like the progress line and ckpt/step_N; epoch 0 is the job's start */
+            if (k == FAULT_RKILL)
+                snprintf(err, errlen, "--inject %.*s: epochs of a recovery start at 1 (the first recovery makes epoch 1)",
+                         used, at);
+            else
+                snprintf(err, errlen, "--inject %.*s: steps start at 1 (STEP counts like the progress line and "
+                         "ckpt/step_N: the first step is 1)", used, at);
             return -1;
         }
         if (rank >= workers) {

@@ -68,6 +68,14 @@ struct dp {
     Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
     void *warm_buf;           /* a spare's buffer for the state it will restore, pages faulted in */
     size_t warm_cap;
+    int warm_wanted;          /* the spare restores into warm_buf (not into its declared blocks) */
+    pthread_t warm_thread;    /* grows it in the background (warm_grow_check) */
+    int warm_growing;
+    atomic_int warm_grown;
+    void *warm_next;          /* ...into this buffer of warm_next_cap bytes */
+    size_t warm_next_cap;
+    size_t restore_cold;      /* bytes this recovery received into memory not faulted in before */
+    size_t gen_bytes_published; /* KEY_GEN_BYTES of this rank, as this process set it */
     ctl_t *snap_ctl;          /* the snapshot threads' own connection (on_commit) */
     pthread_mutex_t snap_ctl_mu; /* ...shared by the current epoch's thread and a finishing one */
     int first_commit_pending; /* the epoch's first step is not committed yet */
@@ -81,6 +89,13 @@ struct dp {
     size_t head_cap;
     dp_region app_regions[GEN_MAX_REGIONS];
     SnapRegion snap_regions[GEN_MAX_REGIONS + 1];
+    /* ...and its local part (snapshot.h): on ranks other than 0 the DP_IDENTICAL regions
+     * behind a head of their own, kept in this rank's snapshots but not replicated */
+    unsigned char *local_head;
+    size_t local_head_cap;
+    SnapRegion snap_locals[GEN_MAX_REGIONS + 1];
+    int nlocals;
+    int own_published;        /* KEY_OWN_STATE is set for this rank (by this process) */
     /* state DeadPool owns (dp_state_declare): two blocks, one per generation parity, each
      * [head area | region 0 | region 1 | ...], so that a generation is one contiguous payload */
     dp_state_spec state[GEN_MAX_REGIONS];
@@ -91,6 +106,7 @@ struct dp {
     size_t head_area, block_bytes;
     void *restored_extra;     /* the extra state of the generation restored last */
     size_t restored_extra_len;
+    int restored_identical;   /* ...and whether it carried the DP_IDENTICAL regions */
     Decision decision;        /* the one being followed (large: not on the stack) */
     const char *join_phase;   /* where join_epoch is: "restore", "rendezvous" (join_failed says) */
 };
@@ -305,6 +321,7 @@ static void free_process(dp_t *dp) {
         ctl_heartbeat_clear(dp->ctl, dp->proc_id);
     if (dp->ctl) ctl_close(dp->ctl);
     free(dp->head);
+    free(dp->local_head);
     free(dp->warm_buf);
     free(dp->block[0]);
     free(dp->block[1]);
@@ -462,6 +479,25 @@ static int app_regions(dp_t *dp, int64_t gen, dp_region *out, int max) {
     return n + dp->nstate;
 }
 
+/* The local part of generation `step` (see struct dp): same[0..n), all DP_IDENTICAL, as a
+ * generation payload of its own in dp->snap_locals; nothing when n is 0. 0, -1 + dp->err. */
+static int local_part(dp_t *dp, int64_t step, const dp_region *same, int n) {
+    dp->nlocals = 0;
+    if (n == 0) return 0;
+    size_t hb = gen_head_bytes(n, 0);
+    if (hb > dp->local_head_cap) {
+        unsigned char *grown = realloc(dp->local_head, hb);
+        if (!grown) { snprintf(dp->err, sizeof dp->err, "out of memory for a generation head"); return -1; }
+        dp->local_head = grown;
+        dp->local_head_cap = hb;
+    }
+    gen_head_write(dp->local_head, dp->cfg.seed, step + 1, same, n, NULL, 0);
+    dp->snap_locals[0] = (SnapRegion){dp->local_head, hb};
+    for (int i = 0; i < n; i++) dp->snap_locals[i + 1] = (SnapRegion){same[i].ptr, same[i].len};
+    dp->nlocals = n + 1;
+    return 0;
+}
+
 /* Generation `step` as one payload where it lies, when it is a snapshot generation (the
  * next update writes the other block: gen_block) and all of this rank's state is declared:
  * the head goes right before the regions in its block and the snapshot thread replicates from
@@ -474,25 +510,31 @@ static int capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t e
     if (n < 0) return 0;
     for (int i = 0; i < n; i++)
         if (now[i].kind == DP_SHARDED || dp->rank == 0) return 0; /* state of its own to copy */
+    if (local_part(dp, step, now, n) != 0) return 0; /* the identical regions, kept here only */
     dp_region kept[GEN_MAX_REGIONS];
     declared_regions(dp, step, kept);
     size_t hb = gen_head_bytes(dp->nstate, extra_len);
     unsigned char *payload = block_of(dp, step) + dp->head_area - hb;
     gen_head_write(payload, dp->cfg.seed, step + 1, kept, dp->nstate, extra, extra_len);
-    snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area);
-    return 1;
+    return snapshot_capture_external(dp->snap, step, payload, hb + dp->block_bytes - dp->head_area, dp->snap_locals,
+                                     dp->nlocals) == 0;
 }
 
-/* The application's regions now, with the snapshot regions of this rank's generation:
- * the head first, then the regions this rank keeps (identical ones on rank 0 only). The
- * number of snapshot regions, -1 + dp->err. */
+/* The application's regions now, with the snapshot regions of this rank's generation: the
+ * head first, then the regions it replicates: its own, and on rank 0 the identical ones too
+ * (so that they outlive every member failing at once). Every other rank keeps the identical
+ * regions in the local part (local_part): any survivor can provide them after a rollback.
+ * The number of snapshot regions, -1 + dp->err. */
 static int gather_regions(dp_t *dp, int64_t step, const void *extra, size_t extra_len) {
     int n = app_regions(dp, step, dp->app_regions, GEN_MAX_REGIONS);
     if (n < 0) return -1;
-    dp_region kept[GEN_MAX_REGIONS];
-    int k = 0;
-    for (int i = 0; i < n; i++)
+    dp_region kept[GEN_MAX_REGIONS], same[GEN_MAX_REGIONS];
+    int k = 0, m = 0;
+    for (int i = 0; i < n; i++) {
         if (dp->app_regions[i].kind == DP_SHARDED || dp->rank == 0) kept[k++] = dp->app_regions[i];
+        else same[m++] = dp->app_regions[i];
+    }
+    if (local_part(dp, step, same, m) != 0) return -1;
     size_t hb = gen_head_bytes(k, extra_len);
     if (hb > dp->head_cap) {
         unsigned char *grown = realloc(dp->head, hb);
@@ -562,23 +604,30 @@ static int app_restore(dp_t *dp, const dp_generation *g, char *err, size_t errle
     return default_restore(dp, g, err, errlen);
 }
 
-/* Checks a verified payload of this rank and hands it to the application. */
-static int restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, char *err, size_t errlen) {
+/* Checks a verified payload of this rank (with its local part local[0..local_len), from this
+ * rank's own snapshot; 0 bytes: none) and hands it to the application: one generation. */
+static int restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, const void *local, size_t local_len,
+                           char *err, size_t errlen) {
     if (h->rank != dp->rank || h->world != dp->cfg.workers) {
         snprintf(err, errlen, "state of rank %d of %d offered to rank %d of %d", h->rank, h->world, dp->rank,
                  dp->cfg.workers);
         return -1;
     }
-    dp_region regions[GEN_MAX_REGIONS];
-    dp_generation g = {.step = h->step, .rank = h->rank, .world = h->world};
-    uint64_t seed;
-    int64_t next;
+    dp_region regions[2 * GEN_MAX_REGIONS];
+    dp_generation g = {.step = h->step, .rank = h->rank, .world = h->world}, l = g;
+    uint64_t seed, lseed = dp->cfg.seed;
+    int64_t next, lnext = h->step + 1;
     if (gen_parse(payload, h->length, &g, regions, GEN_MAX_REGIONS, &seed, &next, err, errlen) != 0) return -1;
-    if (seed != dp->cfg.seed || next != h->step + 1) {
+    if (local_len && gen_parse(local, local_len, &l, regions + g.nregions, GEN_MAX_REGIONS, &lseed, &lnext, err, errlen) != 0)
+        return -1;
+    if (seed != dp->cfg.seed || next != h->step + 1 || lseed != seed || lnext != next) {
         snprintf(err, errlen, "state of step %lld: taken with seed %llu, next step %lld; this job has seed %llu",
                  (long long)h->step + 1, (unsigned long long)seed, (long long)next, (unsigned long long)dp->cfg.seed);
         return -1;
     }
+    if (local_len) g.nregions += l.nregions;
+    dp->restored_identical = 0;
+    for (int i = 0; i < g.nregions; i++) dp->restored_identical |= regions[i].kind == DP_IDENTICAL;
     /* Kept for the restore point's snapshot in the new epoch, which must carry it too. */
     void *copy = malloc(g.extra_len ? g.extra_len : 1);
     if (!copy) { snprintf(err, errlen, "out of memory for %zu bytes of extra state", g.extra_len); return -1; }
@@ -589,10 +638,10 @@ static int restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, c
     return app_restore(dp, &g, err, errlen);
 }
 
-static int restore_in_place(const SnapHeader *h, const void *payload, void *arg) {
+static int restore_in_place(const SnapHeader *h, const void *payload, const void *local, size_t local_len, void *arg) {
     dp_t *dp = arg;
     char err[512];
-    if (restore_payload(dp, h, payload, err, sizeof err) == 0) return 0;
+    if (restore_payload(dp, h, payload, local, local_len, err, sizeof err) == 0) return 0;
     log_msg("local copy of step %lld unusable: %s", (long long)h->step + 1, err);
     return -1;
 }
@@ -612,7 +661,9 @@ static void *place_restore(void *arg, uint64_t length) {
     size_t regions = dp->block_bytes - dp->head_area;
     if (p->own_step != INT64_MIN && dp->nstate && length >= regions && length - regions <= dp->head_area)
         return block_of(dp, p->own_step) + dp->head_area - (length - regions);
-    return dp->warm_buf && length <= dp->warm_cap ? dp->warm_buf : NULL;
+    if (dp->warm_buf && length <= dp->warm_cap) return dp->warm_buf;
+    dp->restore_cold += length; /* into a fresh buffer: faulted in as it arrives */
+    return NULL;
 }
 
 /* A payload in memory DeadPool keeps (not to be freed). */
@@ -693,8 +744,30 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     return -1;
 }
 
-/* Puts this rank's state at generation `rollback`: from our own ping-pong buffer, else from
- * a replica holder, else (the resumed checkpoint) from disk; -1 means the initial state. */
+/* 1 when no generation of `rank` carried state of its own (KEY_OWN_STATE is absent) since
+ * the job started or resumed, so that any generation g of it other than the resumed
+ * checkpoint's (whose files exist) holds the identical state at most; 0 when one did, or when
+ * Redis cannot say. */
+static int rank_stateless(dp_t *dp, int rank, long long g) {
+    if (g == dp->cfg.resume_step) return 0;
+    char k[48], value[8];
+    const char *suffix = key(k, sizeof k, KEY_OWN_STATE, rank, 0);
+    int present = 1;
+    return ctl_get_many(dp->ctl, &suffix, 1, value, sizeof value, &present) == 0 && !present;
+}
+
+/* 1 when this rank need not fetch generation `rollback`: it has nothing of its own and some
+ * member survives to provide the identical state (or the rank is not 0, whose replica alone
+ * carries it). */
+static int nothing_of_its_own(dp_t *dp, long long rollback) {
+    int survivors = dp->decision.world - dp->decision.nfailed;
+    if (dp->rank == 0 && survivors <= 0) return 0;
+    return rank_stateless(dp, dp->rank, rollback);
+}
+
+/* Puts this rank's state at generation `rollback`: from our own ping-pong buffer, else (a
+ * rank with nothing of its own) an empty generation, else from a replica holder, else (the
+ * resumed checkpoint) from disk; -1 means the initial state. */
 static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char *err, size_t errlen) {
     dp->next_step = rollback + 1;
     if (rollback < 0) {
@@ -702,6 +775,15 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
         return 0;
     }
     if (old && snapshot_local_use(old, rollback, restore_in_place, dp) == 0) return 0;
+    if (nothing_of_its_own(dp, rollback)) { /* its identical state comes with the broadcast (share_and_rebuild) */
+        log_msg("rank %d has no state of its own: nothing to fetch for step %lld", dp->rank, rollback + 1);
+        free(dp->restored_extra);
+        dp->restored_extra = NULL;
+        dp->restored_extra_len = 0;
+        dp->restored_identical = 0;
+        dp_generation g = {.step = rollback, .rank = dp->rank, .world = dp->cfg.workers};
+        return app_restore(dp, &g, err, errlen);
+    }
     SnapHeader h;
     void *payload = NULL;
     int found = fetch_from_holders(dp, dp->rank, rollback, dp->epoch - 1, &h, &payload) == 0;
@@ -710,19 +792,21 @@ static int restore_generation(dp_t *dp, Snapshot *old, long long rollback, char 
         snprintf(err, errlen, "no copy of rank %d's state at step %lld is reachable", dp->rank, rollback + 1);
         return -1;
     }
-    int rc = restore_payload(dp, &h, payload, err, errlen);
+    int rc = restore_payload(dp, &h, payload, NULL, 0, err, errlen);
     if (!payload_is_ours(dp, payload)) free(payload);
     return rc;
 }
 
-/* A spare's state arrives from a holder into memory that should not be touched for the first
- * time then: the kernel's first-touch faults cost 150 ms for 31 MiB on this VM, twice the
- * transfer. The buffer holds the largest generation this process could be asked to restore:
- * every region as rank 0 keeps them (sharded and identical), as sized now; a state that has
- * grown since (or a larger extra) falls back to a fresh buffer. */
+/* A spare's state arrives from a holder (and the identical state in the broadcast after it)
+ * into memory that should not be touched for the first time then: the kernel's first-touch
+ * faults cost 150 ms for 31 MiB on this VM, twice the transfer. At join the buffer holds the
+ * largest generation this process could be asked to restore as the state is sized then: every
+ * region as rank 0 keeps them (sharded and identical); state that appears later (optimizer
+ * moments allocated at the first step) grows it while the spare waits (warm_grow_check). */
 static void warm_restore_buffer(dp_t *dp) {
     dp_region r[GEN_MAX_REGIONS];
     if (dp->nstate && dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS) == 0) return; /* all declared: lands in a block */
+    dp->warm_wanted = 1;
     int n = app_regions(dp, 0, r, GEN_MAX_REGIONS);
     if (n < 0) return;
     size_t bytes = gen_head_bytes(n, DP_STATE_EXTRA_MAX); /* extra state: a cursor, an RNG */
@@ -734,47 +818,131 @@ static void warm_restore_buffer(dp_t *dp) {
     dp->warm_cap = bytes;
 }
 
+static void *warm_grow_thread(void *arg) {
+    dp_t *dp = arg;
+    void *b = alloc_huge(dp->warm_next_cap);
+    if (b) prefault(b, dp->warm_next_cap);
+    dp->warm_next = b; /* only slower without it */
+    atomic_store(&dp->warm_grown, 1);
+    return NULL;
+}
+
+/* Takes the grown buffer once the thread is done (wait: wait for it). */
+static void warm_grow_finish(dp_t *dp, int wait) {
+    if (!dp->warm_growing || (!wait && !atomic_load(&dp->warm_grown))) return;
+    pthread_join(dp->warm_thread, NULL);
+    dp->warm_growing = 0;
+    if (!dp->warm_next) return;
+    free(dp->warm_buf);
+    dp->warm_buf = dp->warm_next;
+    dp->warm_cap = dp->warm_next_cap;
+    dp->warm_next = NULL;
+}
+
+/* While a spare waits: when a rank has committed a generation larger than the warm buffer
+ * (KEY_GEN_BYTES: what a spare fetches, and bounds the identical state's broadcast), a new
+ * one is allocated and faulted in on a thread of its own, so that a decision is never late
+ * for it. One MGET of the world's keys. */
+static void warm_grow_check(dp_t *dp) {
+    warm_grow_finish(dp, 0);
+    if (!dp->warm_wanted || dp->warm_growing) return;
+    int world = dp->cfg.workers;
+    char (*names)[48] = malloc(sizeof *names * (size_t)world), (*values)[24] = malloc(sizeof *values * (size_t)world);
+    const char **suffixes = malloc(sizeof *suffixes * (size_t)world);
+    size_t want = 0;
+    if (names && values && suffixes) {
+        for (int r = 0; r < world; r++) suffixes[r] = key(names[r], sizeof names[r], KEY_GEN_BYTES, r, 0);
+        if (ctl_get_many(dp->ctl, suffixes, world, values[0], sizeof values[0], NULL) == 0)
+            for (int r = 0; r < world; r++)
+                if ((size_t)strtoull(values[r], NULL, 10) > want) want = (size_t)strtoull(values[r], NULL, 10);
+    }
+    free(names);
+    free(values);
+    free(suffixes);
+    if (want <= dp->warm_cap) return;
+    dp->warm_next_cap = want;
+    atomic_store(&dp->warm_grown, 0);
+    dp->warm_growing = pthread_create(&dp->warm_thread, NULL, warm_grow_thread, dp) == 0;
+}
+
 static void release_warm_buffer(dp_t *dp) {
+    warm_grow_finish(dp, 1);
     free(dp->warm_buf);
     dp->warm_buf = NULL;
     dp->warm_cap = 0;
 }
 
-/* After a restore: rank 0 broadcasts the DP_IDENTICAL regions (only it keeps them), the other
- * ranks hand them to the application; then the application rebuilds what is derived. */
+/* 1 if the application reports a DP_IDENTICAL region now. */
+static int reports_identical(dp_t *dp) {
+    dp_region r[GEN_MAX_REGIONS];
+    int n = dp->cb.regions(dp->cb.arg, r, GEN_MAX_REGIONS);
+    for (int i = 0; i < n; i++)
+        if (r[i].kind == DP_IDENTICAL) return 1;
+    return 0;
+}
+
+/* After a restore: the lowest rank whose restored generation carried the DP_IDENTICAL regions
+ * (a survivor from its own snapshot, rank 0 from its replica or its checkpoint file)
+ * broadcasts them, and the ranks whose generation lacked them (a spare that took another
+ * rank, a rank other than 0 resuming from disk) hand them to the application: a second
+ * restore call. Then the application rebuilds what is derived. */
 static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
     if (dp->cfg.workers > 1) {
+        int world = dp->cfg.workers, from = -1, to = job_comm_timeout_ms(&dp->cfg);
+        float *has = malloc(sizeof *has * (size_t)world);
+        if (!has) { snprintf(err, errlen, "out of memory for %d flags", world); return DP_ERR; }
+        has[dp->rank] = dp->restored_identical ? 1.0f : 0.0f;
+        comm_status st = comm_allgather(dp->comm, has + dp->rank, has, 1, to);
+        for (int r = 0; r < world && from < 0 && st == COMM_OK; r++)
+            if (has[r] != 0.0f) from = r;
+        free(has);
+        if (st != COMM_OK) goto comm_failed;
+        if (from < 0 && reports_identical(dp)) { /* no use trying again: the job stops (join_failed) */
+            dp->join_phase = "restore";
+            snprintf(err, errlen, "no member restored the state every rank holds identically (DP_IDENTICAL) of step %lld",
+                     (long long)dp->next_step);
+            return DP_ERR;
+        }
         dp_region all[GEN_MAX_REGIONS], same[GEN_MAX_REGIONS];
         unsigned char *blob = NULL;
         uint64_t size = 0;
         int k = 0;
-        if (dp->rank == 0) {
+        if (dp->rank == from) {
             int n = dp->cb.regions(dp->cb.arg, all, GEN_MAX_REGIONS);
             for (int i = 0; i < n; i++)
                 if (all[i].kind == DP_IDENTICAL) same[k++] = all[i];
             size = gen_head_bytes(k, 0);
             for (int i = 0; i < k; i++) size += same[i].len;
         }
-        if (comm_broadcast(dp->comm, &size, sizeof size, 0, job_comm_timeout_ms(&dp->cfg)) != COMM_OK) goto comm_failed;
+        if (from >= 0 && comm_broadcast(dp->comm, &size, sizeof size, from, to) != COMM_OK) goto comm_failed;
         if (size > gen_head_bytes(0, 0)) {
-            blob = malloc(size);
+            /* A spare's restored generation is in the application by now: its warm buffer is free. */
+            int warm = dp->warm_buf && size <= dp->warm_cap;
+            blob = warm ? dp->warm_buf : malloc(size);
             if (!blob) { snprintf(err, errlen, "out of memory for %llu bytes of identical state", (unsigned long long)size); return DP_ERR; }
-            if (dp->rank == 0) {
+            if (!warm && !dp->restored_identical) dp->restore_cold += size;
+            if (dp->rank == from) {
                 gen_head_write(blob, dp->cfg.seed, dp->next_step, same, k, NULL, 0);
                 size_t off = gen_head_bytes(k, 0);
                 for (int i = 0; i < k; i++) { memcpy(blob + off, same[i].ptr, same[i].len); off += same[i].len; }
             }
-            if (comm_broadcast(dp->comm, blob, size, 0, job_comm_timeout_ms(&dp->cfg)) != COMM_OK) { free(blob); goto comm_failed; }
-            if (dp->rank != 0) {
+            if (comm_broadcast(dp->comm, blob, size, from, to) != COMM_OK) {
+                if (!warm) free(blob);
+                goto comm_failed;
+            }
+            if (!dp->restored_identical) {
                 dp_region regions[GEN_MAX_REGIONS];
-                dp_generation g = {.step = dp->next_step - 1, .rank = 0, .world = dp->cfg.workers};
+                dp_generation g = {.step = dp->next_step - 1, .rank = from, .world = world};
                 uint64_t seed;
                 int64_t next;
                 int rc = gen_parse(blob, size, &g, regions, GEN_MAX_REGIONS, &seed, &next, err, errlen);
                 if (rc == 0) rc = app_restore(dp, &g, err, errlen);
-                if (rc != 0) { free(blob); return DP_ERR; }
+                if (rc != 0) {
+                    if (!warm) free(blob);
+                    return DP_ERR;
+                }
             }
-            free(blob);
+            if (!warm) free(blob);
         }
     }
     if (dp->cb.rebuild) {
@@ -840,6 +1008,16 @@ static void persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const vo
 static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
     dp_t *dp = arg;
     pthread_mutex_lock(&dp->snap_ctl_mu);
+    /* Before the commit is published: a coordinator that counts this generation as committed
+     * must also see that the rank has state of its own (decide.h, stateless). */
+    char k[48];
+    if (!dp->own_published && gen_own_state(payload, h->length) &&
+        ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0)
+        dp->own_published = 1;
+    char bytes[32];
+    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)h->length);
+    if (h->length > dp->gen_bytes_published && ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
+        dp->gen_bytes_published = h->length; /* what a waiting spare sizes its buffer for */
     ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step);
     ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
     int every = dp->cfg.persist_every;
@@ -863,6 +1041,33 @@ static dp_status disk_checkpoint(dp_t *dp, int64_t step, const void *extra, size
     else
         event_emit(dp->ctl, dp->t0_wall_ms, "checkpoint", "\"step\":%lld,\"kind\":\"disk\"", (long long)step + 1);
     return DP_OK;
+}
+
+/* A failed rank with nothing of its own whose replicas are gone too: its generation `g` was the
+ * identical state (rank 0: a head and its regions, which is what this survivor's local part
+ * is) or an empty head (any other rank). Written from there. */
+typedef struct {
+    dp_t *dp;
+    int rank, rc;
+} StatelessPersist;
+
+static int persist_as_stateless(const SnapHeader *h, const void *payload, const void *local, size_t local_len, void *arg) {
+    (void)payload;
+    StatelessPersist *p = arg;
+    dp_t *dp = p->dp;
+    unsigned char empty[sizeof(GenHead)];
+    gen_head_write(empty, dp->cfg.seed, h->step + 1, NULL, 0, NULL, 0);
+    SnapRegion r = p->rank == 0 && local_len ? (SnapRegion){local, local_len} : (SnapRegion){empty, sizeof empty};
+    char err[1024];
+    if (checkpoint_write_live(dp->cfg.out, dp->job, h->epoch, p->rank, dp->cfg.workers, h->step, &r, 1, err, sizeof err) != 0) {
+        log_msg("persist rank %d's step %lld: %s", p->rank, (long long)h->step + 1, err);
+        return -1;
+    }
+    SnapHeader as = *h;
+    as.rank = p->rank;
+    count_persisted(dp, dp->ctl, &as, "persist");
+    p->rc = 0;
+    return 0;
 }
 
 /* The coordinator found no spare: write our committed generation to disk so the job can be
@@ -891,7 +1096,9 @@ static void answer_persist_request(dp_t *dp) {
         int rank = atoi(tok);
         payload = NULL;
         if (fetch_from_holders(dp, rank, g, dp->epoch, &h, &payload) != 0) {
-            log_msg("cannot persist rank %d's step %lld: no holder has it", rank, g + 1);
+            StatelessPersist sp = {dp, rank, -1};
+            if (!rank_stateless(dp, rank, g) || snapshot_local_use(dp->snap, g, persist_as_stateless, &sp) != 0 || sp.rc != 0)
+                log_msg("cannot persist rank %d's step %lld: no holder has it", rank, g + 1);
             continue;
         }
         persist_generation(dp, dp->ctl, &h, payload);
@@ -1234,6 +1441,7 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     set_role_log(dp);
     replica_server_set_min_epoch(dp->replicas, d->epoch);
     dp->join_phase = "restore";
+    dp->restore_cold = 0;
     if (restore_generation(dp, dp->restore_src, d->rollback, err, errlen) != 0) return -1;
     dp->join_phase = "rendezvous";
     log_msg("restored step %lld in %.1f ms", d->rollback + 1, now_ms() - t0);
@@ -1253,11 +1461,12 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
         if (d->rollback >= 0 && capture_zero_copy(dp, d->rollback, dp->restored_extra, dp->restored_extra_len) == 0) {
             int n = gather_regions(dp, d->rollback, dp->restored_extra, dp->restored_extra_len);
             if (n < 0) { snprintf(err, errlen, "%s", dp->err); return -1; }
-            snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n);
+            snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n, dp->snap_locals, dp->nlocals);
         }
     }
     char k[64], value[128];
-    snprintf(value, sizeof value, "%.3f %.3f %.3f %lld", t1 - t0, t2 - t1, now_ms() - t2, (long long)wall_ms());
+    snprintf(value, sizeof value, "%.3f %.3f %.3f %lld %d", t1 - t0, t2 - t1, now_ms() - t2, (long long)wall_ms(),
+             dp->restore_cold == 0);
     ctl_set(dp->ctl, key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
     dp->first_commit_pending = 1;
     dp->step_t0 = now_ms();
@@ -1322,7 +1531,7 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
         SnapHeader h;
         void *payload = NULL;
         int rc = read_resumed_state(dp, dp->rank, &h, &payload, err, errlen);
-        if (rc == 0) rc = restore_payload(dp, &h, payload, err, errlen);
+        if (rc == 0) rc = restore_payload(dp, &h, payload, NULL, 0, err, errlen);
         free(payload);
         if (rc != 0) { emit_error(dp, "resume: ", err); return DP_ERR; }
         if (share_and_rebuild(dp, err, errlen) != DP_OK) { emit_error(dp, "resume: ", err); return DP_FAILED; }
@@ -1347,7 +1556,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
     long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
-    double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0;
+    double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0, warm_checked = 0;
     int rejoin = 0;
     while (!atomic_load(&dp->job_over) && !atomic_load(&dp->control_lost)) {
         if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
@@ -1364,6 +1573,10 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
                 break;
             }
         }
+        if (now_ms() - warm_checked > 200) { /* state that appeared since: the buffer grows */
+            warm_checked = now_ms();
+            warm_grow_check(dp);
+        }
         /* A gap longer than the detect timeout: this spare was stopped (or starved) and the
          * coordinator has dropped it from the pool. Back and warm, it joins again. */
         if (now_ms() - last > dp->cfg.detect_timeout_ms) rejoin = 1;
@@ -1374,6 +1587,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             if (decision_read(dp->ctl, e, d) == 0 && decision_rank_of(d, dp->proc_id) >= 0) {
                 log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
                 ctl_spare_remove(dp->ctl, dp->proc_id);
+                warm_grow_finish(dp, 1); /* started long before, if at all: what is left is cheaper than faulting */
                 dp_status st = follow_decisions(dp, d, err, errlen);
                 release_warm_buffer(dp);
                 return st;
@@ -1388,6 +1602,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
         }
     }
     ctl_spare_remove(dp->ctl, dp->proc_id);
+    release_warm_buffer(dp);
     return DP_STOPPED;
 }
 
@@ -1465,12 +1680,13 @@ static void report_recovery(dp_t *dp) {
     /* The slowest member sets each phase; training resumed when the last member did. Every
      * member's timing and join costs, and the newest step, in one MGET (per 256 keys). */
     double restore = 0, rebuild = 0, resnap = 0, rendezvous = 0, barrier = 0, rwait = 0, rconnect = 0;
+    int *warm = calloc((size_t)dp->cfg.workers, sizeof *warm);
     long long resumed = 0, first_in = 0, last_in = 0;
     unsigned long long rtt_max = 0, rtt_total = 0;
     int world = dp->cfg.workers, nk = 2 * world + 1;
     char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
     const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
-    if (!names || !values || !suffixes) { free(names); free(values); free(suffixes); return; }
+    if (!names || !values || !suffixes || !warm) { free(names); free(values); free(suffixes); free(warm); return; }
     for (int r = 0; r < world; r++) {
         suffixes[r] = key(names[r], sizeof names[r], KEY_TIMING, dp->epoch, r);
         suffixes[world + r] = key(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, dp->epoch, r);
@@ -1482,7 +1698,7 @@ static void report_recovery(dp_t *dp) {
         double a, b, c;
         long long w;
         unsigned long long rc, rs;
-        if (sscanf(values[r], "%lf %lf %lf %lld", &a, &b, &c, &w) == 4) {
+        if (sscanf(values[r], "%lf %lf %lf %lld %d", &a, &b, &c, &w, &warm[r]) >= 4) {
             if (a > restore) restore = a;
             if (b > rebuild) rebuild = b;
             if (c > resnap) resnap = c;
@@ -1514,13 +1730,15 @@ static void report_recovery(dp_t *dp) {
                    "\"rendezvous_ms\":%.1f,\"rendezvous_wait_ms\":%.1f,\"rendezvous_connect_ms\":%.1f,"
                    "\"rendezvous_spread_ms\":%lld,\"rendezvous_last_in_ms\":%lld,\"barrier_ms\":%.1f,"
                    "\"join_round_trips_max\":%llu,"
-                   "\"join_round_trips_total\":%llu,\"failed_wall_ms\":%lld,\"resumed_wall_ms\":%lld",
+                   "\"join_round_trips_total\":%llu,\"failed_wall_ms\":%lld,\"resumed_wall_ms\":%lld,"
+                   "\"restore_warm\":%s",
                    dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
                    (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
                    rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1), world, rendezvous, rwait,
                    rconnect, last_in - first_in, last_in ? last_in - (long long)d->t_decide_ms : 0, barrier, rtt_max,
-                   rtt_total, (long long)d->t_fail_ms, resumed);
+                   rtt_total, (long long)d->t_fail_ms, resumed, warm[d->failed[i].rank] ? "true" : "false");
     }
+    free(warm);
     if (d->nfailed == 0)
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
                    "\"epoch\":%ld,\"rank\":-1,\"failure_kind\":\"comm\",\"rollback_step\":%lld,\"total_ms\":%lld",
@@ -1572,7 +1790,8 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
         snapshot_wait_previous(dp->snap, NULL); /* the head buffer is the thread's until then */
         if (!capture_zero_copy(dp, step, extra, extra_len)) {
             int n = gather_regions(dp, step, extra, extra_len);
-            if (n < 0 || snapshot_capture_regions(dp->snap, step, dp->snap_regions, n) != 0) return DP_ERR;
+            if (n < 0 || snapshot_capture_regions(dp->snap, step, dp->snap_regions, n, dp->snap_locals, dp->nlocals) != 0)
+                return DP_ERR;
         }
     } else if (dp->cfg.ft == FT_DISK && (step + 1) % dp->cfg.ckpt_every == 0) {
         /* A synchronous checkpoint is part of the step it follows. */
@@ -1683,6 +1902,11 @@ dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n) {
     return comm_result(dp, comm_allreduce_sum(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
 }
 
+dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n) {
+    if (!dp->comm) return DP_ERR;
+    return comm_result(dp, comm_allreduce_mean(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
+}
+
 dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n) {
     if (!dp->comm) return DP_ERR;
     return comm_result(dp, comm_allgather(dp->comm, in, out, n, job_comm_timeout_ms(&dp->cfg)));
@@ -1757,6 +1981,10 @@ static dp_status group_result(dp_group *g, comm_status st) { return result_on(g-
 
 dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n) {
     return group_result(g, comm_allreduce_sum(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
+}
+
+dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n) {
+    return group_result(g, comm_allreduce_mean(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
 }
 
 dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n) {

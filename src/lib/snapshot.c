@@ -14,6 +14,8 @@ typedef struct {
     unsigned char *data; /* the generation's payload: own, or the caller's (snapshot_capture_external) */
     unsigned char *own;  /* this slot's buffer, for copied generations */
     size_t cap;          /* bytes allocated at own */
+    unsigned char *local; /* the generation's local part (never replicated), local_len bytes */
+    size_t local_cap, local_len;
     int committed;       /* holds a committed generation (header.step) */
     int crc_known;       /* header.crc is computed (an external payload's is left to its first holder) */
 } Slot;
@@ -24,6 +26,8 @@ struct Snapshot {
     unsigned char key[REPLICA_KEY_BYTES]; /* cfg.key points here */
     SnapRegion *regions;    /* the live regions of the next generation */
     int nregions, regions_cap;
+    SnapRegion *locals;     /* ...and of its local part */
+    int nlocals, locals_cap;
     ReplicaTarget *targets;
     ReplicaConn **conns;
     size_t bytes;           /* payload size: sum of the current regions' lengths */
@@ -141,7 +145,30 @@ static int replicate(Snapshot *s, Slot *slot, uint64_t *pulled) {
  * an external generation, left where it lies without its CRC: the first holder computes that
  * as it copies the bytes (replica_put_summing), which spares this thread a pass over them.
  * 0, or -1 without memory. */
+static int fill_local(Snapshot *s, Slot *slot, int64_t step) {
+    size_t bytes = 0;
+    for (int i = 0; i < s->nlocals; i++) bytes += s->locals[i].len;
+    if (bytes > slot->local_cap) {
+        unsigned char *grown = alloc_huge(bytes);
+        if (!grown) {
+            log_msg("snapshot of step %lld: out of memory for %zu bytes of local state", (long long)step, bytes);
+            return -1;
+        }
+        free(slot->local);
+        slot->local = grown;
+        slot->local_cap = bytes;
+    }
+    size_t off = 0;
+    for (int i = 0; i < s->nlocals; i++) {
+        memcpy(slot->local + off, s->locals[i].ptr, s->locals[i].len);
+        off += s->locals[i].len;
+    }
+    slot->local_len = off;
+    return 0;
+}
+
 static int fill_slot(Snapshot *s, Slot *slot, int64_t step, const unsigned char *ext, size_t ext_len) {
+    if (fill_local(s, slot, step) != 0) return -1;
     if (ext) {
         init_header(s, &slot->header);
         slot->data = (unsigned char *)ext;
@@ -189,6 +216,7 @@ static void run_generation(Snapshot *s, int64_t step, const unsigned char *ext, 
     s->stats.copy_ms_last = t1 - t0;
     s->stats.copy_ms_total += t1 - t0;
     if (!ext) s->stats.bytes_copied += slot->header.length;
+    s->stats.bytes_copied += slot->local_len;
     pthread_mutex_unlock(&s->mu);
 
     uint64_t pulled;
@@ -241,7 +269,10 @@ static void snapshot_free(Snapshot *s);
 static void free_memory(Snapshot *s) {
     free(s->slots[0].own);
     free(s->slots[1].own);
+    free(s->slots[0].local);
+    free(s->slots[1].local);
     free(s->regions);
+    free(s->locals);
     free(s->targets);
     free(s->conns);
     explicit_bzero(s->key, sizeof s->key);
@@ -320,17 +351,28 @@ fail:
     return NULL;
 }
 
-int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *regions, int n) {
+/* *to (capacity *cap) = from[0..n), grown if needed. 0, or -1 without memory. Under s->mu. */
+static int set_regions(SnapRegion **to, int *cap, int *count, const SnapRegion *from, int n) {
+    if (n > *cap) {
+        SnapRegion *grown = realloc(*to, (size_t)n * sizeof *grown);
+        if (!grown) return -1;
+        *to = grown;
+        *cap = n;
+    }
+    if (n > 0) memcpy(*to, from, (size_t)n * sizeof *from);
+    *count = n;
+    return 0;
+}
+
+int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *regions, int n, const SnapRegion *local,
+                             int nlocal) {
     pthread_mutex_lock(&s->mu);
     while (s->busy) pthread_cond_wait(&s->done_cv, &s->mu); /* the regions are the thread's while it copies */
-    if (n > s->regions_cap) {
-        SnapRegion *grown = realloc(s->regions, (size_t)n * sizeof *grown);
-        if (!grown) { pthread_mutex_unlock(&s->mu); return -1; }
-        s->regions = grown;
-        s->regions_cap = n;
+    if (set_regions(&s->regions, &s->regions_cap, &s->nregions, regions, n) != 0 ||
+        set_regions(&s->locals, &s->locals_cap, &s->nlocals, local, nlocal) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
     }
-    memcpy(s->regions, regions, (size_t)n * sizeof *regions);
-    s->nregions = n;
     s->bytes = 0;
     for (int i = 0; i < n; i++) s->bytes += regions[i].len;
     pthread_mutex_unlock(&s->mu);
@@ -338,9 +380,14 @@ int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *region
     return 0;
 }
 
-int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len) {
+int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len, const SnapRegion *local,
+                              int nlocal) {
     pthread_mutex_lock(&s->mu);
     while (s->busy) pthread_cond_wait(&s->done_cv, &s->mu);
+    if (set_regions(&s->locals, &s->locals_cap, &s->nlocals, local, nlocal) != 0) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
     s->ext = payload;
     s->ext_len = len;
     s->bytes = len;
@@ -394,14 +441,15 @@ static int slot_intact(const Slot *slot) {
     return crc32c(0, slot->data, slot->header.length) == slot->header.crc;
 }
 
-int snapshot_local_use(Snapshot *s, int64_t step, int (*use)(const SnapHeader *h, const void *payload, void *arg),
+int snapshot_local_use(Snapshot *s, int64_t step,
+                       int (*use)(const SnapHeader *h, const void *payload, const void *local, size_t local_len, void *arg),
                        void *arg) {
     int rc = -1;
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < 2; i++) {
         Slot *slot = &s->slots[i];
         if (slot->committed && slot->header.step == step && slot_intact(slot)) {
-            rc = use(&slot->header, slot->data, arg);
+            rc = use(&slot->header, slot->data, slot->local, slot->local_len, arg);
             break;
         }
     }

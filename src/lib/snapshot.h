@@ -75,16 +75,22 @@ void snapshot_destroy(Snapshot *s);
 /* Starts capturing generation `step` from the live regions. Returns at once. */
 void snapshot_capture(Snapshot *s, int64_t step);
 /* The same from these regions, which replace the config's from now on (the state an
- * application reports may change between generations: the buffers grow to fit). Waits for
- * a generation in flight first. 0, or -1 without memory. */
-int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *regions, int n);
+ * application reports may change between generations: the buffers grow to fit). `local`
+ * (nlocal regions, may be 0) is copied too, behind the payload in buffers of their own, and
+ * committed with it, but never replicated nor counted in the header (length, CRC): state that
+ * other ranks hold as well, which only a rollback of this rank reads back (snapshot_local_use).
+ * Waits for a generation in flight first. 0, or -1 without memory. */
+int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *regions, int n, const SnapRegion *local,
+                             int nlocal);
 /* Generation `step` is the caller's payload[0..len) itself: it is replicated where it lies,
  * not copied, and it is the local copy a rollback uses. Its CRC32C is computed once, by the
  * first holder that pulls it, in the same pass as its copy (here only before a TCP send, or
  * when there is no holder). The caller must leave those bytes unchanged until the next
  * generation it captures has committed (the training loop's order guarantees that: see
- * runtime.c, zero-copy state). Waits for a generation in flight first. */
-int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len);
+ * runtime.c, zero-copy state). `local` as above (copied). Waits for a generation in flight
+ * first. */
+int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len, const SnapRegion *local,
+                              int nlocal);
 /* Blocks until the generation in flight (if any) is committed or has failed, or until
  * *cfg.abort; *waited_ms gets the time spent. 0 if every captured generation committed, -1 if
  * the last one failed (a replica holder is lost: the job must re-place its replicas) or the
@@ -92,9 +98,11 @@ int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, si
 int snapshot_wait_previous(Snapshot *s, double *waited_ms);
 /* Copy (malloc'ed) of the local committed generation `step`, if either buffer holds it. 0 / -1. */
 int snapshot_local_copy(Snapshot *s, int64_t step, SnapHeader *h, void **payload);
-/* Calls use(h, payload, arg) on the local committed generation `step` in place (no copy),
- * with the buffer held. Returns use's result, or -1 if neither buffer holds `step`. */
-int snapshot_local_use(Snapshot *s, int64_t step, int (*use)(const SnapHeader *h, const void *payload, void *arg),
+/* Calls use(h, payload, local, local_len, arg) on the local committed generation `step` in
+ * place (no copy), with the buffer held; local[0..local_len) is its local part (local_len 0:
+ * none). Returns use's result, or -1 if neither buffer holds `step`. */
+int snapshot_local_use(Snapshot *s, int64_t step,
+                       int (*use)(const SnapHeader *h, const void *payload, const void *local, size_t local_len, void *arg),
                        void *arg);
 /* Lets the thread finish its transfer in the background, without callbacks, and free itself:
  * recovery must not wait for a send to a dead holder. A callback already running returns

@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib_e2e.sh"
 PY=/usr/bin/python3
 TRAIN=("$PY" "$ROOT/examples/torch/train_gpt2.py")
 if ! "$PY" -c 'import torch' 2>/dev/null; then
-  for c in torch_deterministic torch_kill torch_hang torch_failure_during_recovery torch_two_faults \
+  for c in torch_deterministic torch_kill torch_hang torch_failure_during_recovery torch_two_faults torch_two_at_once_1_and_2 torch_two_at_once_0_and_2 \
            torch_no_spare_persist_then_resume torch_ft_disk torch_zero1_equals_plain torch_zero1_kill \
            torch_machine_crash; do echo "not ok - $c (no torch for $PY: scripts/install-deps.sh --test)"; done
   exit 1
@@ -40,6 +40,10 @@ expect_same torch_hang ref 1 --spares 1 --detect-timeout-ms 1000 --inject stop:2
 expect_same torch_failure_during_recovery ref 1 --spares 1 --detect-timeout-ms 1000 \
   --inject kill:0@10 --inject rkill:0@3 -- "${TRAIN[@]}"
 expect_same torch_two_faults ref 2 --spares 1 --inject kill:2@6 --inject kill:1@15 -- "${TRAIN[@]}"
+# Two ranks at once with plain data parallelism: ranks without state of their own (everything
+# is DP_IDENTICAL, no extra) lose nothing; rank 0 with its holder is covered by the survivor.
+expect_same torch_two_at_once_1_and_2 ref 1 --spares 2 --inject kill:1@10 --inject kill:2@10 -- "${TRAIN[@]}"
+expect_same torch_two_at_once_0_and_2 ref 1 --spares 2 --inject kill:0@10 --inject kill:2@10 -- "${TRAIN[@]}"
 expect_same torch_ft_disk ref 1 --spares 0 --ft disk --ckpt-every 5 --inject kill:1@12 -- "${TRAIN[@]}"
 
 # No spare left: the committed state goes to disk (with the checkpoint callback's model.pt),

@@ -347,18 +347,10 @@ class Job:
         return self._status(self._L.dp_allreduce_sum(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_sum")
 
     def allreduce_mean(self, buf):
-        """The mean over the ranks; append the loss to the buffer to average it in the same
-        collective. Falls back to sum and scale where the library predates dp_allreduce_mean."""
+        """The mean over the ranks (the ring's sum times 1/world, the same bits on every rank);
+        append the loss to the buffer to average it in the same collective."""
         p, n = _float_buffer(buf, "allreduce_mean")
-        fn = getattr(self._L, "dp_allreduce_mean", None)
-        if fn is not None:
-            return self._status(fn(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_mean")
-        st = self._status(self._L.dp_allreduce_sum(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_mean")
-        if st == Status.OK and n:
-            import numpy
-            arr = numpy.ctypeslib.as_array((ctypes.c_float * n).from_address(p))
-            arr *= numpy.float32(1.0 / self.world)
-        return st
+        return self._status(self._L.dp_allreduce_mean(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_mean")
 
     def allgather(self, inp, out):
         """out[r*n:(r+1)*n] = rank r's inp (n = len(inp)); inp may alias its place in out."""
@@ -408,11 +400,8 @@ class Group:
         return self._st(self._job._L.dp_group_allreduce_sum(self._g, ctypes.cast(p, _FPTR), n), "group allreduce_sum")
 
     def allreduce_mean(self, buf):
-        fn = getattr(self._job._L, "dp_group_allreduce_mean", None)
-        if fn is None:
-            raise Error("this libdeadpool has no dp_group_allreduce_mean")
         p, n = _float_buffer(buf, "group allreduce_mean")
-        return self._st(fn(self._g, ctypes.cast(p, _FPTR), n), "group allreduce_mean")
+        return self._st(self._job._L.dp_group_allreduce_mean(self._g, ctypes.cast(p, _FPTR), n), "group allreduce_mean")
 
     def allgather(self, inp, out):
         pi, n = _float_buffer(inp, "group allgather input")

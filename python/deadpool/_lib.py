@@ -124,14 +124,14 @@ def _declare(lib):
         "dp_checkpoint_read": (I, [S, I, READ_FN, P, P, SZ]),
         "dp_output_saved": (None, [P, S]),
         "dp_log": (None, [P, S, S]),
-        # Newer than the first release: bound when the library has them.
         "dp_allreduce_mean": (I, [P, F, SZ]),
         "dp_group_allreduce_mean": (I, [P, F, SZ]),
     }
     for name, (res, args) in sigs.items():
-        fn = getattr(lib, name, None)
-        if fn is None:
-            continue
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise OSError("%s has no %s: it is older than this package (rebuild it)" % (lib._name, name)) from None
         fn.restype = res
         fn.argtypes = args
 

@@ -22,7 +22,10 @@ CXXFLAGS += -std=c++17 -Wall -Wextra -pthread -I/usr/include/hiredis -MMD -MP
 # The library's objects go into the .so as well: position-independent, but without semantic
 # interposition, so calls within the library still inline. The trainer is not PIC: -fPIC
 # alone keeps the compiler from inlining non-static functions (its layer helpers).
-PIC     = -fPIC -fno-semantic-interposition
+PIC     = -fPIC -fno-semantic-interposition -fvisibility=hidden
+# The version, as include/deadpool.h states it: the soname's major and the pkg-config file's.
+VERSION := $(shell sed -n 's/^\#define DEADPOOL_VERSION "\(.*\)"/\1/p' include/deadpool.h)
+MAJOR   := $(firstword $(subst ., ,$(VERSION)))
 LIB_LIBS = -lgloo -lhiredis -lmicrohttpd -lsodium -lstdc++ -lm -pthread
 LDLIBS  = $(LIB_LIBS) -lopenblas -ljansson
 
@@ -44,8 +47,8 @@ deadpool: $(CLI_OBJ) $(GPT2_OBJ) $(BUILD)/libdeadpool.a
 $(BUILD)/libdeadpool.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
-$(BUILD)/libdeadpool.so: $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libdeadpool.so.1 -o $@ $^ $(LIB_LIBS)
+$(BUILD)/libdeadpool.so: $(LIB_OBJ) src/lib/libdeadpool.map
+	$(CC) -shared -Wl,-soname,libdeadpool.so.$(MAJOR) -Wl,--version-script=src/lib/libdeadpool.map -o $@ $(LIB_OBJ) $(LIB_LIBS)
 
 $(BUILD)/lib/%.o: src/lib/%.c
 	@mkdir -p $(@D)
@@ -140,12 +143,12 @@ install: all
 	install -m 755 deadpool $(DESTDIR)$(PREFIX)/bin/deadpool
 	install -m 644 include/deadpool.h $(DESTDIR)$(PREFIX)/include/deadpool.h
 	install -m 644 $(BUILD)/libdeadpool.a $(DESTDIR)$(PREFIX)/lib/libdeadpool.a
-	install -m 755 $(BUILD)/libdeadpool.so $(DESTDIR)$(PREFIX)/lib/libdeadpool.so.1
-	ln -sf libdeadpool.so.1 $(DESTDIR)$(PREFIX)/lib/libdeadpool.so
+	install -m 755 $(BUILD)/libdeadpool.so $(DESTDIR)$(PREFIX)/lib/libdeadpool.so.$(MAJOR)
+	ln -sf libdeadpool.so.$(MAJOR) $(DESTDIR)$(PREFIX)/lib/libdeadpool.so
 	install -d $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/deadpool
 	install -m 644 python/deadpool/*.py $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/deadpool/
-	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: deadpool\nDescription: in-memory fault tolerance for training loops\nVersion: 1.0\nLibs: -L$${libdir} -ldeadpool\nLibs.private: %s\nCflags: -I$${includedir}\n' \
-	  '$(PREFIX)' '$(LIB_LIBS)' >$(DESTDIR)$(PREFIX)/lib/pkgconfig/deadpool.pc
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: deadpool\nDescription: in-memory fault tolerance for training loops\nVersion: %s\nLibs: -L$${libdir} -ldeadpool\nLibs.private: %s\nCflags: -I$${includedir}\n' \
+	  '$(PREFIX)' '$(VERSION)' '$(LIB_LIBS)' >$(DESTDIR)$(PREFIX)/lib/pkgconfig/deadpool.pc
 
 tests: all $(TESTS)
 

@@ -50,7 +50,17 @@
 extern "C" {
 #endif
 
+/* One version for the header, the library's soname (its major) and the pkg-config file (the
+ * Makefile reads it from here). API_VERSION counts incompatible changes of this header. */
+#define DEADPOOL_VERSION "1.1.0"
 #define DEADPOOL_API_VERSION 1
+
+/* Only this header's functions are exported from libdeadpool.so (built -fvisibility=hidden). */
+#if defined(__GNUC__)
+#define DP_EXPORT __attribute__((visibility("default")))
+#else
+#define DP_EXPORT
+#endif
 
 typedef struct dp dp_t;
 
@@ -149,14 +159,14 @@ typedef struct {
     size_t len;
 } dp_state_spec;
 #define DP_STATE_EXTRA_MAX (64u << 10) /* the largest extra a zero-copy generation carries (else copied) */
-dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *err, size_t errlen);
-void *dp_state(const dp_t *dp, uint32_t id, int64_t gen);
+DP_EXPORT dp_status dp_state_declare(dp_t *dp, const dp_state_spec *specs, int n, char *err, size_t errlen);
+DP_EXPORT void *dp_state(const dp_t *dp, uint32_t id, int64_t gen);
 
 /* Replica placement: take this rank's replica holders from outside its block of `block`
  * consecutive ranks first (rank / block), after the rule that puts them on other machines.
  * For a Megatron layout (rank = t + TP * (d + DP * p)) a block of TP * DP ranks is a pipeline
  * stage: a rank's replicas then live in other stages. Call before dp_join; 0: no blocks. */
-void dp_replica_spread(dp_t *dp, int block);
+DP_EXPORT void dp_replica_spread(dp_t *dp, int block);
 
 /* How to reach the job. NULL (or NULL fields) means: from the environment that `deadpool run`
  * and `deadpool worker` set (DEADPOOL_REDIS, DEADPOOL_JOB, DEADPOOL_RANK or DEADPOOL_SPARE,
@@ -170,18 +180,18 @@ typedef struct {
 } dp_options;
 
 /* Connects to the job, registers this process and claims its role. NULL + err. */
-dp_t *dp_init(const dp_options *opts, char *err, size_t errlen);
+DP_EXPORT dp_t *dp_init(const dp_options *opts, char *err, size_t errlen);
 /* Becomes a member: an initial member builds the collectives (and, resuming, restores its
  * state from disk); a spare waits, warm, until a failure hands it a rank, then restores that
  * rank's state. DP_OK, DP_STOPPED (the job ended first) or DP_ERR + err. */
-dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen);
+DP_EXPORT dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen);
 /* Leaves the job; returns the process exit status to use (0 done, non-zero otherwise).
  * `how` is the loop's last status (DP_OK: every step done). Frees dp. */
-int dp_finish(dp_t *dp, dp_status how);
+DP_EXPORT int dp_finish(dp_t *dp, dp_status how);
 
-dp_role dp_get_role(const dp_t *dp);
-int dp_rank(const dp_t *dp);            /* -1 while a spare waits */
-int dp_world(const dp_t *dp);
+DP_EXPORT dp_role dp_get_role(const dp_t *dp);
+DP_EXPORT int dp_rank(const dp_t *dp);            /* -1 while a spare waits */
+DP_EXPORT int dp_world(const dp_t *dp);
 /* This rank's place among the job's ranks on its machine (0 = the lowest rank there), -1 for
  * a spare or when it cannot be known (the control plane is gone; rank 0 is always 0). Who
  * writes the final model, when every rank holds it (plain data parallelism, or ZeRO after
@@ -190,28 +200,32 @@ int dp_world(const dp_t *dp);
  * one copy for the job, which is the same thing on one machine or with an --out that every
  * machine shares, but across machines with disks of their own leaves the model on rank 0's
  * machine only (examples/mlp.c, one machine, does this). */
-int dp_local_rank(dp_t *dp);
-int64_t dp_next_step(const dp_t *dp);   /* the step to run next (after a join or a recovery) */
-int64_t dp_steps(const dp_t *dp);       /* --steps */
-uint64_t dp_seed(const dp_t *dp);       /* --seed */
-const char *dp_out_dir(const dp_t *dp); /* --out */
+DP_EXPORT int dp_local_rank(dp_t *dp);
+DP_EXPORT int64_t dp_next_step(const dp_t *dp);   /* the step to run next (after a join or a recovery) */
+DP_EXPORT int64_t dp_steps(const dp_t *dp);       /* --steps */
+DP_EXPORT uint64_t dp_seed(const dp_t *dp);       /* --seed */
+DP_EXPORT const char *dp_out_dir(const dp_t *dp); /* --out */
 /* The checkpoint directory this job resumed from, NULL if none: the application's own files
  * (written by its checkpoint callback) are there. */
-const char *dp_resume_dir(const dp_t *dp);
-long dp_epoch(const dp_t *dp);          /* membership epoch: +1 at every recovery */
+DP_EXPORT const char *dp_resume_dir(const dp_t *dp);
+DP_EXPORT long dp_epoch(const dp_t *dp);          /* membership epoch: +1 at every recovery */
 /* Redis key prefix and address of the current epoch, for a program that builds its own
  * collectives: "dp:JOB:eEPOCH:app:". 0 / -1. */
-int dp_store_prefix(const dp_t *dp, char *out, size_t len);
-const char *dp_last_error(const dp_t *dp);
+DP_EXPORT int dp_store_prefix(const dp_t *dp, char *out, size_t len);
+DP_EXPORT const char *dp_last_error(const dp_t *dp);
+/* DEADPOOL_VERSION of the library as built (it may be newer than the header compiled against). */
+DP_EXPORT const char *dp_version(void);
+/* "ok", "error", "failed", "stopped", "fenced"; "unknown" for any other value. */
+DP_EXPORT const char *dp_status_str(dp_status st);
 
 /* --- the step ------------------------------------------------------------------------- */
 
 /* After the forward/backward of `step`, before any communication: fires injected faults,
  * then waits until the previous generation is committed. DP_OK or DP_FAILED. */
-dp_status dp_step_before_reduce(dp_t *dp, int64_t step);
+DP_EXPORT dp_status dp_step_before_reduce(dp_t *dp, int64_t step);
 /* After the gradient reduction, before the optimizer changes any state: DP_FAILED if the
  * epoch was closed by a failure elsewhere (nothing has changed yet). */
-dp_status dp_step_before_update(dp_t *dp);
+DP_EXPORT dp_status dp_step_before_update(dp_t *dp);
 typedef struct {
     double loss;       /* mean loss of the step over every rank (reported by rank 0) */
     double lr, grad_norm;
@@ -220,30 +234,30 @@ typedef struct {
 /* After the update of `step`: captures generation `step` (the regions, plus `extra` copied
  * now), or with --ft disk writes a checkpoint; reports the step's metrics (may be NULL).
  * DP_OK or DP_FAILED. */
-dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra_len, const dp_metrics *m);
+DP_EXPORT dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra_len, const dp_metrics *m);
 /* 1 once the epoch is closed by a failure elsewhere: a long step may poll it and give up
  * early (then return DP_FAILED from its loop). Safe from any thread. */
-int dp_aborted(const dp_t *dp);
+DP_EXPORT int dp_aborted(const dp_t *dp);
 /* After DP_FAILED: waits for the coordinator's decision, rolls back to the newest generation
  * every rank committed (restore, rebuild), and returns DP_OK with dp_next_step set; or
  * DP_STOPPED / DP_FENCED (leave), DP_ERR + err. A survivor keeps its rank and the world does
  * not change: each failed rank is taken by a spare (dp_rank and dp_world are the same after
  * dp_recover; dp_epoch and dp_get_role, now DP_ROLE_SURVIVOR, are not). */
-dp_status dp_recover(dp_t *dp, char *err, size_t errlen);
+DP_EXPORT dp_status dp_recover(dp_t *dp, char *err, size_t errlen);
 
 /* --- collectives of the current epoch (a fixed-order ring: deterministic) --------------- */
-dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n);
+DP_EXPORT dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n);
 /* The mean over the ranks, in place: the sum of dp_allreduce_sum (the same ring, the same
  * order), then each element multiplied by inv = 1.0f / (float)dp_world(dp), computed once in
  * float. So the bits are the same on every rank and in every run; for a world that is not a
  * power of two an element may differ by 1 ulp from sum / world. Put the step's loss after
  * the gradients (buf[n - 1]) and it is averaged in the same collective: no second allreduce
  * of one float. */
-dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n);
+DP_EXPORT dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n);
 /* out[r*n .. (r+1)*n) = rank r's in[0..n); in may alias out + rank*n. */
-dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n);
-dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root);
-dp_status dp_barrier(dp_t *dp);
+DP_EXPORT dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n);
+DP_EXPORT dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root);
+DP_EXPORT dp_status dp_barrier(dp_t *dp);
 
 /* --- groups: collectives among some of the ranks (tensor-, pipeline-, data-parallel) ----- */
 typedef struct dp_group dp_group;
@@ -253,34 +267,34 @@ typedef struct dp_group dp_group;
  * together with the epoch's own collectives), so join them again after dp_join and after each
  * dp_recover (dp_epoch changed): in the rebuild callback if it needs them. Join groups in the
  * same order on every rank (a rank waits in each join for that group's members). NULL + err. */
-dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *err, size_t errlen);
-int dp_group_index(const dp_group *g);
-int dp_group_size(const dp_group *g);
-dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n);
+DP_EXPORT dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *err, size_t errlen);
+DP_EXPORT int dp_group_index(const dp_group *g);
+DP_EXPORT int dp_group_size(const dp_group *g);
+DP_EXPORT dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n);
 /* dp_allreduce_mean among the group's members: multiplied by 1.0f / (float)dp_group_size(g). */
-dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n);
-dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n);
+DP_EXPORT dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n);
+DP_EXPORT dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n);
 /* Point to point between members (by index), for pipelines. A send is posted and returns at
  * once (the bytes leave when the receiver posts its receive: a send that waited could deadlock
  * two stages sending to each other); buf must stay unchanged until dp_group_wait_sends.
  * Messages between two members under one tag arrive in the order sent. */
-dp_status dp_group_send(dp_group *g, const void *buf, size_t nbytes, int dst, uint32_t tag);
-dp_status dp_group_recv(dp_group *g, void *buf, size_t nbytes, int src, uint32_t tag);
-dp_status dp_group_wait_sends(dp_group *g);
+DP_EXPORT dp_status dp_group_send(dp_group *g, const void *buf, size_t nbytes, int dst, uint32_t tag);
+DP_EXPORT dp_status dp_group_recv(dp_group *g, void *buf, size_t nbytes, int src, uint32_t tag);
+DP_EXPORT dp_status dp_group_wait_sends(dp_group *g);
 
 /* --- checkpoints ---------------------------------------------------------------------- */
 /* Reads and verifies (CRC32C) rank's state in checkpoint directory `dir` and calls
  * fn(arg, g) with it. fn's result, or -1 + err (missing, truncated, corrupt file). */
-int dp_checkpoint_read(const char *dir, int rank, int (*fn)(void *arg, const dp_generation *g), void *arg,
+DP_EXPORT int dp_checkpoint_read(const char *dir, int rank, int (*fn)(void *arg, const dp_generation *g), void *arg,
                        char *err, size_t errlen);
 
 /* Tells the job that the application wrote an output file (e.g. the final model): a
  * `model_saved` event in events.jsonl. */
-void dp_output_saved(dp_t *dp, const char *path);
+DP_EXPORT void dp_output_saved(dp_t *dp, const char *path);
 
 /* --- logging -------------------------------------------------------------------------- */
 /* "[deadpool rank R] message" on stderr. */
-void dp_log(const dp_t *dp, const char *fmt, ...)
+DP_EXPORT void dp_log(const dp_t *dp, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

@@ -4,7 +4,7 @@ from setuptools import setup
 
 setup(
     name="deadpool",
-    version="1.0.0",
+    version="1.1.0",  # include/deadpool.h DEADPOOL_VERSION (tests/e2e_python.sh checks)
     description="DeadPool: in-memory fault tolerance for training loops (binding of libdeadpool)",
     packages=["deadpool"],
     python_requires=">=3.9",

@@ -11,6 +11,16 @@ if make -C "$ROOT" install PREFIX="$PREFIX" >"$WORK/install.log" 2>&1 && [ -x "$
 else notok "make_install_prefix" "$(tail -3 "$WORK/install.log")"; fi
 
 export PKG_CONFIG_PATH="$PREFIX/lib/pkgconfig"
+# One version: the header's, the pkg-config file's, the soname's major; only deadpool.h's
+# functions exported.
+v=$(sed -n 's/^#define DEADPOOL_VERSION "\(.*\)"/\1/p' "$PREFIX/include/deadpool.h")
+others=$(nm -D --defined-only "$PREFIX/lib/libdeadpool.so" | awk '{print $3}' | grep -v '^dp_' | head -5)
+declared=$(grep -c '^DP_EXPORT' "$PREFIX/include/deadpool.h"); exported=$(nm -D --defined-only "$PREFIX/lib/libdeadpool.so" | grep -c ' dp_')
+if [ -n "$v" ] && [ "$(pkg-config --modversion deadpool)" = "$v" ] && [ -f "$PREFIX/lib/libdeadpool.so.${v%%.*}" ] \
+   && objdump -p "$PREFIX/lib/libdeadpool.so" | grep -q "SONAME *libdeadpool.so.${v%%.*}$" && [ -z "$others" ] \
+   && [ "$declared" -eq "$exported" ]; then
+  ok "one_version_and_only_the_api_exported ($v, $exported functions)"
+else notok "one_version_and_only_the_api_exported" "header $v, pc $(pkg-config --modversion deadpool), declared $declared, exported $exported, others: $others"; fi
 mkdir -p "$WORK/user" && cp "$ROOT/examples/mlp.c" "$WORK/user/my_loop.c"
 # Shared: the documented one-liner.
 if (cd "$WORK/user" && cc -std=c11 -Wall -Wextra -o my_loop my_loop.c $(pkg-config --cflags --libs deadpool) -lm) \

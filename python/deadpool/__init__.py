@@ -22,10 +22,16 @@ import enum
 from . import _lib
 from ._lib import find as find_library  # noqa: F401  (public: where the library is)
 
-__all__ = ["Job", "Callbacks", "Region", "Generation", "Group", "Status", "Role", "Kind", "Error",
+__all__ = ["version", "Job", "Callbacks", "Region", "Generation", "Group", "Status", "Role", "Kind", "Error",
            "checkpoint_read", "find_library", "API_VERSION"]
 
 API_VERSION = 1  # DEADPOOL_API_VERSION of the deadpool.h this binding covers
+__version__ = "1.1.0"  # DEADPOOL_VERSION of that deadpool.h
+
+
+def version():
+    """The loaded library's version (dp_version)."""
+    return _lib.lib().dp_version().decode()
 
 
 class Status(enum.IntEnum):
@@ -34,6 +40,9 @@ class Status(enum.IntEnum):
     FAILED = 1     # the step failed (a peer died, the epoch closed): call Job.recover
     STOPPED = 2    # the job is over: leave with Job.finish
     FENCED = 3     # a newer epoch replaced this process (it hung or was cut off): leave
+
+    def __str__(self):  # the library's name for it (dp_status_str)
+        return _lib.lib().dp_status_str(int(self)).decode()
 
 
 class Role(enum.IntEnum):

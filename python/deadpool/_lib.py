@@ -22,14 +22,14 @@ def _candidates():
         return
     here = os.path.dirname(os.path.abspath(__file__))
     for up in ("../../..", "../../../.."):  # PREFIX/lib/python3/dist-packages, PREFIX/lib/python3.X/site-packages
-        yield os.path.normpath(os.path.join(here, up, "libdeadpool.so.1"))
+        yield os.path.normpath(os.path.join(here, up, "libdeadpool.so"))
     # The source tree: python/deadpool -> build/.
     yield os.path.normpath(os.path.join(here, "..", "..", "build", "libdeadpool.so"))
     exe = shutil.which("deadpool")
     if exe:
         d = os.path.dirname(os.path.realpath(exe))
         yield os.path.join(d, "build", "libdeadpool.so")
-        yield os.path.normpath(os.path.join(d, "..", "lib", "libdeadpool.so.1"))
+        yield os.path.normpath(os.path.join(d, "..", "lib", "libdeadpool.so"))
 
 
 def find():
@@ -103,6 +103,8 @@ def _declare(lib):
         "dp_epoch": (ctypes.c_long, [P]),
         "dp_store_prefix": (I, [P, P, SZ]),
         "dp_last_error": (S, [P]),
+        "dp_version": (S, []),
+        "dp_status_str": (S, [I]),
         "dp_replica_spread": (None, [P, I]),
         "dp_step_before_reduce": (I, [P, I64]),
         "dp_step_before_update": (I, [P]),

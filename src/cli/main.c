@@ -256,7 +256,7 @@ static void python_env(void) {
     snprintf(probe, sizeof probe, "%s/deadpool/__init__.py", path);
     if (access(probe, R_OK) != 0) { /* an install: PREFIX/bin/deadpool */
         snprintf(path, sizeof path, "%s/../lib/python3/dist-packages", self);
-        snprintf(lib, sizeof lib, "%s/../lib/libdeadpool.so.1", self);
+        snprintf(lib, sizeof lib, "%s/../lib/libdeadpool.so", self);
         snprintf(probe, sizeof probe, "%s/deadpool/__init__.py", path);
         if (access(probe, R_OK) != 0) return;
     }

@@ -127,6 +127,18 @@ static const char *key(char *buf, size_t len, ctl_key k, long long a, long long 
 }
 
 const char *dp_last_error(const dp_t *dp) { return dp->err; }
+const char *dp_version(void) { return DEADPOOL_VERSION; }
+
+const char *dp_status_str(dp_status st) {
+    switch (st) {
+    case DP_OK: return "ok";
+    case DP_ERR: return "error";
+    case DP_FAILED: return "failed";
+    case DP_STOPPED: return "stopped";
+    case DP_FENCED: return "fenced";
+    }
+    return "unknown";
+}
 dp_role dp_get_role(const dp_t *dp) { return dp->role; }
 int dp_rank(const dp_t *dp) { return dp->rank; }
 int dp_world(const dp_t *dp) { return dp->cfg.workers; }

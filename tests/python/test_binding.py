@@ -43,6 +43,12 @@ check("roles_match_the_header", all(values.get("ROLE_" + r.name) == r.value for 
 check("kinds_match_the_header", all(values.get(k.name) == k.value for k in deadpool.Kind), values)
 m = re.search(r"#define DEADPOOL_API_VERSION (\d+)", header)
 check("api_version_matches_the_header", m and int(m.group(1)) == deadpool.API_VERSION)
+v = re.search(r'#define DEADPOOL_VERSION "([^"]+)"', header).group(1)
+setup = open(os.path.join(ROOT, "python", "setup.py")).read()
+check("one_version_header_library_package", deadpool.version() == v and deadpool.__version__ == v
+      and 'version="%s"' % v in setup, (v, deadpool.version(), deadpool.__version__))
+check("status_names_from_the_library", [str(s) for s in deadpool.Status] == ["ok", "error", "failed", "stopped", "fenced"],
+      [str(s) for s in deadpool.Status])
 
 msg = raises(lambda: deadpool.Job())
 check("job_outside_a_job_says_how_to_start_it", msg and "deadpool run" in msg, msg)

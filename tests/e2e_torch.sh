@@ -8,7 +8,7 @@ PY=/usr/bin/python3
 TRAIN=("$PY" "$ROOT/examples/torch/train_gpt2.py")
 if ! "$PY" -c 'import torch' 2>/dev/null; then
   for c in torch_deterministic torch_kill torch_hang torch_failure_during_recovery torch_two_faults torch_two_at_once_1_and_2 torch_two_at_once_0_and_2 \
-           torch_no_spare_persist_then_resume torch_ft_disk torch_zero1_equals_plain torch_zero1_kill \
+           torch_no_spare_persist_then_resume torch_ctrl_c_keeps_the_work torch_ft_disk torch_zero1_equals_plain torch_zero1_kill \
            torch_machine_crash; do echo "not ok - $c (no torch for $PY: scripts/install-deps.sh --test)"; done
   exit 1
 fi
@@ -57,6 +57,22 @@ if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/nospare.log" && [ $rc
   ok "torch_no_spare_persist_then_resume"
 else notok "torch_no_spare_persist_then_resume" "rc $rc $rc2; checkpoint ${ck:-none}" "$(tail -3 "$WORK/nospare.log")" \
   "$(tail -3 "$WORK/nospare.resume.log")"; fi
+
+# Ctrl-C keeps the work (no --persist-every): the newest step every rank committed is written
+# before the job stops, and --resume ends with the failure-free model.
+mkdir -p "$WORK/sigint"
+timeout -k 30 180 "$DP" run --out "$WORK/sigint" "${BASE[@]}" --spares 1 -- "${TRAIN[@]}" >"$WORK/sigint.stdout" 2>"$WORK/sigint.log" &
+pid=$!
+for _ in $(seq 1200); do grep -qE "^step +6/" "$WORK/sigint.stdout" 2>/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+# To the launcher itself: timeout would relay the signal to its process group as well, a second Ctrl-C.
+kill -INT "$(pgrep -P $pid | head -1)" 2>/dev/null; wait $pid; rc=$?
+timeout -k 5 180 "$DP" run --resume "$WORK/sigint" >"$WORK/sigint.resume.stdout" 2>"$WORK/sigint.resume.log"; rc2=$?
+if [ $rc -eq 130 ] && grep -q '"event":"kept_on_stop"' "$WORK/sigint/events.jsonl" && [ $rc2 -eq 0 ] \
+   && cmp -s "$WORK/ref/model.pt" "$WORK/sigint/model.pt" && no_leftovers "$WORK/sigint"; then
+  ok "torch_ctrl_c_keeps_the_work ($(grep -o 'writing step [0-9]*' "$WORK/sigint.log"))"
+else notok "torch_ctrl_c_keeps_the_work" "rc $rc $rc2; kept $(grep -c kept_on_stop "$WORK/sigint/events.jsonl");" \
+  "$(cmp "$WORK/ref/model.pt" "$WORK/sigint/model.pt" 2>&1); $(no_leftovers "$WORK/sigint" || echo left)" \
+  "$(tail -3 "$WORK/sigint.log")" "$(tail -3 "$WORK/sigint.resume.log")"; fi
 
 # ZeRO-1: the same parameters as plain data parallelism (values: the file's storage layout
 # differs), and a kill of a rank that owns a slice, then of another, ends byte-identical.

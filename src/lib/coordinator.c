@@ -657,6 +657,15 @@ static void persist_for_fallback(Coordinator *c, long long g) {
     ctl_notify_many(c->ctl, c->procs, c->cfg->workers, "notice", -1);
 }
 
+long long coord_persist_on_stop(Coordinator *c) {
+    long long g = ctl_committed_min(c->ctl, c->epoch, c->cfg->workers);
+    if (g < c->rollback) g = c->rollback;
+    if (g < 0) return -1;
+    persist_for_fallback(c, g); /* the request first: members answer it once they wait */
+    close_epoch(c);             /* so that they stop training and wait */
+    return g;
+}
+
 /* No live spare for every failed rank: persist generation g once, then wait --spare-wait
  * seconds for spares; after that the job fails with `why`. */
 static coord_state no_spare(Coordinator *c, long long g, const char *why) {

@@ -52,6 +52,10 @@ coord_state coord_tick(Coordinator *c, int *spares_used);
 int coord_tick_due_ms(const Coordinator *c);
 /* Why the job cannot continue (after COORD_FAILED). */
 const char *coord_message(const Coordinator *c);
+/* The job is being stopped (Ctrl-C, SIGTERM): asks every member to write the newest generation
+ * all of them committed to disk (the no-spare fallback's request) and closes the epoch so that
+ * they leave their step and answer it. That generation, -1 if none was committed. */
+long long coord_persist_on_stop(Coordinator *c);
 long coord_epoch(const Coordinator *c);
 /* The first failure the coordinator could not hot-swap (for the --ft disk restart path):
  * its rank, kind and wall-clock time. -1 if none. */

@@ -897,6 +897,38 @@ static void lease_tick(Launcher *L) {
 static void follow(Launcher *L);
 static void supervise(Launcher *L);
 
+/* Ctrl-C or SIGTERM (scancel, a time limit) keeps the work: the newest generation every rank
+ * committed is in their memory, so it is written to --out (each rank its own state, as when no
+ * spare is left) before the job stops, and `--resume` continues from it. Bounded: a second
+ * signal, or 30 s, and the job stops with what is on disk. */
+static void keep_on_stop(Launcher *L) {
+    char err[256];
+    long long g = coord_persist_on_stop(L->coord);
+    if (g < 0 || checkpoint_latest(L->run_cfg.out, err, sizeof err) >= g) return;
+    log_msg("stopping: writing step %lld, the newest every rank committed, to %s/ckpt (Ctrl-C again to skip)", g + 1,
+            L->run_cfg.out);
+    sig_atomic_t first = stop_signal;
+    stop_signal = 0;
+    double deadline = now_ms() + 30000;
+    while (!stop_signal && now_ms() < deadline && L->coordinating) {
+        char k[64], done[32];
+        if (L->cfg->nnodes == 0 ? checkpoint_latest(L->run_cfg.out, err, sizeof err) >= g
+                                : ctl_get(L->ctl, ctl_key_suffix(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
+                                      atoll(done) >= g) {
+            log_msg("step %lld is on disk: continue with `deadpool run --resume %s`", g + 1, L->run_cfg.out);
+            event_emit(L->ctl, L->t0_wall_ms, "kept_on_stop", "\"step\":%lld", g + 1);
+            break;
+        }
+        lease_tick(L);
+        launcher_beat(L);
+        reap_children(L);
+        drain_outputs(L);
+        sleep_ms(50);
+    }
+    if (now_ms() >= deadline) log_msg("stopping: step %lld was not written within 30 s", g + 1);
+    stop_signal = first;
+}
+
 /* Across machines a launcher may change roles: it coordinates while it holds the lease. */
 static void run_roles(Launcher *L) {
     while (!stop_signal && !L->failed && !L->job_done && !L->redis_lost) {
@@ -1331,6 +1363,8 @@ int launcher_run(const JobConfig *cfg) {
         if (!L.coordinating) goto follower_end; /* held up, and another machine coordinates now */
     }
 coordinator_end:;
+    if (stop_signal && L.coordinating && !L.failed && !L.job_done && !L.redis_lost && cfg->ft == FT_DEADPOOL)
+        keep_on_stop(&L);
 
     const char *state = stop_signal ? "stopping" : L.failed || L.redis_lost ? "failed" : "done";
     if (L.redis_lost) {

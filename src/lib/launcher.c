@@ -1097,8 +1097,9 @@ static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
     int keyed = ctl_config_get(L->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, k) == 0;
     explicit_bzero(secret, sizeof secret);
     if (!keyed) { snprintf(err, errlen, "job '%s' has no replica channel secret", L->job); return -1; }
-    L->shards = replica_server_start(L->bind_addr, 0, L->job, L->cfg->workers, k, err, errlen);
-    ReplicaConn *c = L->shards ? replica_connect(L->bind_addr, replica_server_port(L->shards), 10000, 0, k, err, errlen) : NULL;
+    L->shards = replica_server_start(L->bind_addr, 0, L->job, L->cfg->workers, 0 /* a launcher */, k, err, errlen);
+    ReplicaConn *c = L->shards ? replica_connect(L->bind_addr, replica_server_port(L->shards), 0, 10000, 0, k, err, errlen)
+                               : NULL;
     explicit_bzero(k, sizeof k);
     if (!c) return -1;
     int served = 0;

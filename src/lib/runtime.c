@@ -250,7 +250,7 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
                  "deadpool?)", dp->job);
         return -1;
     }
-    dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, dp->cfg.workers, key, err, errlen);
+    dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, dp->cfg.workers, dp->proc_id, key, err, errlen);
     explicit_bzero(key, sizeof key);
     if (!dp->replicas) return -1;
     char addr[300], host[256] = "", pid[32];
@@ -636,8 +636,9 @@ static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_ep
             char err[256];
             /* Connecting includes the holder's proof of the job's key, so it waits for the
              * holder's threads like the GET does: the same bound, not a bare TCP connect's. */
-            ReplicaConn *c = replica_connect(holders[i].host, holders[i].port, job_comm_timeout_ms(&dp->cfg), 0,
-                                             replica_server_key(dp->replicas), err, sizeof err);
+            ReplicaConn *c = replica_connect(holders[i].host, holders[i].port, holders[i].proc,
+                                             job_comm_timeout_ms(&dp->cfg), 0, replica_server_key(dp->replicas), err,
+                                             sizeof err);
             if (!c) {
                 log_msg("rank %d's holder %s:%d: %s", rank, holders[i].host, holders[i].port, err);
                 continue;
@@ -676,8 +677,8 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     if (!colon) return -1;
     *colon = 0;
     char cerr[256];
-    ReplicaConn *c = replica_connect(where, atoi(colon + 1), job_comm_timeout_ms(&dp->cfg) + 5000, 0,
-                                     replica_server_key(dp->replicas), cerr, sizeof cerr);
+    ReplicaConn *c = replica_connect(where, atoi(colon + 1), 0 /* a launcher */, job_comm_timeout_ms(&dp->cfg) + 5000,
+                                     0, replica_server_key(dp->replicas), cerr, sizeof cerr);
     if (!c) {
         snprintf(err, errlen, "rank %d's state of step %lld: not on this machine, and its machine's launcher at %s:%s "
                  "cannot be reached: %s", rank, (long long)step + 1, where, colon + 1, cerr);
@@ -1094,6 +1095,7 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         snprintf(targets[i].host, sizeof targets[i].host, "%s", holders[i].host);
         targets[i].port = holders[i].port;
+        targets[i].proc = holders[i].proc;
     }
     if (!dp->snap_ctl) dp->snap_ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen);
     if (!dp->snap_ctl) return -1;

@@ -342,6 +342,11 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     int64_t offset;
     if (ctl_clock_offset(dp->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
     if (read_job(dp, err, errlen) != 0) goto fail;
+    if (!o.spare && o.rank >= dp->cfg.workers) { /* refused now, not later by the collectives */
+        snprintf(err, errlen, "--rank %d: job '%s' has %d ranks (0 to %d)", o.rank, dp->job, dp->cfg.workers,
+                 dp->cfg.workers - 1);
+        goto fail;
+    }
     /* A launcher draws its processes' ids, so that it can report their exits by id. Read once:
      * a process this one starts must not take the same id. */
     dp->proc_id = proc && atol(proc) > 0 ? atol(proc) : ctl_new_proc_id(dp->ctl);

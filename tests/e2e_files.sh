@@ -122,10 +122,12 @@ if [ $rc -ne 0 ] && [ "$(cat "$WORK/victim")" = secret ] && grep -q "metrics.jso
 else notok "log_file_link_in_out_refused" "rc $rc victim '$(head -c 60 "$WORK/victim")'" "$(tail -2 "$WORK/o7d.log")"; fi
 
 # 8. The disk-full rescue: a new private directory of an unpredictable name in TMPDIR, and the
-# last line names where the model went. (Root: a tiny tmpfs as --out.)
+# last line names where the model went; (17) the checkpoints that failed for want of room leave
+# no empty step directory behind. (Root: a tiny tmpfs as --out.)
 if [ "$(id -u)" -eq 0 ] && mkdir -p "$WORK/full" && mount -t tmpfs -o size=300k,mode=700 tmpfs "$WORK/full" 2>/dev/null; then
   mkdir -m 1777 "$WORK/tmp"
-  TMPDIR="$WORK/tmp" run_job "$WORK/full" 120 "${BASE[@]}" --steps 4; rc=$?
+  TMPDIR="$WORK/tmp" run_job "$WORK/full" 120 "${BASE[@]}" --steps 4 --persist-every 2; rc=$?
+  empty=$(find "$WORK/full" -type d -empty -name 'step_*' | tr '\n' ' ')
   rescue=$(grep -o "written to [^ ]* instead" "$WORK/full.log" | cut -d' ' -f3)
   dir=$(dirname "$rescue")
   last_line=$(grep "done:" "$WORK/full.log" | tail -1)
@@ -133,9 +135,13 @@ if [ "$(id -u)" -eq 0 ] && mkdir -p "$WORK/full" && mount -t tmpfs -o size=300k,
      && [[ "$last_line" == *"model in $rescue"* ]]; then
     ok "full_disk_rescue_private_and_named ($rescue)"
   else notok "full_disk_rescue_private_and_named" "rc $rc rescue '$rescue' mode $(stat -c %a "$dir" 2>&1)" "$last_line"; fi
+  if [ $rc -eq 0 ] && grep -q "persist step 2: .*No space left" "$WORK/full.log" && [ -z "$empty" ]; then
+    ok "failed_checkpoints_leave_no_empty_step_directory"
+  else notok "failed_checkpoints_leave_no_empty_step_directory" "rc $rc empty: $empty" "$(grep persist "$WORK/full.log" | head -2)"; fi
   umount "$WORK/full"
 else
   echo "ok - full_disk_rescue_private_and_named # skip needs root and tmpfs"
+  echo "ok - failed_checkpoints_leave_no_empty_step_directory # skip needs root and tmpfs"
 fi
 
 # 17. An --out that is a file is named as such, not as "in use by another running job".

@@ -49,6 +49,7 @@ int checkpoint_write_shard(const char *dir, const SnapHeader *h, const SnapRegio
     for (int i = 0; i < nregions; i++) parts[i + 1] = (struct iovec){(void *)regions[i].ptr, regions[i].len};
     int rc = write_file_atomic(path, parts, nregions + 1, err, errlen);
     free(parts);
+    if (rc != 0) rmdir(d); /* a step directory this left empty (a full disk) goes; another rank's files keep it */
     return rc;
 }
 

@@ -91,6 +91,10 @@ $(BUILD)/bench/update_place: bench/update_place.c $(BUILD)/gpt2/optimizer.o $(BU
 $(BUILD)/bench/copy_floor $(BUILD)/bench/update_place:
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(GPT2_INC) -o $@ $(filter %.c %.o,$^) -lm
+# The replica payload's MAC against the CRC (replica.c).
+$(BUILD)/bench/payload_mac: bench/payload_mac.c $(BUILD)/lib/checksum.o $(BUILD)/common/util.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(LIB_INC) -o $@ $^ -lsodium -lm
 
 # Fuzzing (docs/RELIABILITY.md). `make fuzz` builds the libFuzzer harnesses tests/fuzz/fuzz_NAME.c
 # with clang under ASan+UBSan into build/fuzz/fuzz_NAME; tests/fuzz/run.sh [SECONDS] runs them.

@@ -43,7 +43,7 @@ one_run() {
     corrupt_replica) args+=(--persist-every 5 --inject "corrupt:$rank@$at" --inject "kill:$rank@$at") ;;
     recovery_failure) args+=(--inject "kill:$rank@$at" --inject "rkill:$rank@1"); faults=2 ;;
     redis_kill | redis_stop) outside=$kind ;;
-    disk_full) mkdir -p "$out" && mount -t tmpfs -o size=300k tmpfs "$out" || return 0 ;;
+    disk_full) mkdir -p "$out" && mount -t tmpfs -o size=300k,mode=700 tmpfs "$out" || return 0 ;;
   esac
   mkdir -p "$out"
   TMPDIR="$WORK" "$DP" run --out "$out" "${COMMON[@]}" "${args[@]}" >"$out.stdout" 2>"$out.log" &

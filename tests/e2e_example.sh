@@ -90,7 +90,8 @@ expect_same example_ft_disk_restart 1 --spares 0 --ft disk --ckpt-every 25 --inj
 # No spare left: the committed state goes to disk (the failed rank's from its replica), the
 # job stops telling how to resume, and the resumed job ends with the same model.
 run_job "$WORK/nospare" 120 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --inject kill:1@77 -- "$MLP"; rc=$?
-timeout -k 5 120 "$DP" run --resume "$WORK/nospare" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
+# (the program is named again: a checkpoint never names what runs)
+timeout -k 5 120 "$DP" run --resume "$WORK/nospare" -- "$MLP" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
 if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/nospare.log" && [ $rc2 -eq 0 ] \
    && cmp -s "$WORK/ref/model.bin" "$WORK/nospare/model.bin" && no_leftovers "$WORK/nospare"; then
   ok "example_no_spare_persist_then_resume"

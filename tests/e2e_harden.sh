@@ -69,7 +69,7 @@ else notok "non_utf8_path_valid_json" "rc $rc"; fi
 
 # The final model cannot be written to --out (a full disk): it goes to the temporary directory,
 # no spare is swapped into the finished job. (Root: a tiny tmpfs.)
-if [ "$(id -u)" -eq 0 ] && mkdir -p "$WORK/full" && mount -t tmpfs -o size=300k tmpfs "$WORK/full" 2>/dev/null; then
+if [ "$(id -u)" -eq 0 ] && mkdir -p "$WORK/full" && mount -t tmpfs -o size=300k,mode=700 tmpfs "$WORK/full" 2>/dev/null; then
   TMPDIR="$WORK" run_job "$WORK/full" 120 --workers 1 --spares 1 "${BASE[@]}"; rc=$?
   rescue=$(grep -o "written to [^ ]* instead" "$WORK/full.log" | cut -d' ' -f3)
   if [ $rc -eq 0 ] && [ -n "$rescue" ] && cmp -s "$rescue" "$WORK/ref1/model.bin" && ! grep -q '"event":"failure"' "$WORK/full/events.jsonl"; then

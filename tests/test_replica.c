@@ -8,7 +8,9 @@
  * bounded client calls, reconnecting, and a prompt stop with transfers in flight; the
  * same-machine PULL (used when allowed, refused when the source cannot be trusted or read,
  * the PUT tests again with pulling); RESERVE faulting in an owner's slots ahead of its first
- * PUT without giving up a held generation. Prints the PUT/GET throughput for a 32 MiB payload
+ * PUT without giving up a held generation; a process squatting a dead holder's port that
+ * relays to another holder and forges the payload (CRC fixed up), and payloads altered on the
+ * way with their CRC fixed up, are refused. Prints the PUT/GET throughput for a 32 MiB payload
  * (not asserted). */
 #include "checksum.h"
 #include "harness.h"
@@ -32,6 +34,7 @@
 #define JOB "testjob"
 #define WORLD 8
 #define TIMEOUT_MS 10000
+#define PROC 7 /* the job's process id of every holder the tests start (unless said otherwise) */
 
 /* The job's channel key (main derives it from a fresh secret), and another job's. */
 static unsigned char KEY[REPLICA_KEY_BYTES], OTHER_KEY[REPLICA_KEY_BYTES];
@@ -75,7 +78,7 @@ static SnapHeader make_header(const char *job, int rank, int64_t step, const voi
 
 static ReplicaServer *start_server(void) {
     char err[256] = "";
-    ReplicaServer *s = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    ReplicaServer *s = replica_server_start("127.0.0.1", 0, JOB, WORLD, PROC, KEY, err, sizeof err);
     CHECK(s != NULL, "server start: %s", err);
     if (s) CHECK(replica_server_port(s) > 0, "port %d", replica_server_port(s));
     return s;
@@ -83,7 +86,8 @@ static ReplicaServer *start_server(void) {
 
 static ReplicaConn *connect_to(ReplicaServer *s) {
     char err[256] = "";
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(s), TIMEOUT_MS, ALLOW_PULL, KEY, err, sizeof err);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(s), PROC, TIMEOUT_MS, ALLOW_PULL, KEY, err,
+                                     sizeof err);
     CHECK(c != NULL, "connect: %s", err);
     return c;
 }
@@ -178,31 +182,46 @@ typedef struct {
     uint64_t tx, rx;
 } RawConn;
 
+/* MAC(key, label || nh || nc || id): id is the holder's identity, "PROC@HOST:PORT". */
 static void raw_label(unsigned char out[crypto_auth_BYTES], const unsigned char *key, const char *label,
-                      const unsigned char *nh, const unsigned char *nc) {
-    unsigned char in[64 + 64];
-    size_t n = strlen(label);
+                      const unsigned char *nh, const unsigned char *nc, const char *id) {
+    unsigned char in[64 + 64 + 300];
+    size_t n = strlen(label), k = strlen(id);
     memcpy(in, label, n);
     memcpy(in + n, nh, 32);
     memcpy(in + n + 32, nc, 32);
-    crypto_auth(out, in, n + 64, key);
+    memcpy(in + n + 64, id, k);
+    crypto_auth(out, in, n + 64 + k, key);
 }
 
-/* Connects and runs the client's handshake with `key`. 0 (authenticated), -1 (the holder
- * closed: our proof was refused), -2 (the holder's proof is wrong), -3 (no connection). */
-static int raw_open_key(int port, const unsigned char *key, RawConn *rc) {
+/* The identity of holder process proc listening on 127.0.0.1:port. */
+static const char *holder_id(char id[300], long proc, int port) {
+    snprintf(id, 300, "%ld@127.0.0.1:%d", proc, port);
+    return id;
+}
+
+/* Connects to port and runs the client's handshake with `key`, meaning holder `id`. 0
+ * (authenticated), -1 (the holder closed: our proof was refused), -2 (the holder's proof is
+ * wrong), -3 (no connection). */
+static int raw_open_as(int port, const unsigned char *key, const char *id, RawConn *rc) {
     memset(rc, 0, sizeof *rc);
     rc->fd = raw_tcp(port);
     if (rc->fd < 0) return -3;
     unsigned char hello[36], answer[64], proof[32], want[32];
-    if (raw_recv(rc->fd, hello, sizeof hello) != 0 || memcmp(hello, "DPR1", 4) != 0) return -1;
+    if (raw_recv(rc->fd, hello, sizeof hello) != 0 || memcmp(hello, "DPR2", 4) != 0) return -1;
     randombytes_buf(answer, 32);
-    raw_label(answer + 32, key, "DPrepl01 client", hello + 4, answer);
+    raw_label(answer + 32, key, "DPrepl02 client", hello + 4, answer, id);
     if (raw_send(rc->fd, answer, sizeof answer) != 0 || raw_recv(rc->fd, proof, sizeof proof) != 0) return -1;
-    raw_label(want, key, "DPrepl01 holder", hello + 4, answer);
+    raw_label(want, key, "DPrepl02 holder", hello + 4, answer, id);
     if (crypto_verify_32(proof, want) != 0) return -2;
-    raw_label(rc->ks, key, "DPrepl01 session", hello + 4, answer);
+    raw_label(rc->ks, key, "DPrepl02 session", hello + 4, answer, id);
     return 0;
+}
+
+/* The same, meaning holder PROC on that port, as the job's processes connect to it. */
+static int raw_open_key(int port, const unsigned char *key, RawConn *rc) {
+    char id[300];
+    return raw_open_as(port, key, holder_id(id, PROC, port), rc);
 }
 
 static int raw_open(ReplicaServer *s, RawConn *rc) { return raw_open_key(replica_server_port(s), KEY, rc); }
@@ -219,6 +238,15 @@ static void raw_tag(const RawConn *rc, char dir, uint64_t seq, const void *msg, 
     memcpy(in + 1, &seq, 8);
     memcpy(in + 9, msg, len);
     crypto_auth(tag, in, 9 + len, rc->ks);
+}
+
+/* The Poly1305 tag of a payload that follows message number seq sent in direction dir, with
+ * the one-time key replica.c's comment specifies. */
+static void raw_payload_tag(const unsigned char *ks, char dir, uint64_t seq, const void *payload, size_t len,
+                            unsigned char tag[crypto_onetimeauth_BYTES]) {
+    unsigned char otk[crypto_onetimeauth_KEYBYTES];
+    crypto_kdf_derive_from_key(otk, sizeof otk, seq, dir == 'C' ? "DPpayC02" : "DPpayH02", ks);
+    crypto_onetimeauth(tag, payload, len, otk);
 }
 
 /* Sends a request (type byte first) and its tag. */
@@ -248,12 +276,16 @@ static int32_t raw_reply(RawConn *rc, SnapHeader *h) {
 
 static int32_t raw_status(RawConn *rc) { return raw_reply(rc, NULL); }
 
-/* Sends 'P' + header (tagged) + the first `part` bytes of the payload. */
+/* Sends 'P' + header (tagged) + the first `part` bytes of the payload, and the payload's tag
+ * when that is all of it. */
 static int raw_put_partial(RawConn *rc, const SnapHeader *h, const void *payload, size_t part) {
-    unsigned char req[1 + sizeof *h] = {REPLICA_REQ_PUT};
+    unsigned char req[1 + sizeof *h] = {REPLICA_REQ_PUT}, tag[crypto_onetimeauth_BYTES];
     memcpy(req + 1, h, sizeof *h);
     if (raw_request(rc, req, sizeof req) != 0) return -1;
-    return raw_send(rc->fd, payload, part);
+    if (raw_send(rc->fd, payload, part) != 0) return -1;
+    if (part != h->length) return 0;
+    raw_payload_tag(rc->ks, 'C', rc->tx - 1, payload, part, tag);
+    return raw_send(rc->fd, tag, sizeof tag);
 }
 
 /* A GET request by hand. */
@@ -544,7 +576,7 @@ typedef struct {
 
 static void *put_gen3(void *arg) {
     PutJob *j = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(j->s), TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(j->s), PROC, TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
     replica_status st = c ? put_gen(c, 0, 3, j->len) : REPLICA_IO;
     replica_close(c);
     pthread_mutex_lock(&j->mu);
@@ -621,7 +653,7 @@ static size_t cc_len(int rank, int64_t gen) { return (256u << 10) + (size_t)rank
 
 static void *cc_writer(void *arg) {
     WriterArg *w = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(w->s), TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(w->s), PROC, TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
     for (int g = 0; g < CC_GENS && c; g++)
         if (put_gen(c, w->rank, g, cc_len(w->rank, g)) != REPLICA_OK) w->failures++;
     if (!c) w->failures++;
@@ -641,7 +673,7 @@ static int cc_writers_left(ReaderArg *r) {
 
 static void *cc_reader(void *arg) {
     ReaderArg *r = arg;
-    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(r->s), TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
+    ReplicaConn *c = replica_connect("127.0.0.1", replica_server_port(r->s), PROC, TIMEOUT_MS, ALLOW_PULL, KEY, NULL, 0);
     if (!c) {
         r->bad++;
         return NULL;
@@ -945,7 +977,12 @@ static void test_reserve_prepares_slots_and_keeps_generations(void) {
 typedef struct {
     int lfd, port;
     const unsigned char *key;
+    long proc;           /* who it claims to be: holder process proc on its port */
     int bad_proof;
+    /* When set, answers one GET with this generation, as an on-path attacker would pass it
+     * on: the genuine header and payload tag, the payload altered with its CRC fixed up. */
+    const SnapHeader *serve_h;
+    const unsigned char *serve_payload;
     int client_proof_ok; /* the client's proof checked out */
     volatile int stop;   /* the test is done with it */
 } FakeHolder;
@@ -961,20 +998,77 @@ static int fake_listen(FakeHolder *f) {
     return 0;
 }
 
+/* Changes 32 floats at p[0..128) and then the 4 bytes at p[128..132) so that the payload's
+ * CRC32C is what it was: anyone can, the CRC is linear over GF(2). Solves for the bits to flip
+ * from the effect of each single flip. len >= 132. */
+static void forge_keeping_crc(unsigned char *p, size_t len) {
+    uint32_t want = crc32c(0, p, len);
+    for (int i = 0; i < 32; i++) {
+        float v;
+        memcpy(&v, p + 4 * i, 4);
+        v = v * 2.0f + 1.0f;
+        memcpy(p + 4 * i, &v, 4);
+    }
+    uint32_t base = crc32c(0, p, len), piv_v[32] = {0}, piv_m[32] = {0};
+    for (int i = 0; i < 32; i++) { /* the column of bit i of the 4 bytes, reduced into the pivots */
+        p[128 + i / 8] ^= (unsigned char)(1u << (i % 8));
+        uint32_t v = crc32c(0, p, len) ^ base, m = 1u << i;
+        p[128 + i / 8] ^= (unsigned char)(1u << (i % 8));
+        for (int b = 31; b >= 0 && v; b--) {
+            if (!((v >> b) & 1)) continue;
+            if (!piv_v[b]) { piv_v[b] = v; piv_m[b] = m; break; }
+            v ^= piv_v[b];
+            m ^= piv_m[b];
+        }
+    }
+    uint32_t v = base ^ want, m = 0;
+    for (int b = 31; b >= 0; b--)
+        if (((v >> b) & 1) && piv_v[b]) { v ^= piv_v[b]; m ^= piv_m[b]; }
+    for (int i = 0; i < 32; i++)
+        if ((m >> i) & 1) p[128 + i / 8] ^= (unsigned char)(1u << (i % 8));
+}
+
+/* The holder's side of one GET (the handshake done, with nonces nh, nc and identity id): the
+ * request read, then f->serve_h with its genuine tags, and the payload forged. */
+static void fake_serve_forged_get(FakeHolder *f, int fd, const unsigned char *nh, const unsigned char *nc,
+                                  const char *id) {
+    RawConn rc = {.fd = fd};
+    unsigned char req[1 + 40 + 4 + 8 + 32], msg[4 + sizeof(SnapHeader)], tag[32], ptag[crypto_onetimeauth_BYTES];
+    raw_label(rc.ks, f->key, "DPrepl02 session", nh, nc, id);
+    if (raw_recv(fd, req, sizeof req) != 0) return;
+    int32_t ok = REPLICA_OK;
+    memcpy(msg, &ok, 4);
+    memcpy(msg + 4, f->serve_h, sizeof(SnapHeader));
+    raw_tag(&rc, 'H', 0, msg, sizeof msg, tag);
+    size_t len = f->serve_h->length;
+    raw_payload_tag(rc.ks, 'H', 0, f->serve_payload, len, ptag); /* the tag of the genuine bytes */
+    unsigned char *forged = malloc(len);
+    memcpy(forged, f->serve_payload, len);
+    forge_keeping_crc(forged, len);
+    raw_send(fd, msg, sizeof msg);
+    raw_send(fd, tag, sizeof tag);
+    raw_send(fd, forged, len);
+    raw_send(fd, ptag, sizeof ptag);
+    free(forged);
+}
+
 static void *fake_holder_main(void *arg) {
     FakeHolder *f = arg;
     int fd = accept(f->lfd, NULL, NULL);
     if (fd < 0) return NULL;
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    unsigned char hello[36] = "DPR1", answer[64], proof[32];
+    unsigned char hello[36] = "DPR2", answer[64], proof[32];
+    char id[300];
+    holder_id(id, f->proc, f->port);
     randombytes_buf(hello + 4, 32);
     if (raw_send(fd, hello, sizeof hello) == 0 && raw_recv(fd, answer, sizeof answer) == 0) {
-        raw_label(proof, f->key, "DPrepl01 client", hello + 4, answer);
+        raw_label(proof, f->key, "DPrepl02 client", hello + 4, answer, id);
         f->client_proof_ok = crypto_verify_32(proof, answer + 32) == 0;
-        raw_label(proof, f->key, "DPrepl01 holder", hello + 4, answer);
+        raw_label(proof, f->key, "DPrepl02 holder", hello + 4, answer, id);
         if (f->bad_proof) randombytes_buf(proof, sizeof proof);
         raw_send(fd, proof, sizeof proof);
+        if (f->serve_h) fake_serve_forged_get(f, fd, hello + 4, answer, id);
         for (int i = 0; i < 500 && !f->stop; i++) sleep_ms(10); /* mute from here on, reading nothing */
     }
     close(fd);
@@ -983,22 +1077,22 @@ static void *fake_holder_main(void *arg) {
 
 static void test_client_calls_are_bounded(void) {
     /* a "holder" that accepts and then never answers: not even the handshake */
-    FakeHolder f = {.key = KEY};
+    FakeHolder f = {.key = KEY, .proc = PROC};
     CHECK(fake_listen(&f) == 0, "mute listener");
     double t0 = now_ms();
     char err[256] = "";
-    ReplicaConn *c = replica_connect("127.0.0.1", f.port, 300, ALLOW_PULL, KEY, err, sizeof err);
+    ReplicaConn *c = replica_connect("127.0.0.1", f.port, PROC, 300, ALLOW_PULL, KEY, err, sizeof err);
     double dt = now_ms() - t0;
     CHECK(c == NULL && dt < 1500, "connect to a holder that never shakes hands: %s after %.0f ms", err, dt);
     replica_close(c);
     close(f.lfd);
 
     /* one that authenticates and then never answers a request */
-    f = (FakeHolder){.key = KEY};
+    f = (FakeHolder){.key = KEY, .proc = PROC};
     CHECK(fake_listen(&f) == 0, "mute holder");
     pthread_t t;
     CHECK(pthread_create(&t, NULL, fake_holder_main, &f) == 0, "fake holder thread");
-    c = replica_connect("127.0.0.1", f.port, 1000, ALLOW_PULL, KEY, err, sizeof err);
+    c = replica_connect("127.0.0.1", f.port, PROC, 1000, ALLOW_PULL, KEY, err, sizeof err);
     CHECK(c != NULL, "connect to the mute holder: %s", err);
     if (c) {
         SnapHeader h;
@@ -1013,10 +1107,10 @@ static void test_client_calls_are_bounded(void) {
     pthread_join(t, NULL);
     close(f.lfd);
     /* and a PUT far bigger than the socket buffers, to a holder that never reads */
-    f = (FakeHolder){.key = KEY};
+    f = (FakeHolder){.key = KEY, .proc = PROC};
     CHECK(fake_listen(&f) == 0, "mute holder");
     CHECK(pthread_create(&t, NULL, fake_holder_main, &f) == 0, "fake holder thread");
-    c = replica_connect("127.0.0.1", f.port, 1000, 0, KEY, err, sizeof err);
+    c = replica_connect("127.0.0.1", f.port, PROC, 1000, 0, KEY, err, sizeof err);
     CHECK(c != NULL, "connect to the mute holder: %s", err);
     if (c) {
         size_t len = 64u << 20;
@@ -1034,7 +1128,7 @@ static void test_client_calls_are_bounded(void) {
     int port = f.port;
     close(f.lfd);
     t0 = now_ms();
-    c = replica_connect("127.0.0.1", port, 500, ALLOW_PULL, KEY, err, sizeof err); /* nobody listens any more */
+    c = replica_connect("127.0.0.1", port, PROC, 500, ALLOW_PULL, KEY, err, sizeof err); /* nobody listens any more */
     CHECK(c == NULL && err[0] && now_ms() - t0 < 1500, "connect to a closed port fails promptly");
     replica_close(c);
 }
@@ -1047,7 +1141,7 @@ static void test_reconnects_after_holder_restart(void) {
     if (c) CHECK(put_gen(c, 0, 1, 5000) == REPLICA_OK, "PUT before restart");
     replica_server_stop(s);
     char err[256] = "";
-    s = replica_server_start("127.0.0.1", port, JOB, WORLD, KEY, err, sizeof err);
+    s = replica_server_start("127.0.0.1", port, JOB, WORLD, PROC, KEY, err, sizeof err);
     if (!s) {
         printf("# port %d not reusable (%s): restart test skipped\n", port, err);
         replica_close(c);
@@ -1152,7 +1246,7 @@ static void test_wrong_key_refused(void) {
     if (!s) return;
     int port = replica_server_port(s);
     char err[256] = "";
-    ReplicaConn *c = replica_connect("127.0.0.1", port, TIMEOUT_MS, ALLOW_PULL, OTHER_KEY, err, sizeof err);
+    ReplicaConn *c = replica_connect("127.0.0.1", port, PROC, TIMEOUT_MS, ALLOW_PULL, OTHER_KEY, err, sizeof err);
     CHECK(c == NULL && err[0], "a client with another job's key was let in");
     printf("# wrong key: %s\n", err);
     replica_close(c);
@@ -1183,10 +1277,10 @@ static void test_wrong_key_refused(void) {
     replica_server_stop(s);
 
     /* the other way round: a "holder" whose proof is wrong gets nothing from a client */
-    FakeHolder f = {.key = KEY, .bad_proof = 1};
+    FakeHolder f = {.key = KEY, .proc = PROC, .bad_proof = 1};
     pthread_t t;
     CHECK(fake_listen(&f) == 0 && pthread_create(&t, NULL, fake_holder_main, &f) == 0, "fake holder");
-    c = replica_connect("127.0.0.1", f.port, TIMEOUT_MS, ALLOW_PULL, KEY, err, sizeof err);
+    c = replica_connect("127.0.0.1", f.port, PROC, TIMEOUT_MS, ALLOW_PULL, KEY, err, sizeof err);
     CHECK(c == NULL && strstr(err, "prove"), "a holder without the key was accepted (%s)", err);
     replica_close(c);
     f.stop = 1;
@@ -1248,6 +1342,181 @@ static int thread_count(void) {
         if (sscanf(line, "Threads: %d", &n) == 1) break;
     if (f) fclose(f);
     return n;
+}
+
+/* A process squatting a dead holder's port (issue 27, item 1): whoever connects there meaning
+ * the dead holder gets relayed to another, live holder of the job (which has the same key),
+ * and with `forge` the GET reply's payload is rewritten (32 floats) with its CRC32C fixed up. */
+typedef struct {
+    int lfd, port;   /* the squatted port */
+    int to_port;     /* the live holder it relays to */
+    int forge;
+    int payloads;    /* GET payloads that went through */
+} Relay;
+
+static int relay_copy(int from, int to, size_t n) {
+    unsigned char buf[65536];
+    while (n > 0) {
+        size_t k = n < sizeof buf ? n : sizeof buf;
+        if (raw_recv(from, buf, k) != 0 || raw_send(to, buf, k) != 0) return -1;
+        n -= k;
+    }
+    return 0;
+}
+
+static void *relay_pump(void *arg) { /* client -> holder, as it comes */
+    int *fds = arg;
+    unsigned char buf[65536];
+    ssize_t r;
+    while ((r = recv(fds[0], buf, sizeof buf, 0)) > 0)
+        if (raw_send(fds[1], buf, (size_t)r) != 0) break;
+    shutdown(fds[1], SHUT_WR);
+    return NULL;
+}
+
+static void *relay_main(void *arg) {
+    Relay *r = arg;
+    int client = accept(r->lfd, NULL, NULL), up = raw_tcp(r->to_port);
+    if (client < 0 || up < 0) {
+        if (client >= 0) close(client);
+        if (up >= 0) close(up);
+        return NULL;
+    }
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fds[2] = {client, up};
+    pthread_t t;
+    pthread_create(&t, NULL, relay_pump, fds);
+    /* holder -> client: the hello and the holder's proof as they are, then GET replies */
+    if (relay_copy(up, client, 36) == 0 && relay_copy(up, client, 32) == 0) {
+        unsigned char msg[4 + sizeof(SnapHeader) + 32];
+        int32_t st;
+        while (raw_recv(up, msg, 4) == 0) {
+            memcpy(&st, msg, 4);
+            if (st != REPLICA_OK) {
+                if (raw_send(client, msg, 4) != 0 || relay_copy(up, client, 32) != 0) break;
+                continue;
+            }
+            SnapHeader h;
+            if (raw_recv(up, msg + 4, sizeof msg - 4) != 0) break;
+            memcpy(&h, msg + 4, sizeof h);
+            unsigned char *pl = h.length < (64u << 20) ? malloc(h.length + 1) : NULL;
+            if (!pl || raw_recv(up, pl, h.length) != 0) { free(pl); break; }
+            if (r->forge && h.length >= 132) forge_keeping_crc(pl, h.length);
+            r->payloads++;
+            int sent = raw_send(client, msg, sizeof msg) == 0 && raw_send(client, pl, h.length) == 0;
+            free(pl);
+            if (!sent) break;
+            /* whatever follows the payload (its tag, today) goes through as it is */
+            unsigned char rest[16];
+            if (relay_copy(up, client, sizeof rest) != 0) break;
+        }
+    }
+    shutdown(client, SHUT_RDWR);
+    shutdown(up, SHUT_RDWR);
+    pthread_join(t, NULL);
+    close(client);
+    close(up);
+    return NULL;
+}
+
+static void test_port_squatter_relaying_to_another_holder_refused(void) {
+    char err[256] = "";
+    ReplicaServer *live = replica_server_start("127.0.0.1", 0, JOB, WORLD, PROC + 1, KEY, err, sizeof err);
+    CHECK(live != NULL, "live holder: %s", err);
+    if (!live) return;
+    int live_port = replica_server_port(live);
+    ReplicaConn *owner = replica_connect("127.0.0.1", live_port, PROC + 1, TIMEOUT_MS, 0, KEY, err, sizeof err);
+    CHECK(owner != NULL, "the owner reaches the live holder: %s", err);
+    size_t len = 1u << 20;
+    if (owner) CHECK(put_gen(owner, 0, 5, len) == REPLICA_OK, "PUT into the live holder");
+    replica_close(owner);
+
+    /* The holders list names holder PROC, dead, at the port the squatter now holds. */
+    for (int forge = 0; forge < 2; forge++) {
+        Relay r = {.to_port = live_port, .forge = forge};
+        FakeHolder l = {0};
+        CHECK(fake_listen(&l) == 0, "squatter's listener");
+        r.lfd = l.lfd;
+        r.port = l.port;
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, relay_main, &r) == 0, "relay thread");
+        ReplicaConn *spare = replica_connect("127.0.0.1", r.port, PROC, 2000, 0, KEY, err, sizeof err);
+        CHECK(spare == NULL, "%s relay to another holder got through the handshake",
+              forge ? "a forging" : "a plain");
+        if (!spare) printf("# squatter%s: %s\n", forge ? " (forging)" : "", err);
+        if (spare) {
+            SnapHeader h;
+            void *got = NULL;
+            replica_status st = replica_get(spare, JOB, 0, -1, &h, &got, 2000);
+            unsigned char *want = make_payload(0, 5, len);
+            CHECK(st != REPLICA_OK, "the spare took rank 0's state (%s) from the holder it did not mean",
+                  got && memcmp(got, want, len) != 0 ? "forged bytes, CRC fixed up" : "another holder's bytes");
+            free(want);
+            free(got);
+            replica_close(spare);
+        }
+        pthread_join(t, NULL);
+        close(l.lfd);
+    }
+    /* and straight at the live holder's port while meaning another holder (a stale holders
+     * list, the port reused by another process of the job) */
+    ReplicaConn *c = replica_connect("127.0.0.1", live_port, PROC, 2000, 0, KEY, err, sizeof err);
+    CHECK(c == NULL, "holder %d answered a client that meant holder %d", PROC + 1, PROC);
+    replica_close(c);
+    replica_server_stop(live);
+}
+
+/* Payloads altered on the way with their CRC32C fixed up (what an on-path attacker without the
+ * key can do to bytes in flight): a GET reply is refused by the client, a PUT by the holder. */
+static void test_altered_payloads_refused(void) {
+    size_t len = 1u << 20;
+    unsigned char *p = make_payload(3, 9, len);
+    SnapHeader h = make_header(JOB, 3, 9, p, len);
+    FakeHolder f = {.key = KEY, .proc = PROC, .serve_h = &h, .serve_payload = p};
+    pthread_t t;
+    CHECK(fake_listen(&f) == 0 && pthread_create(&t, NULL, fake_holder_main, &f) == 0, "fake holder");
+    char err[256] = "";
+    ReplicaConn *c = replica_connect("127.0.0.1", f.port, PROC, TIMEOUT_MS, 0, KEY, err, sizeof err);
+    CHECK(c != NULL, "connect: %s", err);
+    if (c) {
+        SnapHeader got_h;
+        void *got = NULL;
+        replica_status st = replica_get(c, JOB, 3, -1, &got_h, &got, TIMEOUT_MS);
+        CHECK(st == REPLICA_AUTH && got == NULL, "GET of a payload altered on the way: %s, want %s",
+              replica_status_str(st), replica_status_str(REPLICA_AUTH));
+        free(got);
+        replica_close(c);
+    }
+    f.stop = 1;
+    pthread_join(t, NULL);
+    close(f.lfd);
+
+    /* a PUT: the genuine header and payload tag, the bytes altered, their CRC fixed up */
+    ReplicaServer *s = start_server();
+    RawConn rc;
+    if (s && raw_open(s, &rc) == 0) {
+        unsigned char req[1 + sizeof h] = {REPLICA_REQ_PUT}, ptag[crypto_onetimeauth_BYTES];
+        memcpy(req + 1, &h, sizeof h);
+        CHECK(raw_request(&rc, req, sizeof req) == 0, "PUT request");
+        raw_payload_tag(rc.ks, 'C', rc.tx - 1, p, len, ptag);
+        unsigned char *forged = malloc(len);
+        memcpy(forged, p, len);
+        forge_keeping_crc(forged, len);
+        CHECK(crc32c(0, forged, len) == h.crc && memcmp(forged, p, len) != 0, "the forgery keeps the CRC");
+        raw_send(rc.fd, forged, len);
+        raw_send(rc.fd, ptag, sizeof ptag);
+        int32_t st = raw_status(&rc);
+        CHECK(st == REPLICA_REFUSED || st == 1, "a PUT altered on the way: status %d", st);
+        free(forged);
+        SnapHeader stored;
+        void *gp = NULL;
+        CHECK(replica_server_lookup(s, 3, -1, &stored, &gp) == REPLICA_NOT_FOUND, "the altered PUT was stored");
+        free(gp);
+    }
+    raw_close(&rc);
+    replica_server_stop(s);
+    free(p);
 }
 
 /* Connections that never authenticate cost the holder a bounded number of threads, for a
@@ -1446,6 +1715,8 @@ int main(void) {
     RUN_TEST(test_put_throughput_pulled);
     RUN_TEST(test_unauthenticated_requests_get_nothing);
     RUN_TEST(test_wrong_key_refused);
+    RUN_TEST(test_port_squatter_relaying_to_another_holder_refused);
+    RUN_TEST(test_altered_payloads_refused);
     RUN_TEST(test_requests_need_their_mac);
     RUN_TEST(test_handshake_flood_is_bounded);
     RUN_TEST(test_reserve_and_put_bounded);

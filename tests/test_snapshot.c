@@ -69,13 +69,13 @@ static void test_gen_own_state(void) {
 
 static void test_replica_equals_live_state(void) {
     char err[256];
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, 0 /* proc, as the targets say */, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n1 = 64, n2 = 3 << 20, n3 = 12345;
     unsigned char *a = malloc(n1), *b = malloc(n2), *c = malloc(n3);
     SnapRegion regions[3] = {{a, n1}, {b, n2}, {c, n3}};
-    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
+    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv), 0};
     SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 2, .world = WORLD, .regions = regions, .nregions = 3,
                          .targets = &target, .ntargets = 1, .timeout_ms = 5000, .key = KEY};
     Snapshot *s = snapshot_create(&sc, err, sizeof err);
@@ -213,7 +213,7 @@ static void test_wait_protects_generation(void) {
  * generation 0, verified, byte for byte. */
 static void test_rank_killed_mid_replication(void) {
     char err[256];
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, 0 /* proc, as the targets say */, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n = 48 << 20;
@@ -227,7 +227,7 @@ static void test_rank_killed_mid_replication(void) {
         unsigned char *live = malloc(n);
         memcpy(live, gen0, n);
         SnapRegion region = {live, n};
-        ReplicaTarget target = {"127.0.0.1", port};
+        ReplicaTarget target = {"127.0.0.1", port, 0};
         SnapshotConfig sc = {.job = JOB, .rank = 1, .world = WORLD, .regions = &region, .nregions = 1,
                              .targets = &target, .ntargets = 1, .timeout_ms = 5000, .key = KEY};
         char e[256];
@@ -281,14 +281,14 @@ static void test_rank_killed_mid_replication(void) {
  * that took; the first generation then replicates as usual. */
 static void test_buffers_set_up_before_first_capture(void) {
     char err[256];
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, 0 /* proc, as the targets say */, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n = 40u << 20; /* above glibc's largest mmap threshold: fresh pages, never reused heap */
     unsigned char *live = malloc(n);
     fill(live, n, 7);
     SnapRegion region = {live, n};
-    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
+    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv), 0};
     SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 1, .world = WORLD, .regions = &region, .nregions = 1,
                          .targets = &target, .ntargets = 1, .timeout_ms = 5000, .key = KEY};
     size_t before = th_resident_bytes();
@@ -318,14 +318,14 @@ static void test_wrong_key_replicates_nothing(void) {
     char err[256], secret[REPLICA_SECRET_HEX_LEN + 1];
     unsigned char other[REPLICA_KEY_BYTES];
     CHECK(replica_secret_new(secret, sizeof secret) == 0 && replica_key_derive(secret, other) == 0, "another key");
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, 0 /* proc, as the targets say */, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n = 1 << 20;
     unsigned char *live = malloc(n);
     fill(live, n, 3);
     SnapRegion region = {live, n};
-    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
+    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv), 0};
     SnapshotConfig sc = {.job = JOB, .rank = 1, .world = WORLD, .regions = &region, .nregions = 1,
                          .targets = &target, .ntargets = 1, .timeout_ms = 2000, .key = other};
     Snapshot *s = snapshot_create(&sc, err, sizeof err);

@@ -66,9 +66,26 @@ static int program_append(JobConfig *cfg, const char *arg) {
     return 0;
 }
 
-/* --resume DIR: the job's config (its program included) comes from DIR's newest complete
- * checkpoint; options given on the command line still apply on top of it. */
-static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, size_t errlen) {
+/* 1 if program (DP_ARG_SEP-joined) is the built-in trainer, with or without arguments. */
+static int is_builtin(const char *program) {
+    size_t n = strlen(DP_BUILTIN_PROGRAM);
+    return !strncmp(program, DP_BUILTIN_PROGRAM, n) && (program[n] == 0 || program[n] == DP_ARG_SEP);
+}
+
+/* A program as a user reads it: arguments separated by spaces. */
+static void program_text(const char *program, char *out, size_t len) {
+    snprintf(out, len, "%s", program);
+    for (char *p = out; *p; p++)
+        if (*p == DP_ARG_SEP) *p = ' ';
+}
+
+/* --resume DIR: the job's config comes from DIR's newest complete checkpoint; options given on
+ * the command line still apply on top of it. Its program does not: a file never names what
+ * runs. The built-in trainer (this executable) resumes with the options it was given; any other
+ * program must be given again after --, and is compared with the one the checkpoint names
+ * (*ckpt_program; empty when no config was read here). */
+static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *ckpt_program, size_t plen, char *err,
+                              size_t errlen) {
     const char *dir = NULL;
     int machines = 0;
     for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
@@ -76,7 +93,13 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, 
         else if (!strncmp(argv[i], "--resume=", 9)) dir = argv[i] + 9;
         machines |= !strcmp(argv[i], "--nnodes") || !strncmp(argv[i], "--nnodes=", 9);
     }
+    ckpt_program[0] = 0;
     if (!dir) return 0;
+    /* Read (and later written) as this user, root maybe: nobody else may have put files here. */
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/ckpt", dir);
+    if (dir_is_private(dir, err, errlen) != 0 || (access(ck, F_OK) == 0 && dir_is_private(ck, err, errlen) != 0))
+        return -1;
     int64_t step = checkpoint_latest_intact(dir, err, errlen);
     /* Across machines without a shared filesystem a machine holds part of a checkpoint (its
      * ranks' states and the job's config), or none at all: the machines together find the
@@ -89,18 +112,24 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, 
         return 0;
     }
     if (step < 0) return -1;
-    char path[4200], text[32768];
+    char path[4200], text[32768], why[4400];
     checkpoint_path(path, sizeof path, dir, step, "config.txt");
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
-    if (f) fclose(f);
-    if (!f || n == 0 || n == sizeof text - 1) {
-        snprintf(err, errlen, "%.900s: cannot read the checkpoint's job config (empty, missing or over %zu bytes)", path,
+    FILE *f = fopen_regular(path, why, sizeof why);
+    if (!f) {
+        snprintf(err, errlen, "%.1000s", why);
+        return -1;
+    }
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    if (n == 0 || n == sizeof text - 1) {
+        snprintf(err, errlen, "%.900s: cannot read the checkpoint's job config (empty or over %zu bytes)", path,
                  sizeof text - 2);
         return -1;
     }
     text[n] = 0;
     if (job_config_parse_lines(cfg, text, err, errlen) != 0) return -1;
+    snprintf(ckpt_program, plen, "%s", cfg->program);
+    if (!is_builtin(cfg->program)) cfg->program[0] = 0; /* never run: only compared with the one after -- */
     snprintf(cfg->out, sizeof cfg->out, "%s", dir);
     snprintf(cfg->resume, sizeof cfg->resume, "%s", dir);
     /* The machine that wrote the checkpoint is not necessarily this one. */
@@ -116,12 +145,12 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *err, 
 static int cmd_run(int argc, char **argv) {
     JobConfig cfg;
     job_config_defaults(&cfg);
-    char err[1024];
-    if (load_resume_config(argc, argv, &cfg, err, sizeof err) != 0) {
+    char err[1024], ckpt_program[sizeof cfg.program];
+    if (load_resume_config(argc, argv, &cfg, ckpt_program, sizeof ckpt_program, err, sizeof err) != 0) {
         fprintf(stderr, "deadpool: --resume: %s\n", err);
         return 2;
     }
-    int builtin = !strncmp(cfg.program, DP_BUILTIN_PROGRAM, strlen(DP_BUILTIN_PROGRAM));
+    int builtin = is_builtin(cfg.program);
     TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
     train_options_defaults(&topt);
     int i = 0, workers_given = 0, spares_given = 0;
@@ -179,6 +208,19 @@ static int cmd_run(int argc, char **argv) {
             fprintf(stderr, "deadpool: %s: not an executable file\n", argv[i + 1]);
             return 2;
         }
+    }
+    int ckpt_builtin = is_builtin(ckpt_program);
+    if (cfg.resume[0] && ckpt_program[0] && (ckpt_builtin ? !builtin : strcmp(cfg.program, ckpt_program) != 0)) {
+        /* The checkpoint's program is never run from the file: the command line names it, and
+         * it must be the one that wrote the checkpoint (its state is that program's). */
+        char want[sizeof cfg.program], got[sizeof cfg.program];
+        program_text(ckpt_builtin ? "(the built-in trainer)" : ckpt_program, want, sizeof want);
+        program_text(cfg.program[0] ? cfg.program : "nothing", got, sizeof got);
+        fprintf(stderr, "deadpool: --resume %s: the checkpoint was written by the program '%.2000s'; the command "
+                "line gives %s%.2000s%s. DeadPool never runs a program named in a checkpoint: give that program "
+                "again after -- (deadpool run --resume DIR -- PROGRAM ARGS)\n",
+                cfg.resume, want, cfg.program[0] ? "'" : "", got, cfg.program[0] ? "'" : "");
+        return 2;
     }
     if (cfg.redis[0]) { /* a password in the URL would end up in every checkpoint's config.txt */
         redis_addr addr;

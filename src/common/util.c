@@ -139,8 +139,8 @@ int mkdir_p(const char *dir) {
 
 int write_file_atomic(const char *path, const struct iovec *parts, int nparts, char *err, size_t errlen) {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600); /* the job's state is the job's alone */
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    int fd = mkostemp(tmp, O_CLOEXEC); /* a new file of mode 0600: the job's state is the job's alone */
     if (fd < 0) { snprintf(err, errlen, "%s: cannot create: %s", tmp, strerror(errno)); return -1; }
     for (int p = 0; p < nparts; p++) {
         const char *at = parts[p].iov_base;
@@ -166,6 +166,75 @@ int write_file_atomic(const char *path, const struct iovec *parts, int nparts, c
     if (rename(tmp, path) != 0) {
         snprintf(err, errlen, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
         unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int open_regular(const char *path, char *err, size_t errlen) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it is cleared for the reads. */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP) set_err(err, errlen, "%s: is a symbolic link; expected a regular file", path);
+        else set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        set_err(err, errlen, "%s: fstat: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        const char *what = S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
+                           : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket"
+                           : S_ISDIR(st.st_mode) ? "a directory" : "not a file";
+        set_err(err, errlen, "%s: is %s; expected a regular file", path, what);
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        set_err(err, errlen, "%s: fcntl: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+FILE *fopen_regular(const char *path, char *err, size_t errlen) {
+    int fd = open_regular(path, err, errlen);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (fd >= 0 && !f) {
+        set_err(err, errlen, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+int dir_is_private(const char *dir, char *err, size_t errlen) {
+    struct stat st;
+    if (lstat(dir, &st) != 0) {
+        set_err(err, errlen, "%s: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        set_err(err, errlen, "%s: is a symbolic link; give the directory itself (no link is followed in it)", dir);
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        set_err(err, errlen, "%s: is not a directory", dir);
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        set_err(err, errlen, "%s: owned by uid %u, not by this user (uid %u): another user could have planted "
+                "links in it; refused", dir, (unsigned)st.st_uid, (unsigned)geteuid());
+        return -1;
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        set_err(err, errlen, "%s: writable by %s (mode %04o): another user could plant links in it; refused "
+                "(chmod go-w it)", dir, (st.st_mode & S_IWOTH) ? "every user" : "its group",
+                (unsigned)(st.st_mode & 07777));
         return -1;
     }
     return 0;

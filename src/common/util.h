@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 double now_ms(void);       /* monotonic clock, milliseconds */
 double thread_cpu_ms(void); /* CPU time of the calling thread, milliseconds */
@@ -38,9 +39,24 @@ void *alloc_huge(size_t bytes);
 void prefault(void *p, size_t len);
 
 struct iovec;
-/* Writes the parts to path atomically: path.tmp.PID, fsync, rename. A reader sees the old
- * file or the whole new one, never a torn one. 0 / -1 + err. */
+/* Writes the parts to path atomically: a new file path.tmp.XXXXXX (mkostemp: O_EXCL, so no
+ * link planted at a predictable name is followed; mode 0600), fsync, rename (which replaces a
+ * link at path, never follows it). A reader sees the old file or the whole new one, never a
+ * torn one. 0 / -1 + err. */
 int write_file_atomic(const char *path, const struct iovec *parts, int nparts, char *err, size_t errlen);
+
+/* Opens path for reading only if it is a regular file, following no symbolic link in its last
+ * component: a FIFO, a device or a link (to /dev/zero, say) is refused at once, never read
+ * from (a read could block or never end). fd (O_CLOEXEC, blocking), or -1 + err naming the
+ * file and what it is. */
+int open_regular(const char *path, char *err, size_t errlen);
+/* The same as a stdio stream, for reading. */
+FILE *fopen_regular(const char *path, char *err, size_t errlen);
+
+/* 0 when dir is a directory (not a symbolic link) owned by this process's user and writable by
+ * no one else, so that nobody else can plant a link or a file in it; -1 + err naming the
+ * directory and the problem (its owner, its mode, what it is instead). */
+int dir_is_private(const char *dir, char *err, size_t errlen);
 
 /* Creates dir and its parents (mkdir -p). 0 / -1 with errno. */
 int mkdir_p(const char *dir);

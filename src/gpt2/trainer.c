@@ -4,6 +4,7 @@
 #include "trainer.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -579,10 +580,12 @@ int trainer_save_model(const Trainer *t, const char *path, char *err, size_t err
 
 /* --- the program ---------------------------------------------------------------------- */
 
-/* The trained model goes to OUT/model.bin; if that fails (a full disk, say), to the temporary
- * directory, saying where: the work is not lost for want of room in --out. */
+/* The trained model goes to OUT/model.bin; if that fails (a full disk, say), to a directory of
+ * its own in the temporary directory, saying where: the work is not lost for want of room in
+ * --out. That directory is new, private (mkdtemp: mode 0700) and its name unpredictable, so
+ * nobody can have planted a link where the model goes, in /tmp least of all. */
 static dp_status save_final_model(Trainer *t, dp_t *dp) {
-    char path[1200], err[1024], err2[1024];
+    char path[1200], err[1024], err2[1024] = "";
     snprintf(path, sizeof path, "%s/model.bin", dp_out_dir(dp));
     if (trainer_save_model(t, path, err, sizeof err) == 0) {
         dp_output_saved(dp, path);
@@ -590,8 +593,10 @@ static dp_status save_final_model(Trainer *t, dp_t *dp) {
     }
     const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char rescue[1200];
-    snprintf(rescue, sizeof rescue, "%s/deadpool-model-%d.bin", tmp, (int)getpid());
-    if (trainer_save_model(t, rescue, err2, sizeof err2) == 0) {
+    snprintf(rescue, sizeof rescue, "%.1000s/deadpool-model-XXXXXX", tmp);
+    if (!mkdtemp(rescue)) snprintf(err2, sizeof err2, "cannot create a directory: %s", strerror(errno));
+    else strcat(rescue, "/model.bin");
+    if (!err2[0] && trainer_save_model(t, rescue, err2, sizeof err2) == 0) {
         dp_log(dp, "%s; the model was written to %s instead", err, rescue);
         dp_output_saved(dp, rescue);
         return DP_OK;

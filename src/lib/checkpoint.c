@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,6 +41,7 @@ int checkpoint_write_shard(const char *dir, const SnapHeader *h, const SnapRegio
     char d[4096], path[4200];
     step_dir(d, sizeof d, dir, h->step);
     if (mkdir_p(d) != 0) { snprintf(err, errlen, "%s: cannot create: %s", d, strerror(errno)); return -1; }
+    if (dir_is_private(d, err, errlen) != 0) return -1; /* a step_N planted as a link is never written through */
     shard_path(path, sizeof path, dir, h->step, h->rank);
     struct iovec *parts = malloc(((size_t)nregions + 1) * sizeof *parts);
     if (!parts) { snprintf(err, errlen, "out of memory"); return -1; }
@@ -47,6 +49,7 @@ int checkpoint_write_shard(const char *dir, const SnapHeader *h, const SnapRegio
     for (int i = 0; i < nregions; i++) parts[i + 1] = (struct iovec){(void *)regions[i].ptr, regions[i].len};
     int rc = write_file_atomic(path, parts, nregions + 1, err, errlen);
     free(parts);
+    if (rc != 0) rmdir(d); /* a step directory this left empty (a full disk) goes; another rank's files keep it */
     return rc;
 }
 
@@ -81,8 +84,8 @@ int checkpoint_read_state(const char *step_dir, int rank, int64_t step, SnapHead
     char path[4200];
     snprintf(path, sizeof path, "%s/rank_%05d.state", step_dir, rank);
     *payload = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    FILE *f = fopen_regular(path, err, errlen); /* a FIFO or a link to /dev/zero would never end */
+    if (!f) return -1;
     int rc = -1;
     const char *bad;
     if (fread(h, sizeof *h, 1, f) != 1) { snprintf(err, errlen, "%s: state header truncated", path); goto out; }
@@ -133,18 +136,25 @@ static int is_complete(const char *dir, int64_t step) {
     return access(path, F_OK) == 0;
 }
 
+/* Removes a step directory and the files in it, following no link: a step_N that is a link
+ * (to somebody's directory) is itself removed, never what it points to; so are links inside. */
 static void remove_tree(const char *path) {
-    DIR *d = opendir(path);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char p[4400];
-            snprintf(p, sizeof p, "%.4000s/%.255s", path, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP || errno == ENOTDIR) unlink(path);
+        return;
     }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        unlinkat(fd, e->d_name, 0); /* a link goes, not its target; a directory stays (none is written) */
+    }
+    closedir(d);
     rmdir(path);
 }
 
@@ -182,8 +192,8 @@ static void prune(const char *dir) {
 
 /* CRC32C and size of a whole file. 0 / -1 + err. */
 static int file_crc(const char *path, uint32_t *crc, uint64_t *size, char *err, size_t errlen) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    FILE *f = fopen_regular(path, err, errlen);
+    if (!f) return -1;
     static _Thread_local unsigned char buf[1 << 16];
     size_t n;
     *crc = 0;
@@ -265,9 +275,10 @@ int checkpoint_verify(const char *dir, int64_t step, char *err, size_t errlen) {
     char d[4096], path[4200], line[600];
     step_dir(d, sizeof d, dir, step);
     if (!is_complete(dir, step)) { snprintf(err, errlen, "%s: incomplete (no DONE)", d); return -1; }
+    if (dir_is_private(d, err, errlen) != 0) return -1; /* nobody else put its files in it */
     snprintf(path, sizeof path, "%s/MANIFEST", d);
-    FILE *f = fopen(path, "r");
-    if (!f) { snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno)); return -1; }
+    FILE *f = fopen_regular(path, err, errlen);
+    if (!f) return -1;
     int world = -1, states = 0, rc = 0, lineno = 0;
     while (rc == 0 && fgets(line, sizeof line, f)) {
         lineno++;

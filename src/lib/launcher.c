@@ -72,6 +72,8 @@ typedef struct {
     int nchildren;
     int last_step;
     float last_loss;
+    int have_loss;          /* a step's loss was seen (a resumed job that was done has none) */
+    char model_path[1200];  /* where the program said it saved the model (model_saved), "" none */
     LiveMetrics live;       /* what the progress line and /metrics report */
     MetricsServer *metrics_srv; /* --metrics-port; NULL = off */
     double spares_checked_ms;   /* when the spare pool was last counted */
@@ -276,28 +278,65 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     return 0;
 }
 
+/* A log of the job in --out, opened following no link (O_NOFOLLOW): continued (append) or
+ * started afresh. NULL + errno. */
+static FILE *open_log(const char *path, int append) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+    FILE *f = fd >= 0 ? fdopen(fd, append ? "a" : "w") : NULL;
+    if (fd >= 0 && !f) close(fd);
+    return f;
+}
+
+/* The command that continues this job from its checkpoints in out: a program other than the
+ * built-in trainer is named again after -- (a checkpoint never names what runs). */
+static const char *resume_command(const char *out, const char *program, char *buf, size_t len) {
+    size_t n = strlen(DP_BUILTIN_PROGRAM);
+    if (!strncmp(program, DP_BUILTIN_PROGRAM, n) && (program[n] == 0 || program[n] == DP_ARG_SEP)) {
+        snprintf(buf, len, "deadpool run --resume %s", out);
+        return buf;
+    }
+    snprintf(buf, len, "deadpool run --resume %s -- %s", out, program);
+    for (char *p = buf; *p; p++)
+        if (*p == DP_ARG_SEP) *p = ' ';
+    return buf;
+}
+
 static int open_outputs(Launcher *L, char *err, size_t errlen) {
-    char path[1200];
+    char path[1200], why[1200];
     if (mkdir_p(L->cfg->out) != 0) {
         snprintf(err, errlen, "--out %.900s: cannot create directory: %s", L->cfg->out, strerror(errno));
         return -1;
     }
+    /* Files are written into --out and its ckpt/ (and pruned there) as this user, root maybe:
+     * only a directory nobody else can write is safe from links planted in it. */
+    snprintf(path, sizeof path, "%s/ckpt", L->cfg->out);
+    if (dir_is_private(L->cfg->out, why, sizeof why) != 0 ||
+        (access(path, F_OK) == 0 && dir_is_private(path, why, sizeof why) != 0)) {
+        snprintf(err, errlen, "--out %.900s", why);
+        return -1;
+    }
     /* One job per output directory: a second one would interleave its files with ours. */
     snprintf(path, sizeof path, "%s/.lock", L->cfg->out);
-    L->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (L->lock_fd < 0 || flock(L->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        snprintf(err, errlen, "--out %.900s is in use by another running job (locked %s)", L->cfg->out,
-                 L->lock_fd < 0 ? strerror(errno) : ".lock");
+    L->lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (L->lock_fd < 0) {
+        snprintf(err, errlen, "--out %.900s/.lock: cannot open: %s", L->cfg->out, strerror(errno));
+        return -1;
+    }
+    if (flock(L->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        snprintf(err, errlen, "--out %.900s is in use by another running job (locked .lock)", L->cfg->out);
         return -1;
     }
     /* A resumed job continues its predecessor's logs. */
-    const char *mode = L->cfg->resume_step >= 0 ? "a" : "w";
+    int append = L->cfg->resume_step >= 0;
     snprintf(path, sizeof path, "%s/events.jsonl", L->cfg->out);
-    L->events = fopen(path, mode);
-    snprintf(path, sizeof path, "%s/metrics.jsonl", L->cfg->out);
-    L->metrics = fopen(path, mode);
+    L->events = open_log(path, append);
+    if (L->events) {
+        snprintf(path, sizeof path, "%s/metrics.jsonl", L->cfg->out);
+        L->metrics = open_log(path, append);
+    }
     if (!L->events || !L->metrics) {
-        snprintf(err, errlen, "%.900s: cannot create: %s", path, strerror(errno));
+        if (errno == ELOOP) snprintf(err, errlen, "%.900s: is a symbolic link; refused (no link in --out is followed)", path);
+        else snprintf(err, errlen, "%.900s: cannot create: %s", path, strerror(errno));
         return -1;
     }
     snprintf(path, sizeof path, "%s/model.bin", L->cfg->out);
@@ -596,6 +635,7 @@ static StepLine take_metric(Launcher *L, const char *json) {
     json_number(json, "tokens_per_s", &s.tps);
     json_number(json, "t", &s.t);
     L->last_step = (int)s.step;
+    L->have_loss = 1;
     L->last_loss = (float)s.loss;
     resumed_states_done(L, s.step);
     return s;
@@ -621,10 +661,37 @@ static void on_metric(const char *json, void *arg) {
     fflush(stdout);
 }
 
+/* The string value of "key" in a flat JSON object, unescaped (\\ \" \/ and \u00XX; a string
+ * with other escapes is left out). 0, or -1. */
+static int json_string(const char *json, const char *key, char *out, size_t len) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *p = strstr(json, pat);
+    if (!p || len == 0) return -1;
+    size_t o = 0;
+    for (p += strlen(pat); *p && *p != '"'; p++) {
+        char ch = *p;
+        if (ch == '\\') {
+            p++;
+            unsigned v;
+            if (*p == '\\' || *p == '"' || *p == '/') ch = *p;
+            else if (*p == 'u' && sscanf(p + 1, "%4x", &v) == 1 && v > 0 && v < 0x100) ch = (char)v, p += 4;
+            else return -1;
+        }
+        if (o + 1 >= len) return -1;
+        out[o++] = ch;
+    }
+    out[o] = 0;
+    return *p == '"' ? 0 : -1;
+}
+
 static void on_event(const char *json, void *arg) {
     Launcher *L = arg;
     fprintf(L->events, "%s\n", json);
     fflush(L->events);
+    /* the final line says where the model really went (the temporary directory after a full disk) */
+    if (strstr(json, "\"event\":\"model_saved\"") && json_string(json, "path", L->model_path, sizeof L->model_path) != 0)
+        L->model_path[0] = 0;
     if (strstr(json, "\"event\":\"error\"")) log_msg("worker reported: %s", json);
     observe_event(L, json);
     if (strstr(json, "\"event\":\"job_done\"")) L->job_done = 1;
@@ -943,11 +1010,12 @@ static void supervise(Launcher *L) {
         if (!L->coordinating) break;
         /* Exits first: a crash is known the moment waitpid says so. */
         if (reap_children(L) == 0 && L->cfg->nnodes == 0) { /* across machines the job lives elsewhere too */
-            char err[256];
+            char err[256], cmd[9000];
             int64_t ck = checkpoint_latest(L->run_cfg.out, err, sizeof err);
             if (ck >= 0)
                 log_msg("every process has exited before the job finished; the newest checkpoint is of step %lld: "
-                        "continue with `deadpool run --resume %s`", (long long)ck + 1, L->run_cfg.out);
+                        "continue with `%s`", (long long)ck + 1,
+                        resume_command(L->run_cfg.out, L->run_cfg.program, cmd, sizeof cmd));
             else
                 log_msg("every process has exited before the job finished");
             L->failed = 1;
@@ -1129,8 +1197,9 @@ static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
     int keyed = ctl_config_get(L->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, k) == 0;
     explicit_bzero(secret, sizeof secret);
     if (!keyed) { snprintf(err, errlen, "job '%s' has no replica channel secret", L->job); return -1; }
-    L->shards = replica_server_start(L->bind_addr, 0, L->job, L->cfg->workers, k, err, errlen);
-    ReplicaConn *c = L->shards ? replica_connect(L->bind_addr, replica_server_port(L->shards), 10000, 0, k, err, errlen) : NULL;
+    L->shards = replica_server_start(L->bind_addr, 0, L->job, L->cfg->workers, 0 /* a launcher */, k, err, errlen);
+    ReplicaConn *c = L->shards ? replica_connect(L->bind_addr, replica_server_port(L->shards), 0, 10000, 0, k, err, errlen)
+                               : NULL;
     explicit_bzero(k, sizeof k);
     if (!c) return -1;
     int served = 0;
@@ -1381,11 +1450,11 @@ coordinator_end:;
             L.last_step = cfg->steps;
             goto finished;
         }
-        char err[1024];
+        char err[1024], cmd[9000];
         int64_t ck = checkpoint_latest_intact(cfg->out, err, sizeof err);
         if (ck >= 0)
-            log_msg("the state of step %lld is in %s/ckpt: continue with `deadpool run --resume %s`", (long long)ck + 1,
-                    cfg->out, cfg->out);
+            log_msg("the state of step %lld is in %s/ckpt: continue with `%s`", (long long)ck + 1, cfg->out,
+                    resume_command(cfg->out, cfg->program, cmd, sizeof cmd));
         else
             log_msg("no checkpoint could be completed without the control plane: %s", err);
         fprintf(L.events, "{\"event\":\"control_plane_lost\",\"t\":%.3f,\"checkpoint_step\":%lld}\n",
@@ -1402,7 +1471,13 @@ finished:
     stop_children(&L, 10000);
     int ok = !stop_signal && !L.failed && L.last_step == cfg->steps;
     if (stop_signal) log_msg("stopped by signal %d after step %d", (int)stop_signal, L.last_step);
-    else if (ok) log_msg("done: %d steps, final loss %.4f, model in %s/model.bin", L.last_step, L.last_loss, cfg->out);
+    else if (ok) {
+        char loss[64] = "", model[1300] = "";
+        if (L.have_loss) snprintf(loss, sizeof loss, ", final loss %.4f", L.last_loss);
+        if (!L.model_path[0]) snprintf(L.model_path, sizeof L.model_path, "%.1000s/model.bin", cfg->out);
+        if (access(L.model_path, F_OK) == 0) snprintf(model, sizeof model, ", model in %s", L.model_path);
+        log_msg("done: %d steps%s%s", L.last_step, loss, model);
+    }
     else log_msg("job failed after step %d (see %s/events.jsonl)", L.last_step, cfg->out);
     /* CPU time of every worker and spare (all reaped by now): what the job cost the machine,
      * a steadier measure than wall time on a busy one. */

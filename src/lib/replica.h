@@ -8,9 +8,10 @@
  * so a sender that dies mid-transfer never damages the previous generation.
  *
  * The channel is authenticated: every connection starts with a mutual challenge-response
- * under a key derived from the job's secret (libsodium), and every request and reply carries
- * a MAC; a holder keeps only ranks of the job and only as many bytes as its budget allows,
- * and pulls only from the process at the other end of the connection (replica.c). */
+ * under a key derived from the job's secret (libsodium) that also names the holder the client
+ * meant, every request and reply carries a MAC, and so does every payload that crosses the
+ * wire; a holder keeps only ranks of the job and only as many bytes as its budget allows, and
+ * pulls only from the process at the other end of the connection (replica.c). */
 #ifndef DEADPOOL_REPLICA_H
 #define DEADPOOL_REPLICA_H
 
@@ -58,15 +59,18 @@ typedef enum {
     REPLICA_NOT_FOUND = -3, /* the holder has no such generation */
     REPLICA_CORRUPT = -4,   /* data received on GET failed its checksum */
     REPLICA_NO_PULL = -5,   /* the holder cannot read the sender's memory: send the bytes */
-    REPLICA_AUTH = -6       /* the peer did not prove it holds the job's key */
+    REPLICA_AUTH = -6       /* the peer did not prove it holds the job's key and is the holder
+                               meant, or a payload failed its MAC */
 } replica_status;
 
 typedef struct ReplicaServer ReplicaServer;
 
 /* Listens on bind_host:port (port 0 = any free port) for job `job` of `world` ranks, serving
- * only clients that prove they hold `key` (copied). Snapshots of another world size or of a
- * rank >= world are refused. NULL + err on failure. */
-ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, int world,
+ * only clients that prove they hold `key` (copied) and mean this holder: process `proc` of the
+ * job (0: a launcher) at bind_host and the port bound, as the job records it ("PROC@HOST:PORT",
+ * see replica_connect). Snapshots of another world size or of a rank >= world are refused.
+ * NULL + err on failure. */
+ReplicaServer *replica_server_start(const char *bind_host, int port, const char *job, int world, long proc,
                                     const unsigned char key[REPLICA_KEY_BYTES], char *err, size_t errlen);
 int replica_server_port(const ReplicaServer *s);
 /* The key the server was started with, for this process's own client connections. */
@@ -105,13 +109,16 @@ int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t
  * whole call (connect, send, receive); values <= 0 mean 1 ms. */
 typedef struct ReplicaConn ReplicaConn;
 
-/* Connects to a holder and runs the handshake (both sides prove they hold `key`, which is
- * copied), bounded by timeout_ms. NULL + err. With allow_pull, a holder on the same machine
- * copies a PUT's payload straight out of this process's memory (process_vm_readv: one copy
- * instead of a send and a receive through the kernel); the holder checksums the bytes it
- * took (against the header's CRC, or computing it: replica_put_summing), and a holder
- * elsewhere, or one that is not allowed to read us, gets them over TCP. */
-ReplicaConn *replica_connect(const char *host, int port, int timeout_ms, int allow_pull,
+/* Connects to holder process `proc` of the job (0: a launcher) at host:port and runs the
+ * handshake, bounded by timeout_ms: both sides prove they hold `key` (copied), bound to the
+ * holder's identity "PROC@HOST:PORT", so only that very holder can answer (not another member
+ * of the job that a process squatting the port relays to). NULL + err. With allow_pull, a
+ * holder on the same machine copies a PUT's payload straight out of this process's memory
+ * (process_vm_readv: one copy instead of a send and a receive through the kernel); the holder
+ * checksums the bytes it took (against the header's CRC, or computing it:
+ * replica_put_summing), and a holder elsewhere, or one that is not allowed to read us, gets
+ * them over TCP, MAC'd. */
+ReplicaConn *replica_connect(const char *host, int port, long proc, int timeout_ms, int allow_pull,
                              const unsigned char key[REPLICA_KEY_BYTES], char *err, size_t errlen);
 void replica_close(ReplicaConn *c);
 
@@ -132,7 +139,8 @@ replica_status replica_reserve(ReplicaConn *c, const SnapHeader *h, int timeout_
 /* 1 if the last successful replica_put on c was pulled by the holder, 0 if it went over TCP. */
 int replica_last_put_pulled(const ReplicaConn *c);
 /* Fetches rank's newest verified generation <= max_step (max_step < 0: newest) for job;
- * verifies header and payload checksums. *payload is malloc'ed. */
+ * verifies the header, the payload's MAC (REPLICA_AUTH when it fails: altered on the way) and
+ * its checksum. *payload is malloc'ed. */
 replica_status replica_get(ReplicaConn *c, const char *job, int rank, int64_t max_step, SnapHeader *h,
                            void **payload, int timeout_ms);
 /* The same, received where place(arg, length) says once the verified header has told the

@@ -278,7 +278,7 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
                  "deadpool?)", dp->job);
         return -1;
     }
-    dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, dp->cfg.workers, key, err, errlen);
+    dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, dp->cfg.workers, dp->proc_id, key, err, errlen);
     explicit_bzero(key, sizeof key);
     if (!dp->replicas) return -1;
     char addr[300], host[256] = "", pid[32];
@@ -371,6 +371,11 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     int64_t offset;
     if (ctl_clock_offset(dp->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
     if (read_job(dp, err, errlen) != 0) goto fail;
+    if (!o.spare && o.rank >= dp->cfg.workers) { /* refused now, not later by the collectives */
+        snprintf(err, errlen, "--rank %d: job '%s' has %d ranks (0 to %d)", o.rank, dp->job, dp->cfg.workers,
+                 dp->cfg.workers - 1);
+        goto fail;
+    }
     /* A launcher draws its processes' ids, so that it can report their exits by id. Read once:
      * a process this one starts must not take the same id. */
     dp->proc_id = proc && atol(proc) > 0 ? atol(proc) : ctl_new_proc_id(dp->ctl);
@@ -699,8 +704,9 @@ static int fetch_from_holders(dp_t *dp, int rank, long long step, long newest_ep
             char err[256];
             /* Connecting includes the holder's proof of the job's key, so it waits for the
              * holder's threads like the GET does: the same bound, not a bare TCP connect's. */
-            ReplicaConn *c = replica_connect(holders[i].host, holders[i].port, job_comm_timeout_ms(&dp->cfg), 0,
-                                             replica_server_key(dp->replicas), err, sizeof err);
+            ReplicaConn *c = replica_connect(holders[i].host, holders[i].port, holders[i].proc,
+                                             job_comm_timeout_ms(&dp->cfg), 0, replica_server_key(dp->replicas), err,
+                                             sizeof err);
             if (!c) {
                 log_msg("rank %d's holder %s:%d: %s", rank, holders[i].host, holders[i].port, err);
                 continue;
@@ -739,8 +745,8 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     if (!colon) return -1;
     *colon = 0;
     char cerr[256];
-    ReplicaConn *c = replica_connect(where, atoi(colon + 1), job_comm_timeout_ms(&dp->cfg) + 5000, 0,
-                                     replica_server_key(dp->replicas), cerr, sizeof cerr);
+    ReplicaConn *c = replica_connect(where, atoi(colon + 1), 0 /* a launcher */, job_comm_timeout_ms(&dp->cfg) + 5000,
+                                     0, replica_server_key(dp->replicas), cerr, sizeof cerr);
     if (!c) {
         snprintf(err, errlen, "rank %d's state of step %lld: not on this machine, and its machine's launcher at %s:%s "
                  "cannot be reached: %s", rank, (long long)step + 1, where, colon + 1, cerr);
@@ -1313,6 +1319,7 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     for (int i = 0; i < n; i++) {
         snprintf(targets[i].host, sizeof targets[i].host, "%s", holders[i].host);
         targets[i].port = holders[i].port;
+        targets[i].proc = holders[i].proc;
     }
     if (!dp->snap_ctl) dp->snap_ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen);
     if (!dp->snap_ctl) return -1;

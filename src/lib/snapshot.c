@@ -79,8 +79,8 @@ static void copy_regions(Snapshot *s, Slot *slot) {
 static ReplicaConn *target_conn(Snapshot *s, int i) {
     if (!s->conns[i]) {
         char err[256];
-        s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->cfg.timeout_ms, s->cfg.allow_pull,
-                                      s->key, err, sizeof err);
+        s->conns[i] = replica_connect(s->targets[i].host, s->targets[i].port, s->targets[i].proc, s->cfg.timeout_ms,
+                                      s->cfg.allow_pull, s->key, err, sizeof err);
     }
     return s->conns[i];
 }

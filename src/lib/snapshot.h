@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
     char host[256];
     int port;
+    long proc; /* the holder's process id in the job: the handshake proves it is that holder */
 } ReplicaTarget;
 
 typedef struct {

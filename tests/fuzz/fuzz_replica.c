@@ -7,7 +7,10 @@
  * Input: one byte of flags, then the stream. Without flag 0x10 the stream goes out raw right
  * after the holder's hello, as an unauthenticated peer's handshake answer and whatever
  * follows. With 0x10 the harness first completes the handshake with the job's key, as
- * replica.c's client does, and the stream is a sequence of requests ('P' PUT, 'G' GET,
+ * replica.c's client does, meaning this holder (FUZZ_PROC on its port), or with 0x80 too
+ * meaning another holder of the job (a relay): the holder must then close the connection
+ * without its proof, and the stream goes out raw. Otherwise the stream is a sequence of
+ * requests ('P' PUT, 'G' GET,
  * 'L' PULL, 'R' RESERVE, framed as replica.c describes them) which the harness walks the way
  * the holder frames them: it fixes each request up as the flags say and appends the request's
  * MAC tag (session key, direction 'C', sequence number), so the fuzzer reaches the parsing
@@ -15,6 +18,8 @@
  *   0x01  job name = the holder's job (headers and GET requests)
  *   0x02  header sealed: magic, version, world and header CRC made valid
  *   0x04  PUT/PULL payload CRC = the CRC of the bytes that follow / will be pulled
+ *   0x40  a PUT payload's tag (Poly1305, replica.c) is right; without it the 16 bytes after
+ *         the payload come from the input
  *   0x08  PULL source = this process (the one at the other end of the connection: boot id,
  *         pid namespace, pid) and an address inside a buffer of known bytes
  *   0x20  the last request's tag is wrong (the holder must close without acting on it)
@@ -44,6 +49,7 @@
 #include "replica.h"
 
 #define FUZZ_JOB "fuzz-job"
+#define FUZZ_PROC 5 /* the holder's process id in the job: part of its identity */
 #define FUZZ_WORLD 4
 #define FUZZ_BUDGET (1u << 20)
 #define FUZZ_SECRET "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
@@ -51,16 +57,19 @@
 #define JOB_BYTES sizeof(((SnapHeader *)0)->job)
 #define GET_LEN (JOB_BYTES + 4 + 8)
 #define TAG crypto_auth_BYTES
+#define PTAG crypto_onetimeauth_BYTES
 #define NONCE 32
 
-/* replica.c's PullSource, as it travels (64 bytes). */
+/* replica.c's PullSource, as it travels (72 bytes). */
 typedef struct {
     char boot_id[40];
     uint64_t pidns;
     int64_t pid;
     uint64_t addr;
+    uint32_t crc_known;
+    uint32_t unused;
 } PullSource;
-_Static_assert(sizeof(PullSource) == 64, "PullSource is 64 bytes on the wire");
+_Static_assert(sizeof(PullSource) == 72, "PullSource is 72 bytes on the wire");
 
 static unsigned char key[REPLICA_KEY_BYTES];
 static PullSource self;
@@ -93,15 +102,26 @@ static void init_once(void) {
     for (size_t i = 0; i < sizeof pull_area; i++) pull_area[i] = (unsigned char)(i * 131 + 7);
 }
 
-/* MAC(key, label || nh || nc): the handshake's proofs and the session key (replica.c). */
+/* MAC(key, label || nh || nc || id): the handshake's proofs and the session key; id is the
+ * holder's identity "PROC@HOST:PORT" (replica.c). */
 static void mac_label(unsigned char out[TAG], const unsigned char *k, const char *label, const unsigned char *nh,
-                      const unsigned char *nc) {
-    unsigned char in[32 + 2 * NONCE];
-    size_t n = strlen(label);
+                      const unsigned char *nc, const char *id) {
+    unsigned char in[32 + 2 * NONCE + 300];
+    size_t n = strlen(label), m = strlen(id);
     memcpy(in, label, n);
     memcpy(in + n, nh, NONCE);
     memcpy(in + n + NONCE, nc, NONCE);
-    crypto_auth(out, in, n + 2 * NONCE, k);
+    memcpy(in + n + 2 * NONCE, id, m);
+    crypto_auth(out, in, n + 2 * NONCE + m, k);
+}
+
+/* The tag of a payload that follows request number seq (replica.c: Poly1305 under a key
+ * derived from the session key for that payload alone). */
+static void payload_tag(unsigned char out[PTAG], const unsigned char *ks, uint64_t seq, const unsigned char *p,
+                        size_t n) {
+    unsigned char otk[crypto_onetimeauth_KEYBYTES];
+    crypto_kdf_derive_from_key(otk, sizeof otk, seq, "DPpayC02", ks);
+    crypto_onetimeauth(out, p, n, otk);
 }
 
 /* A growing output buffer, and the type of every request framed into it (replies come back
@@ -201,11 +221,26 @@ static void frame_requests(Out *o, const unsigned char *s, size_t n, unsigned fl
         memcpy(msg + 1, &h, HDR);
         out_request(o, ks, &seq, msg, len, &last_tag);
         o->expect = o->nreq;
-        if (type == REPLICA_REQ_PUT) { /* the payload: untagged, as long as the header says */
+        if (type == REPLICA_REQ_PUT) { /* the payload, as long as the header says, then its tag */
             size_t have = n - i < h.length ? n - i : (size_t)h.length;
             out_put(o, s + i, have);
-            i += have;
-            if (have < h.length) o->expect--; /* answered only when the connection ends */
+            if (have < h.length) {
+                o->expect--; /* answered only when the connection ends */
+                i += have;
+                continue;
+            }
+            if (flags & 0x40) {
+                unsigned char pt[PTAG];
+                payload_tag(pt, ks, seq - 1, s + i, have);
+                out_put(o, pt, PTAG);
+                i += have;
+            } else {
+                i += have;
+                size_t t = n - i < PTAG ? n - i : PTAG;
+                out_put(o, s + i, t);
+                i += t;
+                if (t < PTAG) o->expect--;
+            }
         }
         continue;
     }
@@ -214,7 +249,7 @@ static void frame_requests(Out *o, const unsigned char *s, size_t n, unsigned fl
 }
 
 /* Counts the holder's replies as they arrive: int32 status and tag, and for a GET answered
- * REPLICA_OK the SnapHeader before the tag and the payload after it (replica.c). */
+ * REPLICA_OK the SnapHeader before the tag and the payload and its tag after it (replica.c). */
 typedef struct {
     size_t done;             /* replies complete */
     unsigned char head[4 + HDR];
@@ -252,7 +287,7 @@ static void replies_feed(Replies *r, const Out *o, const unsigned char *b, size_
         if (want == 4 + HDR) {
             SnapHeader h;
             memcpy(&h, r->head + 4, HDR);
-            r->skip += h.length;
+            r->skip += h.length + PTAG;
         }
         r->have = 0;
     }
@@ -312,7 +347,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
     unsigned flags = data[0];
     char err[512] = "";
-    ReplicaServer *s = replica_server_start("127.0.0.1", 0, FUZZ_JOB, FUZZ_WORLD, key, err, sizeof err);
+    ReplicaServer *s = replica_server_start("127.0.0.1", 0, FUZZ_JOB, FUZZ_WORLD, FUZZ_PROC, key, err, sizeof err);
     FUZZ_CHECK(s != NULL, "replica_server_start: %s", err);
     replica_server_set_max_bytes(s, FUZZ_BUDGET);
     int base = thread_count(); /* this process and the holder's accept thread */
@@ -334,21 +369,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* The holder's hello: from here on its thread for this connection exists, and it ends
      * only after reading what we send, so "threads back to base" below means it finished. */
     unsigned char hello[4 + NONCE];
-    FUZZ_CHECK(read_exact(fd, hello, sizeof hello) == 0 && memcmp(hello, "DPR1", 4) == 0, "no hello from the holder: %s",
+    FUZZ_CHECK(read_exact(fd, hello, sizeof hello) == 0 && memcmp(hello, "DPR2", 4) == 0, "no hello from the holder: %s",
                strerror(errno));
 
     Out out = {0};
     if (flags & 0x10) {
         unsigned char answer[NONCE + TAG], proof[TAG], ks[TAG];
+        char id[300];
+        /* 0x80: meaning another holder of the job, as a client relayed to this one does */
+        snprintf(id, sizeof id, "%d@127.0.0.1:%d", (flags & 0x80) ? FUZZ_PROC + 1 : FUZZ_PROC, replica_server_port(s));
         for (int i = 0; i < NONCE; i++) answer[i] = (unsigned char)(i + flags);
-        mac_label(answer + NONCE, key, "DPrepl01 client", hello + 4, answer);
+        mac_label(answer + NONCE, key, "DPrepl02 client", hello + 4, answer, id);
         FUZZ_CHECK(write_exact(fd, answer, sizeof answer) == 0, "handshake send: %s", strerror(errno));
-        FUZZ_CHECK(read_exact(fd, proof, sizeof proof) == 0, "the holder refused a correct handshake");
-        unsigned char want[TAG];
-        mac_label(want, key, "DPrepl01 holder", hello + 4, answer);
-        FUZZ_CHECK(memcmp(proof, want, TAG) == 0, "the holder's proof is wrong");
-        mac_label(ks, key, "DPrepl01 session", hello + 4, answer);
-        frame_requests(&out, data + 1, size - 1, flags, ks);
+        if (flags & 0x80) {
+            FUZZ_CHECK(read_exact(fd, proof, sizeof proof) != 0, "the holder answered a client that meant another holder");
+            out_put(&out, data + 1, size - 1);
+        } else {
+            FUZZ_CHECK(read_exact(fd, proof, sizeof proof) == 0, "the holder refused a correct handshake");
+            unsigned char want[TAG];
+            mac_label(want, key, "DPrepl02 holder", hello + 4, answer, id);
+            FUZZ_CHECK(memcmp(proof, want, TAG) == 0, "the holder's proof is wrong");
+            mac_label(ks, key, "DPrepl02 session", hello + 4, answer, id);
+            frame_requests(&out, data + 1, size - 1, flags, ks);
+        }
     } else {
         out_put(&out, data + 1, size - 1);
     }

@@ -189,8 +189,8 @@ static size_t req_header(unsigned char *out, char type, int rank, int world, int
         n += len;
     }
     if (type == REPLICA_REQ_PULL) {
-        memset(out + n, 0, 64); /* PullSource: the harness points it at itself (flag 8) */
-        n += 64;
+        memset(out + n, 0, 72); /* PullSource: the harness points it at itself (flag 8) */
+        n += 72;
     }
     return n;
 }
@@ -208,7 +208,7 @@ static void replica_streams(void) {
     unsigned char s[2048], payload[64];
     for (size_t i = 0; i < sizeof payload; i++) payload[i] = (unsigned char)(i * 3);
     size_t n = 0;
-    s[n++] = 0x1f; /* authenticated, every fix-up (fuzz_replica.c) */
+    s[n++] = 0x5f; /* authenticated, every fix-up (fuzz_replica.c) */
     n += req_header(s + n, REPLICA_REQ_RESERVE, 0, 4, 0, NULL, sizeof payload);
     n += req_header(s + n, REPLICA_REQ_PUT, 0, 4, 5, payload, sizeof payload);
     n += req_header(s + n, REPLICA_REQ_PUT, 0, 4, 6, payload, sizeof payload);
@@ -217,18 +217,29 @@ static void replica_streams(void) {
     n += req_get(s + n, 1, -1);
     put("replica", "reserve_put_get", s, n);
     n = 0;
-    s[n++] = 0x1f;
+    s[n++] = 0x5f;
     n += req_header(s + n, REPLICA_REQ_PULL, 1, 4, 3, NULL, sizeof payload);
     n += req_get(s + n, 1, -1);
     put("replica", "pull_get", s, n);
     n = 0;
-    s[n++] = 0x11; /* authenticated, job fixed, payload CRC as given */
+    s[n++] = 0x51; /* authenticated, job fixed, payload CRC as given, payload tag right */
     n += req_header(s + n, REPLICA_REQ_PUT, 0, 4, 5, payload, sizeof payload);
     s[n - 1] ^= 0xff; /* payload no longer matches its CRC: refused, connection kept */
     n += req_get(s + n, 0, -1);
     put("replica", "put_bad_crc", s, n);
     n = 0;
-    s[n++] = 0x3f; /* the last request's tag is wrong */
+    s[n++] = 0x1f; /* every fix-up but the payload's tag: 16 zero bytes (altered on the way) */
+    n += req_header(s + n, REPLICA_REQ_PUT, 0, 4, 5, payload, sizeof payload);
+    memset(s + n, 0, 16);
+    n += 16;
+    n += req_get(s + n, 0, -1);
+    put("replica", "put_bad_payload_tag", s, n);
+    n = 0;
+    s[n++] = 0x90; /* a correct handshake meaning another holder (relayed): closed */
+    n += req_get(s + n, 0, -1);
+    put("replica", "relay", s, n);
+    n = 0;
+    s[n++] = 0x7f; /* the last request's tag is wrong */
     n += req_header(s + n, REPLICA_REQ_PUT, 2, 4, 5, payload, sizeof payload);
     n += req_get(s + n, 2, -1);
     put("replica", "bad_tag", s, n);

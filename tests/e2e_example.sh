@@ -57,7 +57,7 @@ done
 # written by rank 0 although its holder died with it, and the resumed job ends the same.
 run_job "$WORK/plain_nospare" 120 "${PLAIN[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 \
   --inject kill:1@30 --inject kill:2@30 -- "$MLP" --plain; rc=$?
-timeout -k 5 120 "$DP" run --resume "$WORK/plain_nospare" >"$WORK/plain_nospare.resume.stdout" 2>"$WORK/plain_nospare.resume.log"; rc2=$?
+timeout -k 5 120 "$DP" run --resume "$WORK/plain_nospare" -- "$MLP" --plain >"$WORK/plain_nospare.resume.stdout" 2>"$WORK/plain_nospare.resume.log"; rc2=$?
 if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/plain_nospare.log" && [ $rc2 -eq 0 ] \
    && cmp -s "$WORK/plain_ref/model.bin" "$WORK/plain_nospare/model.bin" && no_leftovers "$WORK/plain_nospare"; then
   ok "example_plain_no_spare_persist_then_resume"

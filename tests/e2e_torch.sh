@@ -50,7 +50,7 @@ expect_same torch_ft_disk ref 1 --spares 0 --ft disk --ckpt-every 5 --inject kil
 # the job stops telling how to resume, and the resumed job ends with the same model.
 run_job "$WORK/nospare" 180 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --inject kill:1@12 \
   -- "${TRAIN[@]}"; rc=$?
-timeout -k 5 180 "$DP" run --resume "$WORK/nospare" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
+timeout -k 5 180 "$DP" run --resume "$WORK/nospare" -- "${TRAIN[@]}" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
 ck=$(ls -d "$WORK"/nospare/ckpt/step_*/ 2>/dev/null | tail -1)
 if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/nospare.log" && [ $rc2 -eq 0 ] \
    && cmp -s "$WORK/ref/model.pt" "$WORK/nospare/model.pt" && [ -s "${ck}model.pt" ] && no_leftovers "$WORK/nospare"; then
@@ -66,7 +66,7 @@ pid=$!
 for _ in $(seq 1200); do grep -qE "^step +6/" "$WORK/sigint.stdout" 2>/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 # To the launcher itself: timeout would relay the signal to its process group as well, a second Ctrl-C.
 kill -INT "$(pgrep -P $pid | head -1)" 2>/dev/null; wait $pid; rc=$?
-timeout -k 5 180 "$DP" run --resume "$WORK/sigint" >"$WORK/sigint.resume.stdout" 2>"$WORK/sigint.resume.log"; rc2=$?
+timeout -k 5 180 "$DP" run --resume "$WORK/sigint" -- "${TRAIN[@]}" >"$WORK/sigint.resume.stdout" 2>"$WORK/sigint.resume.log"; rc2=$?
 if [ $rc -eq 130 ] && grep -q '"event":"kept_on_stop"' "$WORK/sigint/events.jsonl" && [ $rc2 -eq 0 ] \
    && cmp -s "$WORK/ref/model.pt" "$WORK/sigint/model.pt" && no_leftovers "$WORK/sigint"; then
   ok "torch_ctrl_c_keeps_the_work ($(grep -o 'writing step [0-9]*' "$WORK/sigint.log"))"

@@ -982,7 +982,9 @@ static void keep_on_stop(Launcher *L) {
         if (L->cfg->nnodes == 0 ? checkpoint_latest(L->run_cfg.out, err, sizeof err) >= g
                                 : ctl_get(L->ctl, ctl_key_suffix(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
                                       atoll(done) >= g) {
-            log_msg("step %lld is on disk: continue with `deadpool run --resume %s`", g + 1, L->run_cfg.out);
+            char cmd[9000];
+            log_msg("step %lld is on disk: continue with `%s`", g + 1,
+                    resume_command(L->run_cfg.out, L->run_cfg.program, cmd, sizeof cmd));
             event_emit(L->ctl, L->t0_wall_ms, "kept_on_stop", "\"step\":%lld", g + 1);
             break;
         }

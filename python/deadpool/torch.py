@@ -156,7 +156,7 @@ class FaultTolerant:
             "stateful": [pickle.dumps(o.state_dict()) for o in self._stateful],
             "rng": torch.get_rng_state() if self._rng else None,
         }
-        self._opt_flat, self._opt_layout, self._meta_keep = None, [], []
+        self._opt_flat, self._opt_layout, self._opt_count, self._adopted, self._value_keys = None, [], 0, [], []
         self._part_rank = None
         st = self.job.join(Callbacks(regions=self._regions, reset=self._reset, restore=self._restore,
                                      rebuild=self._rebuild, checkpoint=self._checkpoint))
@@ -269,30 +269,37 @@ class FaultTolerant:
         return tensors, values
 
     def _adopt_opt_state(self):
-        """Moves optimizer state tensors into the flat buffer when the layout changed (state
-        appeared, e.g. at the first step); otherwise nothing (they already view it)."""
+        """Moves optimizer state tensors into the flat buffer when its layout changed (state
+        appeared, e.g. at the first step, or the optimizer replaced a tensor); otherwise only
+        checks that every entry is still the view it was given. The non-tensor state."""
+        params = [self._opt_params[j] for j in self._current_params()]
+        count = sum(len(self._opt.state[p]) for p in params if p in self._opt.state)
+        if self._opt_flat is not None and count == self._opt_count and all(
+                sd.get(k) is v for sd, k, v in self._adopted):
+            return {(j, k): self._opt.state[self._opt_params[j]][k] for j, k in self._value_keys}
         tensors, values = self._opt_entries()
         layout = [(j, key, v.dtype, tuple(v.shape)) for j, key, v in tensors]
-        same = layout == self._opt_layout and self._opt_flat is not None and all(
-            v.data_ptr() == self._opt_flat.view(n).data_ptr() for n, (_, _, v) in enumerate(tensors))
-        if not same:
-            flat = _Flat([(d, s) for _, _, d, s in layout])
-            with torch.no_grad():
-                for n, (j, key, v) in enumerate(tensors):
-                    view = flat.view(n)
-                    view.copy_(v)
-                    self._opt.state[self._opt_params[j]][key] = view
-            self._opt_flat, self._opt_layout = flat, layout
+        flat = _Flat([(d, s) for _, _, d, s in layout])
+        self._adopted = []
+        with torch.no_grad():
+            for n, (j, key, v) in enumerate(tensors):
+                view = flat.view(n)
+                view.copy_(v)
+                self._opt.state[self._opt_params[j]][key] = view
+                self._adopted.append((self._opt.state[self._opt_params[j]], key, view))
+        self._opt_flat, self._opt_layout, self._opt_count = flat, layout, count
+        self._value_keys = list(values)
+        self._static_meta = pickle.dumps({
+            "names": [(n, str(t.dtype), tuple(t.shape)) for n, t in zip(self._names, self._tensors)],
+            "zero": self._zero,
+            "layout": [(j, key, str(d), s) for j, key, d, s in layout],
+        }, protocol=4)
         return values
 
     def _meta(self, values):
-        return pickle.dumps({
-            "names": [(n, str(t.dtype), tuple(t.shape)) for n, t in zip(self._names, self._tensors)],
-            "zero": self._zero,
-            "layout": [(j, key, str(d), s) for j, key, d, s in self._opt_layout],
-            "values": values,
-            "groups": [_hyper(g) for g in self._opt.param_groups],
-        }, protocol=4)
+        """The description: its static part pickled once per layout, the rest every step."""
+        return pickle.dumps((self._static_meta, {"values": values, "groups": [_hyper(g) for g in self._opt.param_groups]}),
+                            protocol=4)
 
     # --- callbacks ---
     def _regions(self):
@@ -322,7 +329,8 @@ class FaultTolerant:
             self._restore_extra(g.extra)
         meta_view = g.region(_ID_META)
         if meta_view is not None:
-            self._restore_meta(pickle.loads(bytes(meta_view)), g)
+            static, dynamic = pickle.loads(bytes(meta_view))
+            self._restore_meta(dict(pickle.loads(static), **dynamic), g)
         model = g.region(_ID_MODEL)
         if model is not None:
             if self._zero:
@@ -363,7 +371,7 @@ class FaultTolerant:
             self._opt.state[self._opt_params[j]][key] = flat.view(n)
         for (j, key), v in meta["values"].items():
             self._opt.state[self._opt_params[j]][key] = v
-        self._opt_flat, self._opt_layout = flat, layout
+        self._opt_flat = None  # the next capture adopts the restored tensors afresh
 
     def _extra(self):
         if not self._stateful and not self._rng:

@@ -124,13 +124,13 @@ static int local_seen(const SnapHeader *h, const void *payload, const void *loca
 
 static void test_local_part_not_replicated(void) {
     char err[256];
-    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, KEY, err, sizeof err);
+    ReplicaServer *srv = replica_server_start("127.0.0.1", 0, JOB, WORLD, 0 /* proc, as the targets say */, KEY, err, sizeof err);
     CHECK(srv != NULL, "%s", err);
     if (!srv) return;
     size_t n1 = 1000, n2 = 70000;
     unsigned char *own = malloc(n1), *same = malloc(n2), *ext = malloc(n1);
     SnapRegion mine = {own, n1}, local = {same, n2};
-    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv)};
+    ReplicaTarget target = {"127.0.0.1", replica_server_port(srv), 0};
     SnapshotConfig sc = {.job = JOB, .epoch = 0, .rank = 1, .world = WORLD, .targets = &target, .ntargets = 1,
                          .timeout_ms = 5000, .key = KEY};
     Snapshot *s = snapshot_create(&sc, err, sizeof err);

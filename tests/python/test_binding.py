@@ -115,4 +115,33 @@ check("regions_that_raise_is_an_error_not_a_crash",
       rc != 0 and re.search(r"binding: raised deadpool.Error: commit: the regions callback raised RuntimeError: regions "
                             r"exploded", err) is not None and "Segmentation" not in err, err)
 
+# deadpool.torch with state of the rank's own: the RNG (dropout) and a data cursor the RNG moves.
+TORCH_PROG = [sys.executable, os.path.join(ROOT, "tests", "python", "torch_job.py")]
+
+
+def torch_job(name, *args, zero=False):
+    out = os.path.join(work, name)
+    cmd = [DP, "run", "--workers", "2", "--spares", "1", "--steps", "16", "--seed", "3", "--out", out] + list(args)
+    try:
+        r = subprocess.run(cmd + ["--"] + TORCH_PROG + (["zero"] if zero else []), capture_output=True, text=True,
+                           timeout=180)
+    except subprocess.TimeoutExpired as e:
+        return b"", (e.stderr or b"").decode(errors="replace"), ""
+    path = os.path.join(out, "tiny.pt")
+    ev = os.path.join(out, "events.jsonl")
+    return (open(path, "rb").read() if r.returncode == 0 and os.path.exists(path) else b""), r.stderr, \
+        (open(ev).read() if os.path.exists(ev) else "")
+
+
+try:
+    import torch  # noqa: F401
+    for zero in (False, True):
+        tag = "zero1" if zero else "plain"
+        ref, err, _ = torch_job("t_ref_" + tag, zero=zero)
+        got, err2, ev = torch_job("t_kill_" + tag, "--inject", "kill:1@6", "--inject", "kill:0@11", zero=zero)
+        check("torch_rng_and_cursor_restored_%s" % tag, ref and got == ref and ev.count('"event":"recovered"') >= 2,
+              err + err2)
+except ImportError:
+    check("torch_rng_and_cursor_restored # SKIP no torch", True)
+
 sys.exit(1 if failed else 0)

@@ -95,10 +95,12 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *ckpt_
     }
     ckpt_program[0] = 0;
     if (!dir) return 0;
-    /* Read (and later written) as this user, root maybe: nobody else may have put files here. */
+    /* Read (and later written) as this user, root maybe: nobody else may have put files here.
+     * (A machine may have no such directory at all: it joins with the others' checkpoint.) */
     char ck[4200];
     snprintf(ck, sizeof ck, "%s/ckpt", dir);
-    if (dir_is_private(dir, err, errlen) != 0 || (access(ck, F_OK) == 0 && dir_is_private(ck, err, errlen) != 0))
+    if ((access(dir, F_OK) == 0 && dir_is_private(dir, err, errlen) != 0) ||
+        (access(ck, F_OK) == 0 && dir_is_private(ck, err, errlen) != 0))
         return -1;
     int64_t step = checkpoint_latest_intact(dir, err, errlen);
     /* Across machines without a shared filesystem a machine holds part of a checkpoint (its

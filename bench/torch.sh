@@ -39,7 +39,8 @@ poll_rss() {
   awk 'NF == 3 && $3 != "" {v[$1] = $2 " " $3} END {for (p in v) print p, v[p]}' "$out.raw" >"$out"
 }
 
-# run_dp DIR [ARGS] / run_ddp DIR [ARGS]: one run.
+# run_dp DIR [ARGS] / run_ddp DIR [ARGS]: one run (RESTARTS=N: torchrun restarts the workers
+# up to N times).
 run_dp() {
   local d=$1; shift
   touch "$d.rss.poll"; poll_rss "$d.rss" "train_gpt2.py$" & local poller=$!
@@ -52,7 +53,7 @@ run_ddp() {
   touch "$d.rss.poll"; poll_rss "$d.rss" "train_gpt2.py --ddp" & local poller=$!
   mkdir -p "$d"
   timeout -k 5 600 "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$d/logs" --nproc_per_node 4 \
-    "${TRAIN[@]}" --ddp --steps "$STEPS" --seed 1 --out "$d" "$@" >"$d.log" 2>&1 \
+    --max_restarts "${RESTARTS:-0}" "${TRAIN[@]}" --ddp --steps "$STEPS" --seed 1 --out "$d" "$@" >"$d.log" 2>&1 \
     || { echo "torchrun failed: $(tail -3 "$d.log")" >&2; exit 1; }
   rm -f "$d.rss.poll"; wait $poller
 }
@@ -96,12 +97,8 @@ for ((i = 1; i <= 3; i++)); do
     for p in $(pgrep -f "train_gpt2.py --ddp" || true); do
       { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx 'LOCAL_RANK=1' && { kill -9 "$p"; break; }
     done ) & killer=$!
-  touch "$d.rss.poll"; poll_rss "$d.rss" "train_gpt2.py --ddp" & poller=$!
-  mkdir -p "$d"
-  timeout -k 5 600 "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$d/logs" --nproc_per_node 4 \
-    --max_restarts 1 "${TRAIN[@]}" --ddp --steps "$STEPS" --seed 1 --out "$d" --ckpt-every 10 >"$d.log" 2>&1 \
-    || { echo "torchrun with a kill failed: $(tail -3 "$d.log")" >&2; exit 1; }
-  rm -f "$d.rss.poll"; wait $poller; wait $killer || true
+  RESTARTS=1 run_ddp "$d" --ckpt-every 10
+  wait $killer || true
   lost_ddp+=("$(ddp_span "$d")")
   grep -q "resumed from" "$d.log" || { echo "torchrun did not restart from the checkpoint" >&2; exit 1; }
   grep -q '"event":"recovered"' "$W/kk$i/events.jsonl" || { echo "DeadPool did not recover" >&2; exit 1; }

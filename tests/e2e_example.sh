@@ -13,19 +13,7 @@ if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ -s "$WORK/ref/model.bin" ] && cmp -s "$W
   ok "example_deterministic"
 else notok "example_deterministic" "rc $rc $rc2" "$(tail -3 "$WORK/ref.log")"; fi
 
-# expect_like REF NAME MIN_RECOVERED ARGS... — a run that must end with REF's model.
-expect_like() {
-  local ref=$1 name=$2 n=$3; shift 3
-  run_job "$WORK/$name" 180 "$@"; local rc=$?
-  local got bad=""
-  got=$(grep -c '"event":"recovered"' "$WORK/$name/events.jsonl" 2>/dev/null)
-  [ $rc -eq 0 ] || bad="rc $rc"
-  [ "${got:-0}" -ge "$n" ] || bad="$bad; $got recovered events, expected >= $n"
-  cmp -s "$WORK/$ref/model.bin" "$WORK/$name/model.bin" || bad="$bad; model differs from the failure-free run"
-  no_leftovers "$WORK/$name" || bad="$bad; processes left behind"
-  if [ -z "$bad" ]; then ok "$name ($got recovered)"; else notok "$name" "$bad" "$(tail -5 "$WORK/$name.log")"; fi
-}
-# expect_same NAME MIN_RECOVERED ARGS... — the same with the reference run's options.
+# expect_same NAME MIN_RECOVERED ARGS... — expect_like (lib_e2e.sh) against the reference run, with its options.
 expect_same() { local name=$1 n=$2; shift 2; expect_like ref "$name" "$n" "${BASE[@]}" "$@"; }
 
 # A kill, a hang, then a kill whose replacement dies while it recovers (epoch 3 -> 4).

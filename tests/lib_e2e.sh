@@ -35,4 +35,19 @@ no_leftovers() {
   return 0
 }
 
+# expect_like REF NAME MIN_RECOVERED ARGS... — `deadpool run ARGS` into $WORK/NAME (bounded by
+# RUN_LIMIT s, 180) must exit 0 with at least MIN_RECOVERED `recovered` events, leave no process
+# behind, and write E2E_MODEL (model.bin) byte-identical to $WORK/REF's.
+expect_like() {
+  local ref=$1 name=$2 n=$3 model=${E2E_MODEL:-model.bin}; shift 3
+  run_job "$WORK/$name" "${RUN_LIMIT:-180}" "$@"; local rc=$?
+  local got bad=""
+  got=$(grep -c '"event":"recovered"' "$WORK/$name/events.jsonl" 2>/dev/null)
+  [ $rc -eq 0 ] || bad="rc $rc"
+  [ "${got:-0}" -ge "$n" ] || bad="$bad; $got recovered events, expected >= $n"
+  cmp -s "$WORK/$ref/$model" "$WORK/$name/$model" || bad="$bad; $model differs from the failure-free run"
+  no_leftovers "$WORK/$name" || bad="$bad; processes left behind"
+  if [ -z "$bad" ]; then ok "$name ($got recovered)"; else notok "$name" "$bad" "$(tail -5 "$WORK/$name.log")"; fi
+}
+
 count_lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }

@@ -118,43 +118,64 @@ def _put_err(err, errlen, msg):
         ctypes.memmove(err, data, len(data))
 
 
-def _float_buffer(buf, what):
-    """(address, element count) of a contiguous float32 buffer: a CPU torch tensor, a numpy
-    array, or anything with the buffer protocol whose items are 4-byte floats."""
+def _buffer(buf, what, floats):
+    """(address, length) of a writable contiguous buffer in host memory: a CPU torch tensor, a
+    numpy array, or anything with the buffer protocol. floats: float32 items only, the length
+    counted in them; else the length in bytes."""
     if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor, without importing torch
-        if str(buf.dtype) != "torch.float32":
+        if floats and str(buf.dtype) != "torch.float32":
             raise Error("%s: expected a float32 tensor, found %s" % (what, buf.dtype))
         if buf.device.type != "cpu":
             raise Error("%s: expected a tensor in host memory, found one on %s" % (what, buf.device))
         if not buf.is_contiguous():
             raise Error("%s: expected a contiguous tensor" % what)
-        return buf.data_ptr(), buf.numel()
+        return buf.data_ptr(), buf.numel() * (1 if floats else buf.element_size())
     view = memoryview(buf)
-    if view.format != "f" or view.itemsize != 4:
+    if floats and (view.format != "f" or view.itemsize != 4):
         raise Error("%s: expected float32 items, found format %r" % (what, view.format))
-    if not view.c_contiguous or view.readonly:
-        raise Error("%s: expected a writable contiguous buffer" % what)
-    n = view.nbytes // 4
-    if n == 0:
-        return 0, 0
-    return ctypes.addressof(ctypes.c_char.from_buffer(view.cast("B"))), n
-
-
-def _byte_buffer(buf, what):
-    """(address, size in bytes) of a writable contiguous buffer or CPU tensor."""
-    if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):
-        if buf.device.type != "cpu" or not buf.is_contiguous():
-            raise Error("%s: expected a contiguous tensor in host memory" % what)
-        return buf.data_ptr(), buf.numel() * buf.element_size()
-    view = memoryview(buf)
     if not view.c_contiguous or view.readonly:
         raise Error("%s: expected a writable contiguous buffer" % what)
     if view.nbytes == 0:
         return 0, 0
-    return ctypes.addressof(ctypes.c_char.from_buffer(view.cast("B"))), view.nbytes
+    return ctypes.addressof(ctypes.c_char.from_buffer(view.cast("B"))), view.nbytes // (4 if floats else 1)
+
+
+def _float_buffer(buf, what):
+    return _buffer(buf, what, True)
+
+
+def _byte_buffer(buf, what):
+    return _buffer(buf, what, False)
 
 
 _FPTR = ctypes.POINTER(ctypes.c_float)
+
+
+def _reduce(job, fn, handle, buf, what):
+    """A reduction in place (dp_allreduce_sum/mean, their group forms)."""
+    p, n = _float_buffer(buf, what)
+    return job._status(fn(handle, ctypes.cast(p, _FPTR), n), what)
+
+
+def _gather(job, fn, handle, size, inp, out, what):
+    """out[r*n:(r+1)*n] = member r's inp (dp_allgather, dp_group_allgather)."""
+    pi, n = _float_buffer(inp, what + " input")
+    po, m = _float_buffer(out, what + " output")
+    if m != n * size:
+        raise Error("%s: the output holds %d floats, expected %d x %d" % (what, m, n, size))
+    return job._status(fn(handle, ctypes.cast(pi, _FPTR), ctypes.cast(po, _FPTR), n), what)
+
+
+def _getter(fn, conv=None):
+    """A read-only property of the job from the library's getter `fn` (dp_rank ...)."""
+    def get(self):
+        v = getattr(self._L, fn)(self._h())
+        return conv(v) if conv else v
+    return property(get)
+
+
+def _text(v):
+    return v.decode("utf-8", "replace") if v else None
 
 
 class Job:
@@ -184,37 +205,17 @@ class Job:
             raise Error("the job was finished: this Job can no longer be used")
         return self._dp
 
-    @property
-    def role(self): return Role(self._L.dp_get_role(self._h()))
-    @property
-    def rank(self): return self._L.dp_rank(self._h())
-    @property
-    def world(self): return self._L.dp_world(self._h())
-    @property
-    def local_rank(self): return self._L.dp_local_rank(self._h())
-    @property
-    def next_step(self): return self._L.dp_next_step(self._h())
-    @property
-    def steps(self): return self._L.dp_steps(self._h())
-    @property
-    def seed(self): return self._L.dp_seed(self._h())
-    @property
-    def epoch(self): return self._L.dp_epoch(self._h())
-
-    @property
-    def out_dir(self):
-        p = self._L.dp_out_dir(self._h())
-        return p.decode() if p else None
-
-    @property
-    def resume_dir(self):
-        p = self._L.dp_resume_dir(self._h())
-        return p.decode() if p else None
-
-    @property
-    def last_error(self):
-        p = self._L.dp_last_error(self._h())
-        return p.decode("utf-8", "replace") if p else ""
+    role = _getter("dp_get_role", Role)
+    rank = _getter("dp_rank")
+    world = _getter("dp_world")
+    local_rank = _getter("dp_local_rank")
+    next_step = _getter("dp_next_step")
+    steps = _getter("dp_steps")
+    seed = _getter("dp_seed")
+    epoch = _getter("dp_epoch")
+    out_dir = _getter("dp_out_dir", _text)
+    resume_dir = _getter("dp_resume_dir", _text)
+    last_error = _getter("dp_last_error", lambda v: _text(v) or "")
 
     def store_prefix(self):
         """The Redis key prefix of the current epoch, "dp:JOB:eEPOCH:app:"."""
@@ -352,23 +353,16 @@ class Job:
 
     # --- collectives of the current epoch (collective; a fixed-order ring: deterministic) ---
     def allreduce_sum(self, buf):
-        p, n = _float_buffer(buf, "allreduce_sum")
-        return self._status(self._L.dp_allreduce_sum(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_sum")
+        return _reduce(self, self._L.dp_allreduce_sum, self._h(), buf, "allreduce_sum")
 
     def allreduce_mean(self, buf):
         """The mean over the ranks (the ring's sum times 1/world, the same bits on every rank);
         append the loss to the buffer to average it in the same collective."""
-        p, n = _float_buffer(buf, "allreduce_mean")
-        return self._status(self._L.dp_allreduce_mean(self._h(), ctypes.cast(p, _FPTR), n), "allreduce_mean")
+        return _reduce(self, self._L.dp_allreduce_mean, self._h(), buf, "allreduce_mean")
 
     def allgather(self, inp, out):
         """out[r*n:(r+1)*n] = rank r's inp (n = len(inp)); inp may alias its place in out."""
-        pi, n = _float_buffer(inp, "allgather input")
-        po, m = _float_buffer(out, "allgather output")
-        if m != n * self.world:
-            raise Error("allgather: the output holds %d floats, expected %d x %d" % (m, n, self.world))
-        return self._status(self._L.dp_allgather(self._h(), ctypes.cast(pi, _FPTR), ctypes.cast(po, _FPTR), n),
-                            "allgather")
+        return _gather(self, self._L.dp_allgather, self._h(), self.world, inp, out, "allgather")
 
     def broadcast(self, buf, root):
         p, n = _byte_buffer(buf, "broadcast")
@@ -405,20 +399,13 @@ class Group:
         return self._job._status(st, what)
 
     def allreduce_sum(self, buf):
-        p, n = _float_buffer(buf, "group allreduce_sum")
-        return self._st(self._job._L.dp_group_allreduce_sum(self._g, ctypes.cast(p, _FPTR), n), "group allreduce_sum")
+        return _reduce(self._job, self._job._L.dp_group_allreduce_sum, self._g, buf, "group allreduce_sum")
 
     def allreduce_mean(self, buf):
-        p, n = _float_buffer(buf, "group allreduce_mean")
-        return self._st(self._job._L.dp_group_allreduce_mean(self._g, ctypes.cast(p, _FPTR), n), "group allreduce_mean")
+        return _reduce(self._job, self._job._L.dp_group_allreduce_mean, self._g, buf, "group allreduce_mean")
 
     def allgather(self, inp, out):
-        pi, n = _float_buffer(inp, "group allgather input")
-        po, m = _float_buffer(out, "group allgather output")
-        if m != n * self.size:
-            raise Error("group allgather: the output holds %d floats, expected %d x %d" % (m, n, self.size))
-        return self._st(self._job._L.dp_group_allgather(self._g, ctypes.cast(pi, _FPTR), ctypes.cast(po, _FPTR), n),
-                        "group allgather")
+        return _gather(self._job, self._job._L.dp_group_allgather, self._g, self.size, inp, out, "group allgather")
 
     def send(self, buf, dst, tag=0):
         """Posted: `buf` must stay unchanged until wait_sends."""

@@ -82,9 +82,9 @@ def partition(sizes, world):
 
 
 class _Flat:
-    """One contiguous host buffer that a list of tensors view, each at an aligned offset.
-    `adopt` moves the tensors' contents into it and rebinds them (t.data = view), so the
-    tensor objects stay the ones the caller holds."""
+    """One contiguous host buffer that a list of tensors view, each at an aligned offset: the
+    caller copies a tensor's contents into view(i) and rebinds it there (t.data = view, or the
+    optimizer's state entry), so the tensor objects stay the ones the loop holds."""
 
     def __init__(self, entries, offsets=None, nbytes=None):
         # entries: (dtype, shape); offsets: where each starts (default: in order, aligned).
@@ -163,7 +163,7 @@ class FaultTolerant:
         if st != Status.OK:
             self._final = st
             return False
-        self._filter_groups()  # ZeRO: before the first optimizer step
+        self._current_params()  # ZeRO: the groups filtered before the first optimizer step
         return True
 
     # --- the module's state in flat buffers ---
@@ -238,21 +238,18 @@ class FaultTolerant:
 
     # --- the optimizer's state: adopted into a flat buffer once it exists ---
     def _current_params(self):
-        """The optimizer parameters this rank steps (ZeRO: its own), as indices into _opt_params."""
-        if not self._zero:
-            return list(range(len(self._opt_params)))
-        pos = {id(self._tensors[i]): k for k, i in enumerate(self._pidx)}
-        r = self.job.rank
-        return [j for j, p in enumerate(self._opt_params) if self._owner[pos[id(p)]] == r]
-
-    def _filter_groups(self):
-        """ZeRO: each param_group keeps this rank's parameters only (done once the rank is known)."""
-        if not self._zero or self._part_rank == self.job.rank:
-            return
-        mine = {id(self._opt_params[j]) for j in self._current_params()}
-        for g, full in zip(self._opt.param_groups, self._groups_params):
-            g["params"] = [p for p in full if id(p) in mine]
-        self._part_rank = self.job.rank
+        """The optimizer parameters this rank steps (ZeRO: its own), as indices into
+        _opt_params; worked out once the rank is known (a spare learns it in join)."""
+        if self._part_rank != self.job.rank:
+            r = self.job.rank
+            pos = {id(self._tensors[i]): k for k, i in enumerate(self._pidx)}
+            self._mine = [j for j, p in enumerate(self._opt_params) if not self._zero or self._owner[pos[id(p)]] == r]
+            self._mine_ids = {id(self._opt_params[j]) for j in self._mine}
+            if self._zero:  # each param_group keeps this rank's parameters only
+                for g, full in zip(self._opt.param_groups, self._groups_params):
+                    g["params"] = [p for p in full if id(p) in self._mine_ids]
+            self._part_rank = r
+        return self._mine
 
     def _opt_entries(self):
         """(j, key, tensor) of every optimizer state tensor, and {(j, key): value} of the rest."""
@@ -303,7 +300,7 @@ class FaultTolerant:
 
     # --- callbacks ---
     def _regions(self):
-        self._filter_groups()
+        self._current_params()
         values = self._adopt_opt_state()
         meta = bytearray(self._meta(values))
         mptr = ctypes.addressof(ctypes.c_char.from_buffer(meta))
@@ -324,7 +321,7 @@ class FaultTolerant:
         return out
 
     def _restore(self, g):
-        self._filter_groups()
+        self._current_params()
         if g.extra:
             self._restore_extra(g.extra)
         meta_view = g.region(_ID_META)
@@ -355,9 +352,9 @@ class FaultTolerant:
         for group, hyper in zip(self._opt.param_groups, meta["groups"]):
             group.update(hyper)
         # The optimizer's state becomes exactly the generation's: drop what it lacks.
-        covered = {id(self._opt_params[j]) for j in self._current_params()}
+        self._current_params()
         for p in list(self._opt.state.keys()):
-            if id(p) in covered:
+            if id(p) in self._mine_ids:
                 del self._opt.state[p]
         layout = [(j, key, getattr(torch, d.split(".")[-1]), tuple(s)) for j, key, d, s in meta["layout"]]
         flat = _Flat([(d, s) for _, _, d, s in layout])
@@ -387,7 +384,7 @@ class FaultTolerant:
             torch.set_rng_state(x["rng"])
 
     def _reset(self):
-        self._filter_groups()
+        self._current_params()
         self._model_flat.buf.copy_(self._initial["model"])
         if self._buf_flat:
             self._buf_flat.buf.copy_(self._initial["buffers"])
@@ -478,9 +475,9 @@ class FaultTolerant:
         filtered groups): the others' gradients start each step anew, or they would add up."""
         if not self._zero:
             return
-        mine = {id(p) for g in self._opt.param_groups for p in g["params"]}
+        self._current_params()
         for p in self._gparams:
-            if id(p) not in mine:
+            if id(p) not in self._mine_ids:
                 p.grad = None
 
     def _outcome(self, st):

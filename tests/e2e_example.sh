@@ -70,6 +70,13 @@ warm=$(grep '"event":"recovered"' "$WORK/example_spare_restore_warm/events.jsonl
 # Replicas on the spares, two of them per rank.
 expect_same example_replicas_on_spares 1 --spares 2 --replicas 2 --replica-placement spares --inject kill:2@70 -- "$MLP"
 
+# Two ranks fail at once with one spare left: the launcher starts the spare that is missing
+# at once, and the job goes on (it does not wait for a spare nobody will start).
+expect_same example_two_failed_one_spare_starts_another 2 --spares 1 --replicas 2 \
+  --inject kill:0@50 --inject kill:1@50 -- "$MLP"
+grep -q '"event":"no_spare".*"spares":1' "$WORK/example_two_failed_one_spare_starts_another/events.jsonl" \
+  && ok "example_two_failed_one_spare_counted" || notok "example_two_failed_one_spare_counted" "no no_spare event with 1 spare"
+
 # The classic baseline: a failure restarts the whole job from the newest disk checkpoint.
 expect_same example_ft_disk_restart 1 --spares 0 --ft disk --ckpt-every 25 --inject kill:1@60 -- "$MLP"
 [ -s "$(ls -d "$WORK"/example_ft_disk_restart/ckpt/step_*/ 2>/dev/null | tail -1)model.bin" ] \
@@ -77,13 +84,18 @@ expect_same example_ft_disk_restart 1 --spares 0 --ft disk --ckpt-every 25 --inj
 
 # No spare left: the committed state goes to disk (the failed rank's from its replica), the
 # job stops telling how to resume, and the resumed job ends with the same model.
+# The command it prints is run as printed: it names the program again (a checkpoint never
+# names what runs).
 run_job "$WORK/nospare" 120 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --inject kill:1@77 -- "$MLP"; rc=$?
-# (the program is named again: a checkpoint never names what runs)
-timeout -k 5 120 "$DP" run --resume "$WORK/nospare" -- "$MLP" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?
-if [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/nospare.log" && [ $rc2 -eq 0 ] \
+hint=$(grep -o 'continue with `deadpool run --resume [^`]*`' "$WORK/nospare.log" | head -1 | cut -d'`' -f2)
+read -ra cmd <<<"${hint#deadpool }"
+rc2=-1
+[ "${cmd[*]}" = "run --resume $WORK/nospare -- $MLP" ] && {
+  timeout -k 5 120 "$DP" "${cmd[@]}" >"$WORK/nospare.resume.stdout" 2>"$WORK/nospare.resume.log"; rc2=$?; }
+if [ $rc -ne 0 ] && [ $rc2 -eq 0 ] \
    && cmp -s "$WORK/ref/model.bin" "$WORK/nospare/model.bin" && no_leftovers "$WORK/nospare"; then
   ok "example_no_spare_persist_then_resume"
-else notok "example_no_spare_persist_then_resume" "rc $rc $rc2" "$(tail -3 "$WORK/nospare.log")" "$(tail -3 "$WORK/nospare.resume.log")"; fi
+else notok "example_no_spare_persist_then_resume" "rc $rc $rc2 hint '$hint'" "$(tail -3 "$WORK/nospare.log")" "$(tail -3 "$WORK/nospare.resume.log")"; fi
 
 # Bad input: options of the built-in trainer do not apply to a program; a missing program.
 "$DP" run --model small -- "$MLP" >"$WORK/bad1.out" 2>&1; rc=$?

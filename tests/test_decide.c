@@ -28,7 +28,7 @@ static DecideInput *base_input(void) {
     g_in.committed_min = 9;
     g_in.now_wall_ms = 50000;
     g_in.checkpoint_step = -1;
-    g_in.out = "/data/run1";
+    g_in.resume = "deadpool run --resume /data/run1 -- ./train --lr 0.1";
     g_in.spare_wait = 30;
     return &g_in;
 }
@@ -166,7 +166,7 @@ static void test_holder_lost_too(void) {
     o = run(in);
     CHECK(o == DECIDE_STATE_LOST, "outcome %s", decide_outcome_name(o));
     CHECK(strstr(g_why, "every holder of its replicas") && strstr(g_why, "checkpoint of step 5") &&
-              strstr(g_why, "continue from the checkpoint") && strstr(g_why, "`deadpool run --resume /data/run1`"),
+              strstr(g_why, "continue from the checkpoint") && strstr(g_why, "`deadpool run --resume /data/run1 -- ./train --lr 0.1`"),
           "%s", g_why);
     /* A holder whose heartbeat expired is lost as well. */
     in->checkpoint_step = -1;
@@ -271,7 +271,7 @@ static void test_no_spare(void) {
     CHECK(o == DECIDE_NO_SPARE, "outcome %s", decide_outcome_name(o));
     CHECK(g_d.rollback == 9, "the rollback to persist: %lld", g_d.rollback);
     CHECK(strstr(g_why, "rank 3 failed (crash) and no spare joined within 30 s") &&
-              strstr(g_why, "continue with `deadpool run --resume /data/run1` (checkpoint of step 10)"),
+              strstr(g_why, "continue with `deadpool run --resume /data/run1 -- ./train --lr 0.1` (checkpoint of step 10)"),
           "%s", g_why);
 }
 

@@ -37,7 +37,7 @@ static const OptSpec OPTIONS[] = {
     {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left (and a waiting spare, for a launcher that went away)"},
     {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown|corrupt:RANK@STEP (mid-step STEP, 1-based like the progress line; corrupt: RANK's replica holders damage their copies), or rkill:RANK@EPOCH (dies recovering into EPOCH, 1-based); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
-    {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used (one machine only: across machines spares are spare machines)"},
+    {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used, and at once one for each failed rank that finds no spare (one machine only: across machines spares are spare machines)"},
     {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},
     {"bind", OPT_STR, S(bind), 0, 0, NULL, "address the metrics server listens on (default 127.0.0.1, loopback only); with --nnodes also where this machine's processes are reached (default: the address it reaches Redis from)"},
     {"redis-ha", OPT_INT, F(redis_ha), 0, 0, 1, NULL, "embedded control plane with Redis Sentinel: a master, a replica and three sentinels on loopback (a master's loss is survived); --redis-ha alone = 1"},
@@ -203,6 +203,18 @@ int job_config_program_argv(const JobConfig *c, char *buf, size_t len, char **ar
     }
     argv[n] = NULL;
     return n;
+}
+
+const char *job_config_resume_command(const JobConfig *c, char *buf, size_t len) {
+    size_t n = strlen(DP_BUILTIN_PROGRAM);
+    if (!strncmp(c->program, DP_BUILTIN_PROGRAM, n) && (c->program[n] == 0 || c->program[n] == DP_ARG_SEP)) {
+        snprintf(buf, len, "deadpool run --resume %s", c->out);
+        return buf;
+    }
+    snprintf(buf, len, "deadpool run --resume %s -- %s", c->out, c->program);
+    for (char *p = buf; *p; p++)
+        if (*p == DP_ARG_SEP) *p = ' ';
+    return buf;
 }
 
 void job_config_print_help(void) {

@@ -93,6 +93,11 @@ int job_config_parse_lines(JobConfig *c, const char *text, char *err, size_t err
 /* Splits c->program into argv (pointers into buf, NULL-terminated). The argument count. */
 int job_config_program_argv(const JobConfig *c, char *buf, size_t len, char **argv, int max);
 
+/* The command that continues this job from its checkpoints, for messages: `deadpool run
+ * --resume OUT`, followed by `-- PROGRAM ARGS` unless the program is the built-in trainer
+ * (--resume never runs the program a checkpoint names: it must be given again). buf. */
+const char *job_config_resume_command(const JobConfig *c, char *buf, size_t len);
+
 /* Prints the option table (name, default, help) for `deadpool run --help`. */
 void job_config_print_help(void);
 

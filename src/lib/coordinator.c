@@ -63,8 +63,10 @@ struct Coordinator {
     double waiting_spare_since; /* no-spare fallback in progress, 0 = no */
     int fenced;              /* the current epoch is closed */
     char message[2048];
+    char resume[1024];       /* the command that resumes the job, for messages */
     int unrestorable;        /* a rank's state could not be restored: the job stops */
     int spares_lost;         /* spares gone (exited, or silent) since the last tick */
+    int spares_wanted;       /* spares a failure lacks, for the launcher to start now */
     double last_liveness_ok;      /* when a liveness query last answered */
     double silence_ignored_until; /* after a Redis outage, heartbeats get time to come back */
     DecideInput in;          /* the inputs of the next decision (large: kept off the stack) */
@@ -81,6 +83,7 @@ Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms, 
     if (!c) return NULL;
     c->ctl = ctl;
     c->cfg = cfg;
+    job_config_resume_command(cfg, c->resume, sizeof c->resume);
     c->t0_wall_ms = t0_wall_ms;
     c->rollback = cfg->resume_step;
     snprintf(c->my_node, sizeof c->my_node, "%s", node);
@@ -528,7 +531,7 @@ static void gather_input(Coordinator *c, int suspicion_due) {
     in->nfailed = c->npending;
     in->suspicion_due = suspicion_due;
     in->now_wall_ms = wall_ms();
-    in->out = c->cfg->out;
+    in->resume = c->resume;
     in->spare_wait = c->cfg->spare_wait;
     in->restore_point = c->rollback;
     in->committed_min = ctl_committed_min(c->ctl, c->epoch, c->cfg->workers);
@@ -671,16 +674,30 @@ long long coord_persist_on_stop(Coordinator *c) {
 static coord_state no_spare(Coordinator *c, long long g, const char *why) {
     if (c->waiting_spare_since == 0) {
         c->waiting_spare_since = now_ms();
-        event_emit(c->ctl, c->t0_wall_ms, "no_spare", "\"failed\":%d,\"rollback_step\":%lld,\"wait_s\":%d", c->npending,
-                   g + 1, c->cfg->spare_wait);
-        log_msg("%d rank(s) failed and no spare is left: step %lld is being persisted to %s/ckpt; waiting up to %d s "
-                "for a spare (deadpool worker --spare --job %s --redis URL)", c->npending, g + 1, c->cfg->out,
-                c->cfg->spare_wait, ctl_job(c->ctl));
+        event_emit(c->ctl, c->t0_wall_ms, "no_spare", "\"failed\":%d,\"spares\":%d,\"rollback_step\":%lld,\"wait_s\":%d",
+                   c->npending, c->in.nspares, g + 1, c->cfg->spare_wait);
+        /* One machine: the launcher can start what is missing (a spare that was not there
+         * when the ranks failed is as good as one that was). */
+        if (c->cfg->nnodes == 0 && c->cfg->respawn_spares) {
+            c->spares_wanted = c->npending - c->in.nspares;
+            log_msg("%d rank(s) failed and %d spare(s) are left: starting %d more; step %lld is being persisted to "
+                    "%s/ckpt meanwhile", c->npending, c->in.nspares, c->spares_wanted, g + 1, c->cfg->out);
+        } else {
+            log_msg("%d rank(s) failed and %d spare(s) are left: step %lld is being persisted to %s/ckpt; waiting up to "
+                    "%d s for a spare (deadpool worker --spare --job %s --redis URL)", c->npending, c->in.nspares, g + 1,
+                    c->cfg->out, c->cfg->spare_wait, ctl_job(c->ctl));
+        }
         if (c->cfg->ft == FT_DEADPOOL) persist_for_fallback(c, g);
     }
     if (now_ms() - c->waiting_spare_since < c->cfg->spare_wait * 1000.0) return COORD_RUNNING;
     snprintf(c->message, sizeof c->message, "%s", why);
     return COORD_FAILED;
+}
+
+int coord_spares_wanted(Coordinator *c) {
+    int n = c->spares_wanted;
+    c->spares_wanted = 0;
+    return n;
 }
 
 int coord_tick_due_ms(const Coordinator *c) {
@@ -709,7 +726,7 @@ void coord_join_failed(Coordinator *c, long epoch, int rank, int restore_failed,
                      c->rollback + 1, why);
     if (ck >= 0)
         snprintf(c->message + n, sizeof c->message - (size_t)n,
-                 "continue from the checkpoint of step %lld with `deadpool run --resume %.700s`", (long long)ck + 1, c->cfg->out);
+                 "continue from the checkpoint of step %lld with `%s`", (long long)ck + 1, c->resume);
     else
         snprintf(c->message + n, sizeof c->message - (size_t)n,
                  "no checkpoint exists (--replicas 2 or --persist-every K would have kept one)");

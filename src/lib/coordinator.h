@@ -47,6 +47,9 @@ void coord_progress(Coordinator *c, int step);
 /* Periodic work: liveness checks and decisions. *spares_used counts spares consumed or lost
  * since the last call (the launcher may start replacements: the pool stays at --spares). */
 coord_state coord_tick(Coordinator *c, int *spares_used);
+/* Spares to start at once (one machine, --respawn-spares): failed ranks that found no spare.
+ * Returned once; 0 when none are wanted. */
+int coord_spares_wanted(Coordinator *c);
 /* How soon coord_tick wants to run again, in ms: short while a failure is being handled,
  * otherwise when the next liveness check is due. */
 int coord_tick_due_ms(const Coordinator *c);

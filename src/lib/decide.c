@@ -116,7 +116,7 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
     if (in->nfailed == 0) return DECIDE_REBUILD;
 
     const DecideFailure *first = &in->failed[0];
-    const char *out_dir = in->out ? in->out : "";
+    const char *resume = in->resume ? in->resume : "deadpool run --resume OUT";
     if (in->ft != FT_DEADPOOL) {
         say(why, whylen, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from", first->rank,
             first->kind, in->ft == FT_DISK ? "disk" : "none");
@@ -139,8 +139,8 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
             snprintf(lost, sizeof lost, "rank %d failed (%s) together with every holder of its replicas, so its %sstate "
                      "is lost", f->rank, f->kind, in->checkpoint_step >= 0 ? "in-memory " : "");
         if (in->checkpoint_step >= 0)
-            say(why, whylen, "%s; continue from the checkpoint of step %lld with `deadpool run --resume %.700s`", lost,
-                (long long)in->checkpoint_step + 1, out_dir);
+            say(why, whylen, "%s; continue from the checkpoint of step %lld with `%.900s`", lost,
+                (long long)in->checkpoint_step + 1, resume);
         else
             say(why, whylen, "%s and no checkpoint exists (use --replicas 2 or --persist-every K to survive this)", lost);
         return DECIDE_STATE_LOST;
@@ -148,8 +148,8 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
     if (nspares < in->nfailed) {
         say(why, whylen,
             "rank %d failed (%s) and no spare joined within %d s. Nothing committed is lost: continue with "
-            "`deadpool run --resume %.700s` (checkpoint of step %lld)",
-            first->rank, first->kind, in->spare_wait, out_dir, out->rollback + 1);
+            "`%.900s` (checkpoint of step %lld)",
+            first->rank, first->kind, in->spare_wait, resume, out->rollback + 1);
         return DECIDE_NO_SPARE;
     }
     return DECIDE_SWAP;

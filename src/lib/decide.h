@@ -49,7 +49,7 @@ typedef struct {
     int suspicion_due;              /* a failed collective with no failed member has lasted long enough */
     int64_t now_wall_ms;            /* the decision's timestamps when no failure gives them */
     int64_t checkpoint_step;        /* newest complete checkpoint in `out`, -1 = none */
-    const char *out;                /* the job's output directory (for messages) */
+    const char *resume;             /* the command that resumes the job (for messages) */
     int spare_wait;                 /* --spare-wait, seconds (for messages) */
 } DecideInput;
 

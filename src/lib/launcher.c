@@ -289,18 +289,6 @@ static FILE *open_log(const char *path, int append) {
 
 /* The command that continues this job from its checkpoints in out: a program other than the
  * built-in trainer is named again after -- (a checkpoint never names what runs). */
-static const char *resume_command(const char *out, const char *program, char *buf, size_t len) {
-    size_t n = strlen(DP_BUILTIN_PROGRAM);
-    if (!strncmp(program, DP_BUILTIN_PROGRAM, n) && (program[n] == 0 || program[n] == DP_ARG_SEP)) {
-        snprintf(buf, len, "deadpool run --resume %s", out);
-        return buf;
-    }
-    snprintf(buf, len, "deadpool run --resume %s -- %s", out, program);
-    for (char *p = buf; *p; p++)
-        if (*p == DP_ARG_SEP) *p = ' ';
-    return buf;
-}
-
 static int open_outputs(Launcher *L, char *err, size_t errlen) {
     char path[1200], why[1200];
     if (mkdir_p(L->cfg->out) != 0) {
@@ -984,7 +972,7 @@ static void keep_on_stop(Launcher *L) {
                                       atoll(done) >= g) {
             char cmd[9000];
             log_msg("step %lld is on disk: continue with `%s`", g + 1,
-                    resume_command(L->run_cfg.out, L->run_cfg.program, cmd, sizeof cmd));
+                    job_config_resume_command(&L->run_cfg, cmd, sizeof cmd));
             event_emit(L->ctl, L->t0_wall_ms, "kept_on_stop", "\"step\":%lld", g + 1);
             break;
         }
@@ -1017,7 +1005,7 @@ static void supervise(Launcher *L) {
             if (ck >= 0)
                 log_msg("every process has exited before the job finished; the newest checkpoint is of step %lld: "
                         "continue with `%s`", (long long)ck + 1,
-                        resume_command(L->run_cfg.out, L->run_cfg.program, cmd, sizeof cmd));
+                        job_config_resume_command(&L->run_cfg, cmd, sizeof cmd));
             else
                 log_msg("every process has exited before the job finished");
             L->failed = 1;
@@ -1042,6 +1030,8 @@ static void supervise(Launcher *L) {
         launcher_beat(L);
         node_beat(L);
         if (used && L->cfg->respawn_spares && L->cfg->nnodes == 0) respawn_later(L, used);
+        int wanted = coord_spares_wanted(L->coord);
+        if (wanted > 0) respawn_spares(L, wanted); /* a failure is waiting for them: now */
         if (L->respawn_due && now_ms() >= L->respawn_at) respawn_now(L);
         /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */
         if (L->netdown_epoch >= 0 && L->coord && coord_epoch(L->coord) > L->netdown_epoch) {
@@ -1456,7 +1446,7 @@ coordinator_end:;
         int64_t ck = checkpoint_latest_intact(cfg->out, err, sizeof err);
         if (ck >= 0)
             log_msg("the state of step %lld is in %s/ckpt: continue with `%s`", (long long)ck + 1, cfg->out,
-                    resume_command(cfg->out, cfg->program, cmd, sizeof cmd));
+                    job_config_resume_command(cfg, cmd, sizeof cmd));
         else
             log_msg("no checkpoint could be completed without the control plane: %s", err);
         fprintf(L.events, "{\"event\":\"control_plane_lost\",\"t\":%.3f,\"checkpoint_step\":%lld}\n",

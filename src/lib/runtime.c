@@ -1784,12 +1784,12 @@ static dp_status diverged(dp_t *dp, int64_t step, const dp_metrics *m) {
     }
     comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)); /* every rank's state is on disk */
     if (dp->rank == 0) {
-        char msg[2400];
+        char msg[2400], cmd[1024];
         if (good >= 0)
             snprintf(msg, sizeof msg, "step %lld: loss %g, gradient norm %g: training diverged and nothing after step %lld "
-                     "was committed. The state of step %lld is in %.700s/ckpt; continue with `deadpool run --resume %.700s` "
-                     "and, say, a smaller learning rate", (long long)step + 1, m->loss, m->grad_norm, good + 1, good + 1,
-                     dp->cfg.out, dp->cfg.out);
+                     "was committed. The state of step %lld is in %.700s/ckpt; continue with `%s` and, say, a smaller "
+                     "learning rate", (long long)step + 1, m->loss, m->grad_norm, good + 1, good + 1, dp->cfg.out,
+                     job_config_resume_command(&dp->cfg, cmd, sizeof cmd));
         else
             snprintf(msg, sizeof msg, "step %lld: loss %g, gradient norm %g: training diverged before any state was committed",
                      (long long)step + 1, m->loss, m->grad_norm);
@@ -1842,7 +1842,7 @@ static void persist_without_control(dp_t *dp) {
     if (!s) return;
     snapshot_drain(s, job_comm_timeout_ms(&dp->cfg));
     int64_t newest = snapshot_committed(s), g[2] = {newest, newest - dp->cfg.snapshot_every};
-    char err[1024];
+    char err[1024], cmd[1024];
     for (int i = 0; i < 2; i++) {
         SnapHeader h;
         void *payload = NULL;
@@ -1864,8 +1864,8 @@ static void persist_without_control(dp_t *dp) {
             }
             if (!all) continue;
             if (checkpoint_finish(dp->cfg.out, g[i], dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, err, sizeof err) == 0)
-                log_msg("the control plane is lost: the state of step %lld is in %s/ckpt; continue with `deadpool run "
-                        "--resume %s`", (long long)g[i] + 1, dp->cfg.out, dp->cfg.out);
+                log_msg("the control plane is lost: the state of step %lld is in %s/ckpt; continue with `%s`",
+                        (long long)g[i] + 1, dp->cfg.out, job_config_resume_command(&dp->cfg, cmd, sizeof cmd));
             else
                 log_msg("the control plane is lost and the checkpoint of step %lld failed: %s", (long long)g[i] + 1, err);
             return;

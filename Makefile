@@ -4,8 +4,10 @@
 # the Gloo shim (src/lib/comm_gloo.cc).
 #
 #   include/    the public API (deadpool.h)
-#   src/lib/    the library: runtime behind deadpool.h, snapshots, replicas, control plane,
-#               coordinator, launcher           -> libdeadpool.a / libdeadpool.so
+#   src/lib/    the library: runtime behind deadpool.h, snapshots, replicas, collectives, the
+#               control-plane client            -> libdeadpool.a / libdeadpool.so
+#               ... and the tool's parts (TOOL_SRC: launcher, coordinator, decisions, embedded
+#               Redis, metrics server)          -> build/libdptool.a, linked into `deadpool` only
 #   src/common/ clocks, logging, files, option tables (library and trainer alike)
 #   src/gpt2/   the built-in GPT-2 trainer, a client of deadpool.h
 #   src/cli/    the `deadpool` command
@@ -26,29 +28,40 @@ PIC     = -fPIC -fno-semantic-interposition -fvisibility=hidden
 # The version, as include/deadpool.h states it: the soname's major and the pkg-config file's.
 VERSION := $(shell sed -n 's/^\#define DEADPOOL_VERSION "\(.*\)"/\1/p' include/deadpool.h)
 MAJOR   := $(firstword $(subst ., ,$(VERSION)))
-LIB_LIBS = -lgloo -lhiredis -lmicrohttpd -lsodium -lstdc++ -lm -pthread
-LDLIBS  = $(LIB_LIBS) -lopenblas -ljansson
+LIB_LIBS = -lgloo -lhiredis -lsodium -lstdc++ -lm -pthread
+LDLIBS  = $(LIB_LIBS) -lmicrohttpd -lopenblas -ljansson
 
 BUILD    = build
 LIB_INC  = -Isrc/lib -Isrc/common
 GPT2_INC = -Isrc/gpt2 -Isrc/common
-LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(wildcard src/lib/*.c src/common/*.c)) \
+# What a training process needs is the library; what only the `deadpool` program runs is not
+# (an application links no HTTP server and no launcher).
+TOOL_SRC = src/lib/launcher.c src/lib/coordinator.c src/lib/decide.c src/lib/redis_server.c src/lib/metrics_http.c
+TOOL_OBJ = $(patsubst src/%.c,$(BUILD)/%.o,$(TOOL_SRC))
+LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(filter-out $(TOOL_SRC),$(wildcard src/lib/*.c)) $(wildcard src/common/*.c)) \
            $(patsubst src/%.cc,$(BUILD)/%.o,$(wildcard src/lib/*.cc))
 GPT2_OBJ = $(patsubst src/%.c,$(BUILD)/%.o,$(wildcard src/gpt2/*.c))
 CLI_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(wildcard src/cli/*.c))
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
 
-all: deadpool $(BUILD)/libdeadpool.so $(EXAMPLES)
+# The `deadpool` program; `make install` builds another, portable, one (see there).
+BIN     ?= deadpool
 
-deadpool: $(CLI_OBJ) $(GPT2_OBJ) $(BUILD)/libdeadpool.a
+all: $(BIN) $(BUILD)/libdeadpool.so $(EXAMPLES)
+
+$(BIN): $(CLI_OBJ) $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/libdeadpool.a: $(LIB_OBJ)
 	ar rcs $@ $^
 
+$(BUILD)/libdptool.a: $(TOOL_OBJ)
+	ar rcs $@ $^
+
+# --no-undefined: the library must not reach into the tool's objects.
 $(BUILD)/libdeadpool.so: $(LIB_OBJ) src/lib/libdeadpool.map
-	$(CC) -shared -Wl,-soname,libdeadpool.so.$(MAJOR) -Wl,--version-script=src/lib/libdeadpool.map -o $@ $(LIB_OBJ) $(LIB_LIBS)
+	$(CC) -shared -Wl,--no-undefined -Wl,-soname,libdeadpool.so.$(MAJOR) -Wl,--version-script=src/lib/libdeadpool.map -o $@ $(LIB_OBJ) $(LIB_LIBS)
 
 $(BUILD)/lib/%.o: src/lib/%.c
 	@mkdir -p $(@D)
@@ -76,9 +89,9 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libdeadpool.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdeadpool.a $(LIB_LIBS)
 
-$(BUILD)/tests/%: tests/%.c $(GPT2_OBJ) $(BUILD)/libdeadpool.a
+$(BUILD)/tests/%: tests/%.c $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LIB_INC) $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdeadpool.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LIB_INC) $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c
 	@mkdir -p $(@D)
@@ -137,17 +150,21 @@ $(BUILD)/fuzz/libreplaydp.a: $(patsubst src/%.c,$(BUILD)/fuzz/replay-obj/%.o,$(F
 $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h tests/fuzz/replay_main.c $(BUILD)/fuzz/libreplaydp.a
 	$(CC) $(FUZZ_CFLAGS) -Wl,--wrap=alloc_huge -o $@ $< tests/fuzz/replay_main.c $(BUILD)/fuzz/libreplaydp.a $(FUZZ_LIBS)
 
-$(BUILD)/fuzz/gen_corpus: tests/fuzz/gen_corpus.c $(GPT2_OBJ) $(BUILD)/libdeadpool.a
+$(BUILD)/fuzz/gen_corpus: tests/fuzz/gen_corpus.c $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LIB_INC) $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdeadpool.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LIB_INC) $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a $(LDLIBS)
 
+# What is installed may run on another CPU than the one that built it: it is built again
+# without -march=native, in build/portable (the CRC picks its instructions at run time).
 # The pkg-config file names PREFIX, so it is written at install time, never reused.
-install: all
+PORTABLE = $(BUILD)/portable
+install:
+	$(MAKE) BUILD=$(PORTABLE) OPT=-O2 BIN=$(PORTABLE)/deadpool $(PORTABLE)/deadpool $(PORTABLE)/libdeadpool.so $(PORTABLE)/libdeadpool.a
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	install -m 755 deadpool $(DESTDIR)$(PREFIX)/bin/deadpool
+	install -m 755 $(PORTABLE)/deadpool $(DESTDIR)$(PREFIX)/bin/deadpool
 	install -m 644 include/deadpool.h $(DESTDIR)$(PREFIX)/include/deadpool.h
-	install -m 644 $(BUILD)/libdeadpool.a $(DESTDIR)$(PREFIX)/lib/libdeadpool.a
-	install -m 755 $(BUILD)/libdeadpool.so $(DESTDIR)$(PREFIX)/lib/libdeadpool.so.$(MAJOR)
+	install -m 644 $(PORTABLE)/libdeadpool.a $(DESTDIR)$(PREFIX)/lib/libdeadpool.a
+	install -m 755 $(PORTABLE)/libdeadpool.so $(DESTDIR)$(PREFIX)/lib/libdeadpool.so.$(MAJOR)
 	ln -sf libdeadpool.so.$(MAJOR) $(DESTDIR)$(PREFIX)/lib/libdeadpool.so
 	install -d $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/deadpool
 	install -m 644 python/deadpool/*.py $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/deadpool/

@@ -179,7 +179,13 @@ typedef struct {
     const char *bind_host;  /* the address peers reach this process at (default 127.0.0.1) */
 } dp_options;
 
-/* Connects to the job, registers this process and claims its role. NULL + err. */
+/* Connects to the job, registers this process and claims its role. NULL + err. Process-wide
+ * state it changes, and why: SIGPIPE is set to ignored if it was at its default (the Redis
+ * client writes to sockets with write(2): a server that closed a connection would otherwise
+ * kill the process; a handler of the application's own is left alone), and
+ * DEADPOOL_PROC is removed from the environment (the id `deadpool run` drew for this
+ * process; a process it starts must not claim it too). Nothing else: no other signal, no
+ * other variable. */
 DP_EXPORT dp_t *dp_init(const dp_options *opts, char *err, size_t errlen);
 /* Becomes a member: an initial member builds the collectives (and, resuming, restores its
  * state from disk); a spare waits, warm, until a failure hands it a rank, then restores that

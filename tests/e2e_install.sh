@@ -30,6 +30,16 @@ if (cd "$WORK/user" && cc -std=c11 -o my_loop_static my_loop.c $(pkg-config --cf
       "$PREFIX/lib/libdeadpool.a" $(pkg-config --static --libs deadpool | sed 's/-ldeadpool//') -lm) >"$WORK/cc2.log" 2>&1; then
   ok "links_statically"
 else notok "links_statically" "$(head -5 "$WORK/cc2.log")"; fi
+# What is installed is portable (no -march=native: it may run on another CPU), and the library
+# and a program linked against it need no HTTP server, launcher or coordinator (the tool's).
+march=$(for f in "$PREFIX/lib/libdeadpool.so" "$PREFIX/bin/deadpool"; do readelf --debug-dump=info "$f" 2>/dev/null \
+  | grep DW_AT_producer | grep -o -- '-march=[^ ]*'; done | sort -u | tr '\n' ' ')
+tool=$(nm -D "$PREFIX/lib/libdeadpool.so" | grep -E 'MHD_|launcher_|coord_|redis_server_' | head -3)
+if [ "$march" = "-march=x86-64 " ] && ! ldd "$PREFIX/lib/libdeadpool.so" "$WORK/user/my_loop" | grep -q microhttpd \
+   && [ -z "$tool" ]; then
+  ok "installed_is_portable_and_the_library_is_not_the_tool"
+else notok "installed_is_portable_and_the_library_is_not_the_tool" "march: $march; tool symbols: $tool" \
+  "$(ldd "$PREFIX/lib/libdeadpool.so" | grep microhttpd)"; fi
 # The header is C11 and C++.
 if printf '#include <deadpool.h>\nint main(void) { return DP_OK; }\n' | c++ -x c++ -std=c++17 -Wall -Wextra -Werror \
      -I"$PREFIX/include" -o "$WORK/cxx" - >"$WORK/cxx.log" 2>&1 \

@@ -342,7 +342,8 @@ static void free_process(dp_t *dp) {
 }
 
 dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
-    signal(SIGPIPE, SIG_IGN);
+    struct sigaction pipe_was;
+    if (sigaction(SIGPIPE, NULL, &pipe_was) == 0 && pipe_was.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
     dp_options o = {.rank = -1};
     if (opts) o = *opts;
     options_from_env(&o);

@@ -3,6 +3,7 @@
  * must refuse anything that is not a whole, consistent decision. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "config.h"
@@ -543,6 +544,67 @@ static void test_resume_choose(void) {
     CHECK(resume_choose(f, 2, 2, why, sizeof why) == 149, "the newest covered step wins (2 ranks)");
 }
 
+/* Reports (recovery.h): every kind and phase round-trips, text with any byte but NUL included. */
+static void test_report_roundtrip(void) {
+    for (int k = 0; k < REPORT_KINDS; k++)
+        for (int ph = 0; ph < JOIN_PHASES; ph++) {
+            Report r = {.kind = (report_kind)k, .epoch = k - 1, .rank = ph ? RECOVERY_MAX_RANKS - 1 : -1,
+                        .step = 1000000000000LL * k - 1, .t_wall_ms = 1733000000000LL + k, .phase = (join_phase)ph};
+            snprintf(r.text, sizeof r.text, "line one\nsecond \"quoted\" line: %s %d\t\x01", report_kind_name(r.kind), k);
+            char buf[REPORT_TEXT_MAX], err[256];
+            Report back;
+            int ok = report_format(&r, buf, sizeof buf) == 0 && report_parse(buf, strlen(buf), &back, err, sizeof err) == 0;
+            CHECK(ok && memcmp(&r, &back, offsetof(Report, text)) == 0 && !strcmp(r.text, back.text),
+                  "%s/%s round-trips", report_kind_name(r.kind), join_phase_name(r.phase));
+        }
+    Report full = {.kind = REPORT_DIVERGED, .epoch = 1, .rank = 0, .step = 5, .t_wall_ms = 1};
+    memset(full.text, 'x', sizeof full.text - 1);
+    char buf[REPORT_TEXT_MAX];
+    Report back;
+    CHECK(report_format(&full, buf, sizeof buf) == 0 && report_parse(buf, strlen(buf), &back, NULL, 0) == 0 &&
+              strlen(back.text) == sizeof full.text - 1,
+          "the longest text fits REPORT_TEXT_MAX");
+    Report bad = full;
+    bad.kind = REPORT_KINDS;
+    CHECK(report_format(&bad, buf, sizeof buf) == -1, "no kind out of range is written");
+    bad = full;
+    bad.rank = RECOVERY_MAX_RANKS;
+    CHECK(report_format(&bad, buf, sizeof buf) == -1, "no rank out of range is written");
+    CHECK(report_format(&full, buf, 40) == -1, "a buffer too small is refused");
+}
+
+static void test_report_parse_refuses(void) {
+    static const char *const bad[][2] = {
+        {"comm_failure 3 1 7 1000 rendezvous", "no header line"},
+        {"comm_failur 3 1 7 1000 rendezvous\n", "unknown kind"},
+        {"comm_failure 3 1 7 1000 restor\n", "unknown phase"},
+        {"comm_failure 3 1 7 1000\n", "expected 6 header fields"},
+        {"comm_failure 3 1 7\n", "expected 6 header fields"},
+        {"comm_failure 3  1 7 1000 rendezvous\n", "more than 6 header fields"},
+        {"comm_failure 3 1 7 1000 rendezvous \n", "more than 6 header fields"},
+        {"comm_failure -2 1 7 1000 rendezvous\n", "out of range or malformed"},
+        {"comm_failure 3 100000 7 1000 rendezvous\n", "out of range or malformed"},
+        {"comm_failure 3 1 7 -5 rendezvous\n", "out of range or malformed"},
+        {"comm_failure 3 1 0x7 1000 rendezvous\n", "out of range or malformed"},
+        {"comm_failure 3 1 99999999999999999999 1000 rendezvous\n", "out of range or malformed"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        Report r;
+        char err[256] = "";
+        int rc = report_parse(bad[i][0], strlen(bad[i][0]), &r, err, sizeof err);
+        CHECK(rc == -1 && strstr(err, bad[i][1]) && r.kind == 0 && r.text[0] == 0, "'%s' refused: %s", bad[i][0], err);
+    }
+    char big[REPORT_TEXT_MAX + 16];
+    int n = snprintf(big, sizeof big, "job_done 1 0 5 1 rendezvous\n");
+    memset(big + n, 'y', sizeof big - (size_t)n - 1);
+    big[sizeof big - 1] = 0;
+    Report r;
+    char err[256] = "";
+    CHECK(report_parse(big, strlen(big), &r, err, sizeof err) == -1 && strstr(err, "text of"), "text too long: %s", err);
+    const char nul[] = "job_done 1 0 5 1 rendezvous\nab\0cd";
+    CHECK(report_parse(nul, sizeof nul - 1, &r, err, sizeof err) == -1 && strstr(err, "NUL"), "a NUL in the text: %s", err);
+}
+
 int main(void) {
     RUN_TEST(test_resume_choose);
     RUN_TEST(test_nodes_lost);
@@ -562,5 +624,7 @@ int main(void) {
     RUN_TEST(test_decision_parse_truncated);
     RUN_TEST(test_decision_parse_out_of_range);
     RUN_TEST(test_decision_parse_malformed);
+    RUN_TEST(test_report_roundtrip);
+    RUN_TEST(test_report_parse_refuses);
     TEST_MAIN_END();
 }

@@ -1192,6 +1192,7 @@ static int push_to_list(ctl_t *c, const char *list, const char *json) {
 }
 
 int ctl_push_event(ctl_t *c, const char *json) { return push_to_list(c, "events", json); }
+int ctl_push_report(ctl_t *c, const char *text) { return push_to_list(c, "reports", text); }
 
 /* The line goes to the launcher that drains the list, and stays readable as the newest
  * progress for the launchers of the other machines: one round trip for both. */
@@ -1235,8 +1236,8 @@ static redisReply *read_drain_transaction(ctl_t *c) {
 }
 
 int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, void *arg), void *arg) {
-    if (!list || (strcmp(list, "events") != 0 && strcmp(list, "metrics") != 0)) {
-        ctl_set_error(c, "drain: unknown list '%s' (expected \"events\" or \"metrics\")", list ? list : "(null)");
+    if (!list || (strcmp(list, "events") != 0 && strcmp(list, "metrics") != 0 && strcmp(list, "reports") != 0)) {
+        ctl_set_error(c, "drain: unknown list '%s' (expected \"events\", \"metrics\" or \"reports\")", list ? list : "(null)");
         return -1;
     }
     if (max < 0) {

@@ -264,6 +264,8 @@ int ctl_state_get(ctl_t *c, char *state, size_t len);
 /* Appends one JSON line to the job's event / metric list. 0 / -1. */
 int ctl_push_event(ctl_t *c, const char *json);
 int ctl_push_metric(ctl_t *c, const char *json);
+/* A typed report (recovery.h: report_format's text) for the coordinator. */
+int ctl_push_report(ctl_t *c, const char *text);
 /* Pops up to max items from the list ("events" or "metrics") in order, calling fn for each.
  * Returns the number popped, -1 on error. */
 int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, void *arg), void *arg);

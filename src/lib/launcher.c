@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "checkpoint.h"
 #include "control.h"
 #include "coordinator.h"
@@ -27,6 +29,7 @@
 #include "inject.h"
 #include "metrics_http.h"
 #include "netns.h"
+#include "recovery.h"
 #include "replica.h"
 #include "runtime.h"
 #include "util.h"
@@ -73,7 +76,7 @@ typedef struct {
     int last_step;
     float last_loss;
     int have_loss;          /* a step's loss was seen (a resumed job that was done has none) */
-    char model_path[1200];  /* where the program said it saved the model (model_saved), "" none */
+    char model_path[2048];  /* where the program said it saved the model (model_saved), "" none */
     LiveMetrics live;       /* what the progress line and /metrics report */
     MetricsServer *metrics_srv; /* --metrics-port; NULL = off */
     double spares_checked_ms;   /* when the spare pool was last counted */
@@ -440,23 +443,28 @@ static int spawn_all(Launcher *L) {
     return 0;
 }
 
-/* Reads a number member from one of our own flat JSON lines. */
-static int json_number(const char *json, const char *key, double *out) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *at = strstr(json, pat);
-    if (!at) return -1;
-    *out = strtod(at + strlen(pat), NULL);
+/* A JSON line of our own (an event or a metrics line) as an object; NULL if it is not one. */
+static json_t *json_line(const char *line) {
+    json_t *o = json_loads(line, 0, NULL);
+    if (o && !json_is_object(o)) {
+        json_decref(o);
+        o = NULL;
+    }
+    return o;
+}
+
+/* A number member of o into *out. 0, or -1 (absent or not a number: *out unchanged). */
+static int jnum(const json_t *o, const char *key, double *out) {
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_number(v)) return -1;
+    *out = json_number_value(v);
     return 0;
 }
 
-/* A string member of one of our own flat JSON lines into out ("" when absent). */
-static void json_text(const char *json, const char *key, char *out, size_t len) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":\"", key);
-    const char *at = strstr(json, pat);
-    out[0] = 0;
-    if (at) snprintf(out, len, "%.*s", (int)strcspn(at + strlen(pat), "\""), at + strlen(pat));
+/* A string member of o into out ("" when absent). */
+static void jtext(const json_t *o, const char *key, char *out, size_t len) {
+    const char *v = json_string_value(json_object_get(o, key));
+    snprintf(out, len, "%s", v ? v : "");
 }
 
 /* Seconds until the last step at the pace of the newest ETA_WINDOW steps (a rollback starts
@@ -481,14 +489,14 @@ static void eta_text(double s, char *out, size_t len) {
 }
 
 /* The progress line of one step, and the step's numbers for /metrics. */
-static void observe_metric(Launcher *L, const char *json, double step, double loss, double ms, double tps, double t) {
+static void observe_metric(Launcher *L, const json_t *o, double step, double loss, double ms, double tps, double t) {
     LiveMetrics *m = &L->live;
     double committed = -1, epoch = m->epoch, wait = 0, lr = NAN, gn = NAN;
-    json_number(json, "committed_step", &committed);
-    json_number(json, "epoch", &epoch);
-    json_number(json, "snapshot_wait_ms", &wait);
-    json_number(json, "lr", &lr);
-    json_number(json, "grad_norm", &gn);
+    jnum(o, "committed_step", &committed);
+    jnum(o, "epoch", &epoch);
+    jnum(o, "snapshot_wait_ms", &wait);
+    jnum(o, "lr", &lr);
+    jnum(o, "grad_norm", &gn);
     m->step = step;
     m->loss = loss;
     m->step_ms = ms;
@@ -514,20 +522,20 @@ static void observe_metric(Launcher *L, const char *json, double step, double lo
 
 /* One line per recovery with its phases (the timeline of the `recovered` event), and the
  * recovery's numbers for /metrics. */
-static void observe_recovery(Launcher *L, const char *json) {
+static void observe_recovery(Launcher *L, const json_t *o) {
     LiveMetrics *m = &L->live;
     static const char *const keys[] = {"detect_ms", "decide_ms", "restore_ms", "rebuild_ms", "resnapshot_ms"};
     static const char *const names[] = {"detect", "decide", "restore", "rebuild", "re-snapshot"};
     double rank = -1, spare = -1, rollback = 0, total = NAN, first = NAN, recomputed = 0;
     char kind[32], mode[32], line[1024];
-    json_text(json, "failure_kind", kind, sizeof kind);
-    json_text(json, "mode", mode, sizeof mode);
-    json_number(json, "rank", &rank);
-    json_number(json, "spare", &spare);
-    json_number(json, "rollback_step", &rollback);
-    json_number(json, "total_ms", &total);
-    json_number(json, "first_step_done_ms", &first);
-    json_number(json, "steps_recomputed", &recomputed);
+    jtext(o, "failure_kind", kind, sizeof kind);
+    jtext(o, "mode", mode, sizeof mode);
+    jnum(o, "rank", &rank);
+    jnum(o, "spare", &spare);
+    jnum(o, "rollback_step", &rollback);
+    jnum(o, "total_ms", &total);
+    jnum(o, "first_step_done_ms", &first);
+    jnum(o, "steps_recomputed", &recomputed);
     live_kind_add(m->recoveries, kind);
     m->last_recovery_ms = total;
     m->steps_recomputed_total += recomputed > 0 ? recomputed : 0;
@@ -538,7 +546,7 @@ static void observe_recovery(Launcher *L, const char *json) {
     const char *sep = " ";
     for (int i = 0; i < 5; i++) {
         double v = NAN;
-        json_number(json, keys[i], &v);
+        jnum(o, keys[i], &v);
         m->last_recovery_phase_ms[i] = v;
         if (v != v || (size_t)n >= sizeof line) continue;
         n += snprintf(line + n, sizeof line - (size_t)n, "%s%s %.1f", sep, names[i], v);
@@ -554,24 +562,29 @@ static void observe_recovery(Launcher *L, const char *json) {
 }
 
 /* Events that change what /metrics or the progress line report. */
-static void observe_event(Launcher *L, const char *json) {
+static void observe_event(Launcher *L, const json_t *o) {
     LiveMetrics *m = &L->live;
-    char kind[32];
-    if (strstr(json, "\"event\":\"failure\"") || strstr(json, "\"event\":\"restart\"")) {
-        json_text(json, "kind", kind, sizeof kind);
+    char ev[64], kind[32];
+    jtext(o, "event", ev, sizeof ev);
+    if (!strcmp(ev, "failure") || !strcmp(ev, "restart")) {
+        jtext(o, "kind", kind, sizeof kind);
         live_kind_add(m->failures, kind);
-    } else if (strstr(json, "\"event\":\"recovered\"")) {
-        observe_recovery(L, json);
-    } else if (strstr(json, "\"event\":\"snapshot_stats\"")) {
+    } else if (!strcmp(ev, "recovered")) {
+        observe_recovery(L, o);
+    } else if (!strcmp(ev, "snapshot_stats")) {
         double copied = 0, replicated = 0, captures = 0;
-        json_number(json, "bytes_copied", &copied);
-        json_number(json, "bytes_replicated", &replicated);
-        json_number(json, "captures", &captures);
+        jnum(o, "bytes_copied", &copied);
+        jnum(o, "bytes_replicated", &replicated);
+        jnum(o, "captures", &captures);
         m->snapshot_bytes_copied += copied;
         m->snapshot_bytes_replicated += replicated;
         m->snapshot_generations += captures;
+    } else if (!strcmp(ev, "error")) {
+        char msg[1024];
+        jtext(o, "message", msg, sizeof msg);
+        log_msg("worker reported: %s", msg);
     }
-    if (strstr(json, "\"event\":\"spare_") || strstr(json, "\"event\":\"decision\"")) L->spares_checked_ms = 0;
+    if (!strncmp(ev, "spare_", 6) || !strcmp(ev, "decision")) L->spares_checked_ms = 0;
 }
 
 /* Counts the spare pool now and then (one Redis round trip) and hands /metrics the newest numbers. */
@@ -614,14 +627,14 @@ typedef struct {
     double step, loss, ms, tps, t;
 } StepLine;
 
-static StepLine take_metric(Launcher *L, const char *json) {
+static StepLine take_metric(Launcher *L, const char *json, const json_t *o) {
     StepLine s = {0};
     fprintf(L->metrics, "%s\n", json);
-    json_number(json, "step", &s.step);
-    json_number(json, "loss", &s.loss);
-    json_number(json, "step_ms", &s.ms);
-    json_number(json, "tokens_per_s", &s.tps);
-    json_number(json, "t", &s.t);
+    jnum(o, "step", &s.step);
+    jnum(o, "loss", &s.loss);
+    jnum(o, "step_ms", &s.ms);
+    jnum(o, "tokens_per_s", &s.tps);
+    jnum(o, "t", &s.t);
     L->last_step = (int)s.step;
     L->have_loss = 1;
     L->last_loss = (float)s.loss;
@@ -631,7 +644,12 @@ static StepLine take_metric(Launcher *L, const char *json) {
 
 static void on_metric(const char *json, void *arg) {
     Launcher *L = arg;
-    StepLine s = take_metric(L, json);
+    json_t *o = json_line(json);
+    if (!o) {
+        log_msg("a metrics line that is not a JSON object: %.200s", json);
+        return;
+    }
+    StepLine s = take_metric(L, json, o);
     if (L->coord) coord_progress(L->coord, (int)s.step);
     if (L->restart.pending) {
         Restart *r = &L->restart;
@@ -645,66 +663,52 @@ static void on_metric(const char *json, void *arg) {
         printf("[deadpool] restarted the whole job from the checkpoint of step %lld: training resumed %lld ms after "
                "the failure\n", r->checkpoint + 1, resumed);
     }
-    observe_metric(L, json, s.step, s.loss, s.ms, s.tps, s.t);
+    observe_metric(L, o, s.step, s.loss, s.ms, s.tps, s.t);
+    json_decref(o);
     fflush(stdout);
 }
 
-/* The string value of "key" in a flat JSON object, unescaped (\\ \" \/ and \u00XX; a string
- * with other escapes is left out). 0, or -1. */
-static int json_string(const char *json, const char *key, char *out, size_t len) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":\"", key);
-    const char *p = strstr(json, pat);
-    if (!p || len == 0) return -1;
-    size_t o = 0;
-    for (p += strlen(pat); *p && *p != '"'; p++) {
-        char ch = *p;
-        if (ch == '\\') {
-            p++;
-            unsigned v;
-            if (*p == '\\' || *p == '"' || *p == '/') ch = *p;
-            else if (*p == 'u' && sscanf(p + 1, "%4x", &v) == 1 && v > 0 && v < 0x100) ch = (char)v, p += 4;
-            else return -1;
-        }
-        if (o + 1 >= len) return -1;
-        out[o++] = ch;
-    }
-    out[o] = 0;
-    return *p == '"' ? 0 : -1;
-}
-
+/* An event line: logged to events.jsonl and observed for /metrics and the progress lines.
+ * Nothing is decided from it: decisions come from reports (on_report). */
 static void on_event(const char *json, void *arg) {
     Launcher *L = arg;
     fprintf(L->events, "%s\n", json);
     fflush(L->events);
-    /* the final line says where the model really went (the temporary directory after a full disk) */
-    if (strstr(json, "\"event\":\"model_saved\"") && json_string(json, "path", L->model_path, sizeof L->model_path) != 0)
-        L->model_path[0] = 0;
-    if (strstr(json, "\"event\":\"error\"")) log_msg("worker reported: %s", json);
-    observe_event(L, json);
-    if (strstr(json, "\"event\":\"job_done\"")) L->job_done = 1;
-    if (strstr(json, "\"event\":\"recovered\"")) respawn_now(L);
-    if (strstr(json, "\"event\":\"diverged\"")) { /* the job cannot go on: say why and stop */
-        const char *msg = strstr(json, "\"message\":\"");
-        log_msg("%.*s", msg ? (int)strcspn(msg + 11, "\"") : 0, msg ? msg + 11 : "");
-        L->failed = 1;
+    json_t *o = json_line(json);
+    if (o) observe_event(L, o);
+    json_decref(o);
+}
+
+/* A typed report from a process (recovery.h): what the launcher and its coordinator act on. */
+static void on_report(const char *text, void *arg) {
+    Launcher *L = arg;
+    Report r;
+    char err[256];
+    if (report_parse(text, strlen(text), &r, err, sizeof err) != 0) {
+        log_msg("a process sent a malformed report (%s): ignored", err);
+        return;
     }
-    if (strstr(json, "\"event\":\"fault_injected\"") && strstr(json, "\"kind\":\"netdown\"")) {
+    switch (r.kind) {
+    case REPORT_COMM_FAILURE:
+        if (L->coord) coord_comm_failure(L->coord, r.epoch, r.t_wall_ms); /* when the member saw it */
+        break;
+    case REPORT_JOIN_FAILED:
+        if (L->coord) coord_join_failed(L->coord, r.epoch, r.rank, r.phase == JOIN_RESTORE, r.text);
+        break;
+    case REPORT_RECOVERED: respawn_now(L); break;
+    case REPORT_DIVERGED: /* the job cannot go on: say why and stop */
+        log_msg("%s", r.text);
+        L->failed = 1;
+        break;
+    case REPORT_JOB_DONE: L->job_done = 1; break;
+    case REPORT_MODEL_SAVED: /* the final line says where the model really went (elsewhere after a full disk) */
+        snprintf(L->model_path, sizeof L->model_path, "%s", r.text);
+        break;
+    case REPORT_LINK_DOWN:
         L->netns.link_down = 1;
         L->netdown_epoch = L->coord ? coord_epoch(L->coord) : 0;
-    }
-    double epoch, rank;
-    double t = 0;
-    if (strstr(json, "\"event\":\"comm_failure\"") && json_number(json, "epoch", &epoch) == 0 && L->coord) {
-        json_number(json, "t", &t); /* when the member saw it: a coordinator taking over reads it late */
-        coord_comm_failure(L->coord, (long)epoch, L->t0_wall_ms + (int64_t)(t * 1000));
-    }
-    if (strstr(json, "\"event\":\"join_failed\"") && json_number(json, "epoch", &epoch) == 0 &&
-        json_number(json, "rank", &rank) == 0 && L->coord) {
-        const char *msg = strstr(json, "\"message\":\"");
-        char why[700] = "";
-        if (msg) snprintf(why, sizeof why, "%.*s", (int)strcspn(msg + 11, "\""), msg + 11);
-        coord_join_failed(L->coord, (long)epoch, (int)rank, strstr(json, "\"phase\":\"restore\"") != NULL, why);
+        break;
+    case REPORT_KINDS: break;
     }
 }
 
@@ -717,7 +721,9 @@ static void control_plane_lost(Launcher *L, const char *why) {
 static void drain_outputs(Launcher *L) {
     int n;
     if (!L->coordinating) return; /* the job's lists are the coordinating machine's to drain */
-    while ((n = ctl_drain(L->ctl, "events", 256, on_event, L)) > 0) {
+    while ((n = ctl_drain(L->ctl, "reports", 256, on_report, L)) > 0) {
+    }
+    while (n >= 0 && (n = ctl_drain(L->ctl, "events", 256, on_event, L)) > 0) {
     }
     /* Redis unreachable for longer than a failure takes to detect (under Sentinel: than a
      * failover takes): the control plane is lost (the embedded server's exit says so at once;
@@ -1223,13 +1229,22 @@ static void show_progress(Launcher *L) {
     L->progress_ms = now_ms();
     char key[32];
     if (ctl_get(L->ctl, ctl_key_suffix(key, sizeof key, KEY_PROGRESS, 0, 0), json, sizeof json) != 0) return;
-    const char *at = strstr(json, "\"t\":");
-    if (at) snprintf(t, sizeof t, "%.*s", (int)strcspn(at + 4, ",}"), at + 4);
-    if (!strcmp(t, L->progress_seen)) return;
+    json_t *o = json_line(json);
+    double tv = -1;
+    if (!o || jnum(o, "t", &tv) != 0) {
+        json_decref(o);
+        return;
+    }
+    snprintf(t, sizeof t, "%.3f", tv);
+    if (!strcmp(t, L->progress_seen)) {
+        json_decref(o);
+        return;
+    }
     snprintf(L->progress_seen, sizeof L->progress_seen, "%s", t);
-    StepLine s = take_metric(L, json);
+    StepLine s = take_metric(L, json, o);
     fflush(L->metrics);
-    observe_metric(L, json, s.step, s.loss, s.ms, s.tps, s.t);
+    observe_metric(L, o, s.step, s.loss, s.ms, s.tps, s.t);
+    json_decref(o);
     fflush(stdout);
 }
 
@@ -1464,7 +1479,7 @@ finished:
     int ok = !stop_signal && !L.failed && L.last_step == cfg->steps;
     if (stop_signal) log_msg("stopped by signal %d after step %d", (int)stop_signal, L.last_step);
     else if (ok) {
-        char loss[64] = "", model[1300] = "";
+        char loss[64] = "", model[2100] = "";
         if (L.have_loss) snprintf(loss, sizeof loss, ", final loss %.4f", L.last_loss);
         if (!L.model_path[0]) snprintf(L.model_path, sizeof L.model_path, "%.1000s/model.bin", cfg->out);
         if (access(L.model_path, F_OK) == 0) snprintf(model, sizeof model, ", model in %s", L.model_path);

@@ -4,10 +4,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "events.h"
 #include "util.h"
 
 int decision_format(const Decision *d, char *buf, size_t len) {
@@ -280,4 +282,102 @@ int fence_epoch(ctl_t *c, long epoch) {
 int epoch_fenced(ctl_t *c, long epoch) {
     char key[64], v[8];
     return ctl_get(c, ctl_key_suffix(key, sizeof key, KEY_FENCED, epoch, 0), v, sizeof v) == 0 ? 1 : 0;
+}
+
+/* --- reports --------------------------------------------------------------------------- */
+
+static void say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || errlen == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static const char *const REPORT_NAMES[REPORT_KINDS] = {"comm_failure", "join_failed", "recovered", "diverged",
+                                                       "job_done",     "model_saved", "link_down"};
+static const char *const PHASE_NAMES[JOIN_PHASES] = {"rendezvous", "restore"};
+
+const char *report_kind_name(report_kind k) { return k >= 0 && k < REPORT_KINDS ? REPORT_NAMES[k] : "?"; }
+const char *join_phase_name(join_phase p) { return p >= 0 && p < JOIN_PHASES ? PHASE_NAMES[p] : "?"; }
+
+static int report_valid(const Report *r) {
+    return r->kind >= 0 && r->kind < REPORT_KINDS && r->phase >= 0 && r->phase < JOIN_PHASES && r->epoch >= -1 &&
+           r->rank >= -1 && r->rank < RECOVERY_MAX_RANKS && r->step >= -1 && r->t_wall_ms >= 0 &&
+           memchr(r->text, 0, sizeof r->text) != NULL;
+}
+
+int report_format(const Report *r, char *buf, size_t len) {
+    if (!report_valid(r)) return -1;
+    int n = snprintf(buf, len, "%s %ld %d %lld %" PRId64 " %s\n%s", REPORT_NAMES[r->kind], r->epoch, r->rank, r->step,
+                     r->t_wall_ms, PHASE_NAMES[r->phase], r->text);
+    return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+static int name_index(const char *s, size_t n, const char *const *names, int count) {
+    for (int i = 0; i < count; i++)
+        if (strlen(names[i]) == n && memcmp(s, names[i], n) == 0) return i;
+    return -1;
+}
+
+int report_parse(const char *text, size_t n, Report *r, char *err, size_t errlen) {
+    memset(r, 0, sizeof *r);
+    const char *nl = memchr(text, '\n', n);
+    if (!nl) return say(err, errlen, "report: no header line"), -1;
+    /* the header: six fields separated by single spaces */
+    const char *f[6];
+    size_t fl[6];
+    const char *p = text;
+    for (int i = 0; i < 6; i++) {
+        const char *end = i < 5 ? memchr(p, ' ', (size_t)(nl - p)) : nl;
+        if (!end) return say(err, errlen, "report: expected 6 header fields, found %d", i + 1), -1;
+        f[i] = p;
+        fl[i] = (size_t)(end - p);
+        p = end + 1;
+    }
+    if (memchr(f[5], ' ', fl[5])) return say(err, errlen, "report: more than 6 header fields"), -1;
+    long long epoch, rank, step, t;
+    int kind = name_index(f[0], fl[0], REPORT_NAMES, REPORT_KINDS), phase = name_index(f[5], fl[5], PHASE_NAMES, JOIN_PHASES);
+    if (kind < 0) return say(err, errlen, "report: unknown kind '%.*s'", (int)(fl[0] < 32 ? fl[0] : 32), f[0]), -1;
+    if (phase < 0) return say(err, errlen, "report: unknown phase '%.*s'", (int)(fl[5] < 32 ? fl[5] : 32), f[5]), -1;
+    if (parse_int_in(f[1], fl[1], -1, LONG_MAX, &epoch) != 0 || parse_int_in(f[2], fl[2], -1, RECOVERY_MAX_RANKS - 1, &rank) != 0 ||
+        parse_int_in(f[3], fl[3], -1, LLONG_MAX, &step) != 0 || parse_int_in(f[4], fl[4], 0, LLONG_MAX, &t) != 0)
+        return say(err, errlen, "report: a number out of range or malformed (epoch, rank < %d, step, time)", RECOVERY_MAX_RANKS), -1;
+    size_t tl = n - (size_t)(nl + 1 - text);
+    if (tl >= sizeof r->text) return say(err, errlen, "report: text of %zu bytes, at most %zu", tl, sizeof r->text - 1), -1;
+    if (memchr(nl + 1, 0, tl)) return say(err, errlen, "report: a NUL byte in the text"), -1;
+    r->kind = (report_kind)kind;
+    r->phase = (join_phase)phase;
+    r->epoch = (long)epoch;
+    r->rank = (int)rank;
+    r->step = step;
+    r->t_wall_ms = (int64_t)t;
+    memcpy(r->text, nl + 1, tl);
+    r->text[tl] = 0;
+    return 0;
+}
+
+int report_send(ctl_t *c, int64_t t0_wall_ms, const Report *r) {
+    char buf[REPORT_TEXT_MAX], esc[2 * sizeof r->text];
+    if (report_format(r, buf, sizeof buf) != 0) return -1;
+    int rc = ctl_push_report(c, buf);
+    json_escape(r->text, esc, sizeof esc);
+    switch (r->kind) { /* the event line of the same record */
+    case REPORT_COMM_FAILURE:
+        event_emit(c, t0_wall_ms, "comm_failure", "\"rank\":%d,\"step\":%lld,\"epoch\":%ld,\"message\":\"%s\"", r->rank,
+                   r->step, r->epoch, esc);
+        break;
+    case REPORT_JOIN_FAILED:
+        event_emit(c, t0_wall_ms, "join_failed", "\"rank\":%d,\"epoch\":%ld,\"phase\":\"%s\",\"message\":\"%s\"", r->rank,
+                   r->epoch, PHASE_NAMES[r->phase], esc);
+        break;
+    case REPORT_DIVERGED: event_emit(c, t0_wall_ms, "diverged", "\"step\":%lld,\"message\":\"%s\"", r->step, esc); break;
+    case REPORT_JOB_DONE: event_emit(c, t0_wall_ms, "job_done", "\"steps\":%lld", r->step); break;
+    case REPORT_MODEL_SAVED: event_emit(c, t0_wall_ms, "model_saved", "\"path\":\"%s\"", esc); break;
+    case REPORT_RECOVERED: /* its line, with the recovery's timings, is the runtime's "recovered" */
+    case REPORT_LINK_DOWN: /* ... and "fault_injected" */
+    case REPORT_KINDS: break;
+    }
+    return rc;
 }

@@ -85,4 +85,45 @@ int holders_format(const Holder *h, int n, char *out, size_t len);
 /* The number of holders parsed (at most max), -1 on a malformed list. */
 int holders_parse(const char *list, Holder *out, int max);
 
+/* Reports: what a process tells the coordinator, typed, on a channel of their own (the job's
+ * "reports" list, which the coordinating launcher drains). Decisions are made from these,
+ * never from event lines; report_send writes the event line of the same record, so the log
+ * is a projection of what was reported (a recovery's line carries its timings besides). */
+typedef enum {
+    REPORT_COMM_FAILURE, /* a collective failed in EPOCH at STEP; TEXT why */
+    REPORT_JOIN_FAILED,  /* joining EPOCH failed in PHASE; TEXT why */
+    REPORT_RECOVERED,    /* EPOCH's recovery is over (its members trained a step) */
+    REPORT_DIVERGED,     /* training diverged at STEP; TEXT says why and how to go on */
+    REPORT_JOB_DONE,     /* every rank finished STEP steps */
+    REPORT_MODEL_SAVED,  /* the final model is at TEXT (a path) */
+    REPORT_LINK_DOWN,    /* an injected network loss cut RANK off (netns) */
+    REPORT_KINDS
+} report_kind;
+
+typedef enum { JOIN_RENDEZVOUS, JOIN_RESTORE, JOIN_PHASES } join_phase;
+
+typedef struct {
+    report_kind kind;
+    long epoch;         /* -1: none */
+    int rank;           /* -1: none */
+    long long step;     /* 1-based; -1: none */
+    int64_t t_wall_ms;  /* when it happened, on the job's clock */
+    join_phase phase;   /* REPORT_JOIN_FAILED */
+    char text[2048];    /* NUL-terminated; may hold any other byte */
+} Report;
+
+/* Text form: "KIND EPOCH RANK STEP T_WALL_MS PHASE\n" then TEXT (the rest of the value).
+ * KIND and PHASE by name (report_kind_name, join_phase_name). */
+#define REPORT_TEXT_MAX (2048 + 160)
+const char *report_kind_name(report_kind k);
+const char *join_phase_name(join_phase p);
+/* 0, or -1 when buf is too small or r is not a report report_parse would accept. */
+int report_format(const Report *r, char *buf, size_t len);
+/* Decodes n bytes of report_format's text. 0, or -1 with err (may be NULL) saying why (an
+ * unknown kind or phase, a number out of range, a missing field, text too long). On -1, r is
+ * zeroed. */
+int report_parse(const char *text, size_t n, Report *r, char *err, size_t errlen);
+/* Pushes r to the reports list and its event line to the events list. 0 / -1. */
+int report_send(ctl_t *c, int64_t t0_wall_ms, const Report *r);
+
 #endif

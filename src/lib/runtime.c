@@ -108,7 +108,7 @@ struct dp {
     size_t restored_extra_len;
     int restored_identical;   /* ...and whether it carried the DP_IDENTICAL regions */
     Decision decision;        /* the one being followed (large: not on the stack) */
-    const char *join_phase;   /* where join_epoch is: "restore", "rendezvous" (join_failed says) */
+    join_phase join_phase;    /* where join_epoch is (its join_failed report says) */
 };
 
 /* --- small helpers ------------------------------------------------------------------- */
@@ -917,7 +917,7 @@ static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
         free(has);
         if (st != COMM_OK) goto comm_failed;
         if (from < 0 && reports_identical(dp)) { /* no use trying again: the job stops (join_failed) */
-            dp->join_phase = "restore";
+            dp->join_phase = JOIN_RESTORE;
             snprintf(err, errlen, "no member restored the state every rank holds identically (DP_IDENTICAL) of step %lld",
                      (long long)dp->next_step);
             return DP_ERR;
@@ -1350,7 +1350,11 @@ static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
     log_msg("injecting %s at step %lld", name, step + 1);
     if (kind == FAULT_KILL || kind == FAULT_RKILL) raise(SIGKILL);
     else if (kind == FAULT_STOP) raise(SIGSTOP);
-    else if (kind == FAULT_NETDOWN) netns_cut_own_link();
+    else if (kind == FAULT_NETDOWN) {
+        Report r = {.kind = REPORT_LINK_DOWN, .epoch = dp->epoch, .rank = dp->rank, .step = step + 1, .t_wall_ms = wall_ms()};
+        report_send(dp->ctl, dp->t0_wall_ms, &r); /* before the link is gone */
+        netns_cut_own_link();
+    }
 }
 
 /* Faults from --inject and --chaos fire once each, even when the step is re-run after a
@@ -1460,10 +1464,10 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     dp->role = was_member && dp->role != DP_ROLE_SPARE ? DP_ROLE_SURVIVOR : DP_ROLE_RECOVERED;
     set_role_log(dp);
     replica_server_set_min_epoch(dp->replicas, d->epoch);
-    dp->join_phase = "restore";
+    dp->join_phase = JOIN_RESTORE;
     dp->restore_cold = 0;
     if (restore_generation(dp, dp->restore_src, d->rollback, err, errlen) != 0) return -1;
-    dp->join_phase = "rendezvous";
+    dp->join_phase = JOIN_RENDEZVOUS;
     log_msg("restored step %lld in %.1f ms", d->rollback + 1, now_ms() - t0);
     maybe_inject_in_recovery(dp);
     double t1 = now_ms();
@@ -1513,14 +1517,14 @@ static dp_status follow_decisions(dp_t *dp, Decision *d, char *err, size_t errle
     for (;;) {
         if (join_epoch(dp, d, err, errlen) == 0) return DP_OK;
         /* Usually a member died while recovering; the coordinator decides again. */
-        char esc[2048];
         log_msg("joining epoch %ld failed: %s", dp->epoch, err);
-        json_escape(err, esc, sizeof esc);
-        /* phase "restore": this rank's state is unreachable (the coordinator stops the job
-         * rather than hand the next spare the same hopeless decision); otherwise a member
-         * is missing and the coordinator decides again. */
-        event_emit(dp->ctl, dp->t0_wall_ms, "join_failed", "\"rank\":%d,\"epoch\":%ld,\"phase\":\"%s\",\"message\":\"%s\"",
-                   dp->rank, dp->epoch, dp->join_phase, esc);
+        /* JOIN_RESTORE: this rank's state is unreachable (the coordinator stops the job rather
+         * than hand the next spare the same hopeless decision); otherwise a member is missing
+         * and the coordinator decides again. */
+        Report r = {.kind = REPORT_JOIN_FAILED, .epoch = dp->epoch, .rank = dp->rank, .step = -1,
+                    .t_wall_ms = wall_ms(), .phase = dp->join_phase};
+        snprintf(r.text, sizeof r.text, "%s", err);
+        report_send(dp->ctl, dp->t0_wall_ms, &r);
         end_epoch_comms(dp);
         long e = wait_for_decision(dp, dp->cfg.spare_wait * 1000 + 4 * dp->cfg.detect_timeout_ms + 30000);
         if (e == 0) return DP_STOPPED;
@@ -1641,11 +1645,11 @@ dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen) {
 /* --- the step ------------------------------------------------------------------------ */
 
 static dp_status comm_failed(dp_t *dp, const char *what) {
-    char esc[2048];
     log_msg("step %lld: %s", (long long)dp->cur_step + 1, what);
-    json_escape(what, esc, sizeof esc);
-    event_emit(dp->ctl, dp->t0_wall_ms, "comm_failure", "\"rank\":%d,\"step\":%lld,\"epoch\":%ld,\"message\":\"%s\"",
-               dp->rank, (long long)dp->cur_step + 1, dp->epoch, esc);
+    Report r = {.kind = REPORT_COMM_FAILURE, .epoch = dp->epoch, .rank = dp->rank, .step = (long long)dp->cur_step + 1,
+                .t_wall_ms = wall_ms()};
+    snprintf(r.text, sizeof r.text, "%s", what);
+    report_send(dp->ctl, dp->t0_wall_ms, &r);
     snprintf(dp->err, sizeof dp->err, "%s", what);
     return DP_FAILED;
 }
@@ -1695,6 +1699,8 @@ static void push_metrics(dp_t *dp, int64_t step, const dp_metrics *m, double ste
 
 /* Rank 0 of a new epoch, after its first step: one `recovered` event with the timeline. */
 static void report_recovery(dp_t *dp) {
+    Report over = {.kind = REPORT_RECOVERED, .epoch = dp->epoch, .rank = dp->rank, .step = -1, .t_wall_ms = wall_ms()};
+    report_send(dp->ctl, dp->t0_wall_ms, &over); /* the launcher may start replacement spares now */
     Decision *d = &dp->decision; /* the epoch's own: it is what we joined */
     if (decision_read(dp->ctl, dp->epoch, d) != 0) return;
     /* The slowest member sets each phase; training resumed when the last member did. Every
@@ -1785,19 +1791,18 @@ static dp_status diverged(dp_t *dp, int64_t step, const dp_metrics *m) {
     }
     comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)); /* every rank's state is on disk */
     if (dp->rank == 0) {
-        char msg[2400], cmd[1024];
+        char cmd[1024];
+        Report r = {.kind = REPORT_DIVERGED, .epoch = dp->epoch, .rank = dp->rank, .step = (long long)step + 1,
+                    .t_wall_ms = wall_ms()};
         if (good >= 0)
-            snprintf(msg, sizeof msg, "step %lld: loss %g, gradient norm %g: training diverged and nothing after step %lld "
+            snprintf(r.text, sizeof r.text, "step %lld: loss %g, gradient norm %g: training diverged and nothing after step %lld "
                      "was committed. The state of step %lld is in %.700s/ckpt; continue with `%s` and, say, a smaller "
                      "learning rate", (long long)step + 1, m->loss, m->grad_norm, good + 1, good + 1, dp->cfg.out,
                      job_config_resume_command(&dp->cfg, cmd, sizeof cmd));
         else
-            snprintf(msg, sizeof msg, "step %lld: loss %g, gradient norm %g: training diverged before any state was committed",
-                     (long long)step + 1, m->loss, m->grad_norm);
-        char esc[5000];
-        json_escape(msg, esc, sizeof esc);
-        event_emit(dp->ctl, dp->t0_wall_ms, "diverged", "\"step\":%lld,\"good_step\":%lld,\"message\":\"%s\"",
-                   (long long)step + 1, good + 1, esc);
+            snprintf(r.text, sizeof r.text, "step %lld: loss %g, gradient norm %g: training diverged before any state was "
+                     "committed", (long long)step + 1, m->loss, m->grad_norm);
+        report_send(dp->ctl, dp->t0_wall_ms, &r);
     }
     snprintf(dp->err, sizeof dp->err, "training diverged at step %lld", (long long)step + 1);
     return DP_STOPPED;
@@ -2057,8 +2062,11 @@ int dp_finish(dp_t *dp, dp_status how) {
         snapshot_destroy(dp->snap);
     }
     /* Rank 0 says the job is done once every rank is: the launcher ends the job on it. */
-    if (rc == DP_EXIT_DONE && dp->rank == 0)
-        event_emit(dp->ctl, dp->t0_wall_ms, "job_done", "\"steps\":%lld", (long long)dp->next_step);
+    if (rc == DP_EXIT_DONE && dp->rank == 0) {
+        Report r = {.kind = REPORT_JOB_DONE, .epoch = dp->epoch, .rank = 0, .step = (long long)dp->next_step,
+                    .t_wall_ms = wall_ms()};
+        report_send(dp->ctl, dp->t0_wall_ms, &r);
+    }
     snapshot_abandon(dp->restore_src);
     if (dp->snap_ctl) ctl_close(dp->snap_ctl);
     end_epoch_comms(dp);
@@ -2067,9 +2075,9 @@ int dp_finish(dp_t *dp, dp_status how) {
 }
 
 void dp_output_saved(dp_t *dp, const char *path) {
-    char esc[2048];
-    json_escape(path, esc, sizeof esc);
-    event_emit(dp->ctl, dp->t0_wall_ms, "model_saved", "\"path\":\"%s\"", esc);
+    Report r = {.kind = REPORT_MODEL_SAVED, .epoch = dp->epoch, .rank = dp->rank, .step = -1, .t_wall_ms = wall_ms()};
+    if (snprintf(r.text, sizeof r.text, "%s", path) >= (int)sizeof r.text) log_msg("output path too long to report: %s", path);
+    report_send(dp->ctl, dp->t0_wall_ms, &r);
 }
 
 /* --- checkpoints --------------------------------------------------------------------- */

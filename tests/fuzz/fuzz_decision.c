@@ -5,7 +5,9 @@
  * range, an owner for every rank, every failed rank inside the world and owned by its
  * spare), must format again (decision_format accepts exactly what decision_parse accepts)
  * and parse back to the same decision. A refusal must say why and leave a zeroed decision.
- * An accepted holder list must round-trip through holders_format the same way. */
+ * An accepted holder list must round-trip through holders_format the same way, and so must
+ * an accepted report (report_parse / report_format, the processes' reports to the
+ * coordinator). */
 #include "fuzz_util.h"
 
 #include "recovery.h"
@@ -55,6 +57,24 @@ static void check_holders(const char *in) {
     FUZZ_CHECK(memcmp(h, h2, sizeof h) == 0, "holders changed in a round trip: %s", list);
 }
 
+static void check_report(const char *in, size_t n) {
+    static Report r, r2;
+    static char buf[REPORT_TEXT_MAX];
+    char err[256] = "";
+    if (report_parse(in, n, &r, err, sizeof err) != 0) {
+        static const Report zero;
+        FUZZ_CHECK(err[0] != 0, "report refused without a message");
+        FUZZ_CHECK(memcmp(&r, &zero, sizeof r) == 0, "report refused but left partly filled");
+        return;
+    }
+    FUZZ_CHECK(r.kind >= 0 && r.kind < REPORT_KINDS && r.phase >= 0 && r.phase < JOIN_PHASES, "kind %d phase %d", r.kind, r.phase);
+    FUZZ_CHECK(r.rank >= -1 && r.rank < RECOVERY_MAX_RANKS && r.epoch >= -1 && r.step >= -1, "rank %d epoch %ld", r.rank, r.epoch);
+    FUZZ_CHECK(memchr(r.text, 0, sizeof r.text) != NULL, "text not terminated");
+    FUZZ_CHECK(report_format(&r, buf, sizeof buf) == 0, "an accepted report does not format");
+    FUZZ_CHECK(report_parse(buf, strlen(buf), &r2, err, sizeof err) == 0, "a formatted report is refused: %s", err);
+    FUZZ_CHECK(memcmp(&r, &r2, sizeof r) == 0, "report changed in a round trip");
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *in = malloc(size + 1); /* Redis values arrive NUL-terminated */
     FUZZ_CHECK(in != NULL, "out of memory");
@@ -62,6 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     in[size] = 0;
     check_decision(in);
     check_holders(in);
+    check_report((const char *)data, size);
     free(in);
     return 0;
 }

@@ -164,6 +164,13 @@ static void decisions(void) {
     Holder hs[2] = {{.proc = 123, .host = "127.0.0.1", .port = 4000}, {.proc = 456, .host = "::1", .port = 5}};
     if (holders_format(hs, 2, text, sizeof text) != 0) die("holders", "format");
     put("decision", "holders", text, strlen(text));
+    Report rep = {.kind = REPORT_JOIN_FAILED, .epoch = 3, .rank = 2, .step = -1, .t_wall_ms = 1764590000125,
+                  .phase = JOIN_RESTORE, .text = "rank 2's state: every copy failed its check"};
+    if (report_format(&rep, text, sizeof text) != 0) die("report", "format");
+    put("decision", "report_join_failed", text, strlen(text));
+    rep = (Report){.kind = REPORT_COMM_FAILURE, .epoch = 1, .rank = 0, .step = 40, .t_wall_ms = 1, .text = "peer closed"};
+    if (report_format(&rep, text, sizeof text) != 0) die("report", "format");
+    put("decision", "report_comm_failure", text, strlen(text));
 }
 
 /* Replica streams: flags byte (fuzz_replica.c), then requests. */

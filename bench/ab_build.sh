@@ -9,6 +9,8 @@
 # Reports the median of the paired step-time ratios B/A with a 90 % bootstrap interval, and
 # the median recovery total_ms of each build.
 # usage: bench/ab_build.sh A_BINARY B_BINARY [PAIRS] [STEPS] [DATA]     prints a Markdown report
+# AB_MODEL=tiny (default small) for a model whose step is shorter, so that the collectives'
+# share of it is larger.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/stats.sh
@@ -18,7 +20,7 @@ STEPS=${4:-12}
 DATA=${5:-../shared/data/tinyshakespeare.txt}
 DATA_ARGS=(); [ -f "$DATA" ] && DATA_ARGS=(--data "$DATA")
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-COMMON=(--workers 4 --spares 1 --model small --seed 1 --comm-timeout-ms 30000 "${DATA_ARGS[@]}")
+COMMON=(--workers 4 --spares 1 --model "${AB_MODEL:-small}" --seed 1 --comm-timeout-ms 30000 "${DATA_ARGS[@]}")
 
 run() { # BIN OUT ARGS...
   local bin=$1 out=$2; shift 2

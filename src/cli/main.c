@@ -165,13 +165,13 @@ static int cmd_run(int argc, char **argv) {
             train_options_print_help();
             return 0;
         }
-        if (strcmp(argv[i], "--report") == 0) { /* a flag: alone it means --report=1 */
-            cfg.report = 1;
-            i++;
-            continue;
-        }
-        if (strcmp(argv[i], "--redis-ha") == 0) { /* a flag too */
-            cfg.redis_ha = 1;
+        /* flags: alone, --NAME means --NAME=1 */
+        static const char *const FLAGS[] = {"report", "redis-ha", "fresh"};
+        int flag = 0;
+        for (size_t f = 0; f < sizeof FLAGS / sizeof FLAGS[0] && !flag; f++)
+            flag = !strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, FLAGS[f]) &&
+                   job_config_set(&cfg, FLAGS[f], "1", err, sizeof err) == 0;
+        if (flag) {
             i++;
             continue;
         }

@@ -41,6 +41,7 @@ static const OptSpec OPTIONS[] = {
     {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},
     {"bind", OPT_STR, S(bind), 0, 0, NULL, "address the metrics server listens on (default 127.0.0.1, loopback only); with --nnodes also where this machine's processes are reached (default: the address it reaches Redis from)"},
     {"redis-ha", OPT_INT, F(redis_ha), 0, 0, 1, NULL, "embedded control plane with Redis Sentinel: a master, a replica and three sentinels on loopback (a master's loss is survived); --redis-ha alone = 1"},
+    {"fresh", OPT_INT, F(fresh), 0, 0, 1, NULL, "with --job: a job id whose earlier run is dead (no launcher, machine or process of it left) starts afresh, its keys in Redis discarded (its checkpoints on disk stay); --fresh alone = 1. Without it such an id is refused, unless --resume continues from that run's checkpoints"},
     {"report", OPT_INT, F(report), 0, 0, 1, NULL, "write DIR/report.html (plots of the run) when the job ends; --report alone = 1"},
     {"nnodes", OPT_INT, F(nnodes), 0, 0, DP_MAX_RANKS, NULL, "machines that run ranks: run the same command on each (and on spare machines); needs --redis and --job"},
     {"nproc-per-node", OPT_INT, F(nproc_per_node), 0, 0, DP_MAX_RANKS, NULL, "with --nnodes: ranks per machine (a spare machine starts as many spares)"},
@@ -85,7 +86,7 @@ int job_config_set(JobConfig *c, const char *name, const char *value, char *err,
 
 int job_config_has(const char *name) { return opt_find(TABLE, name) != NULL; }
 
-static const char *const NODE_LOCAL[] = {"out", "redis", "redis-ha", "bind", "metrics-port", "report", "node-id", "resume", NULL};
+static const char *const NODE_LOCAL[] = {"out", "redis", "redis-ha", "bind", "metrics-port", "report", "node-id", "resume", "fresh", NULL};
 
 int job_config_node_local(const char *name) {
     for (int i = 0; NODE_LOCAL[i]; i++)

@@ -51,6 +51,7 @@ typedef struct {
     int metrics_port;     /* serve Prometheus /metrics on this port while the job runs (0 = off) */
     char bind[256];       /* address this host listens on for the metrics server ("" = 127.0.0.1) */
     int report;           /* 1: write DIR/report.html when the job ends */
+    int fresh;            /* 1: --job's dead earlier run is discarded (not continued) */
     int redis_ha;         /* 1: the embedded control plane is a master, a replica and three sentinels */
     int nnodes;           /* --nnodes: machines that run ranks (0 = one machine, --workers ranks) */
     int nproc_per_node;   /* --nproc-per-node: ranks per machine (and spares per spare machine) */

@@ -1598,6 +1598,43 @@ static int config_page(ctl_t *c, const redisReply *keys, void *arg) {
     return 0;
 }
 
+int ctl_job_dead_run(ctl_t *c, long long *seen_ms) {
+    if (seen_ms) *seen_ms = 0;
+    if (ensure_connected(c) != 0) return -1;
+    char key[CTL_KEY_MAX], suffix[32], pattern[CTL_KEY_MAX];
+    long long n;
+    make_key(c, key, sizeof key, "config");
+    if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) return -1;
+    if (n == 0) return 0;
+    ctl_key_full(c, key, sizeof key, KEY_LAUNCHER, 0, 0);
+    if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) return -1;
+    if (n > 0) return 0;
+    static const char *const alive[] = {"node:*:alive", "hb:*"};
+    for (int i = 0; i < 2; i++) {
+        int live = 0;
+        make_key(c, pattern, sizeof pattern, alive[i]);
+        if (scan_pages(c, pattern, any_key_page, &live) != 0) return -1;
+        if (live) return 0;
+    }
+    char seen[32] = "";
+    if (seen_ms && ctl_get(c, ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER_SEEN, 0, 0), seen, sizeof seen) == 0)
+        *seen_ms = strtoll(seen, NULL, 10);
+    return 1;
+}
+
+int ctl_job_dead_run_delete(ctl_t *c, int ttl_ms) {
+    if (ensure_connected(c) != 0) return -1;
+    /* the claim is outside the job's keys ("dp:JOB:*"): the deletion leaves it standing */
+    char claim[CTL_KEY_MAX];
+    snprintf(claim, sizeof claim, "dp-fresh:%s", c->job);
+    redisReply *r = ctl_command(c, "SET %s 1 NX PX %d", claim, ttl_ms);
+    if (!r) return -1;
+    int got = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    if (!got) return 0;
+    return delete_job_keys(c, c->job) == 0 ? 1 : -1;
+}
+
 int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms) {
     if (ensure_connected(c) != 0) return -1;
     enum { MAX_SEEN = 4096 }; /* a first pass is enough: the next launcher sweeps again */

@@ -116,6 +116,15 @@ int ctl_launcher_alive(ctl_t *c);
  * heartbeat either (a launcher killed with -9 leaves its keys behind). A job without a
  * last-seen time is left alone. The number of jobs removed, -1 on error. */
 int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms);
+/* This job's keys are those of a dead run: its config is there, but no launcher key, no
+ * machine's alive key and no process heartbeat is (all of them expire). 1 dead, 0 no keys or
+ * something of it alive, -1 error. *seen_ms: when its launcher was last alive (wall ms, 0 if
+ * unknown). */
+int ctl_job_dead_run(ctl_t *c, long long *seen_ms);
+/* Deletes a dead run's keys (ctl_job_dead_run) so the id starts afresh. Of machines starting
+ * together, one deletes (a claim key beside the job's, for ttl_ms): 1 deleted, 0 another
+ * machine holds the claim, -1 error. */
+int ctl_job_dead_run_delete(ctl_t *c, int ttl_ms);
 
 /* --- machines (multi-node jobs) ------------------------------------------------------
  * A machine joins with its node id: ctl_node_join gives it the next index (1 joined, 0 the

@@ -1051,6 +1051,43 @@ static void supervise(Launcher *L) {
     drain_outputs(L);
 }
 
+/* The same --job again (a rerun, a requeue on a shared Redis): keys of an earlier run whose
+ * launchers, machines and processes are all gone are that run's, not this one's, and
+ * continuing it would fail at once. A new run must say what it wants: --resume (continue from
+ * that run's checkpoints) or --fresh (start again); either discards the dead run's keys. A
+ * run with anything still alive is joined as before (a machine coming back). 0 / -1 + err. */
+static int claim_job_id(Launcher *L, char *err, size_t errlen) {
+    double deadline = now_ms() + L->cfg->start_timeout_ms;
+    for (;;) {
+        long long seen = 0;
+        int dead = ctl_job_dead_run(L->ctl, &seen);
+        if (dead < 0) { snprintf(err, errlen, "--job %s: reading its keys failed: %s", L->job, ctl_last_error(L->ctl)); return -1; }
+        if (dead == 0) return 0;
+        char ago[48] = "";
+        if (seen > 0) snprintf(ago, sizeof ago, " (last seen %.0f s ago)", (double)(wall_ms() - seen) / 1e3);
+        if (!L->cfg->resume[0] && !L->cfg->fresh) {
+            snprintf(err, errlen, "--job %s: Redis holds the keys of an earlier run of this id whose launchers and "
+                     "processes are all gone%s. Continue it with --resume OUT (its checkpoints), or start it again "
+                     "with --fresh (its keys are discarded; checkpoints on disk stay)", L->job, ago);
+            return -1;
+        }
+        int r = ctl_job_dead_run_delete(L->ctl, L->cfg->start_timeout_ms);
+        if (r < 0) { snprintf(err, errlen, "--job %s: discarding the dead run's keys failed: %s", L->job, ctl_last_error(L->ctl)); return -1; }
+        if (r == 1) {
+            log_msg("job %s: discarded the keys of its earlier, dead run%s; %s", L->job, ago,
+                    L->cfg->resume[0] ? "resuming from the checkpoints" : "starting afresh (--fresh)");
+            return 0;
+        }
+        /* another machine of this run is discarding them: wait until it has */
+        if (now_ms() > deadline || stop_signal) {
+            snprintf(err, errlen, "--job %s: another machine claimed the dead run's keys but they are still there "
+                     "after --start-timeout-ms %d", L->job, L->cfg->start_timeout_ms);
+            return -1;
+        }
+        sleep_ms(50);
+    }
+}
+
 /* Registers this machine in the job: the order of joining gives its index (0 creates the
  * job and coordinates it). 0 / -1 + err. */
 static int join_as_node(Launcher *L, char *err, size_t errlen) {
@@ -1351,7 +1388,7 @@ int launcher_run(const JobConfig *cfg) {
     }
     int resuming = cfg->nnodes > 0 && cfg->resume[0];
     if (open_outputs(&L, err, sizeof err) != 0 || start_control_plane(&L, err, sizeof err) != 0 ||
-        join_as_node(&L, err, sizeof err) != 0 ||
+        (cfg->nnodes > 0 && claim_job_id(&L, err, sizeof err) != 0) || join_as_node(&L, err, sizeof err) != 0 ||
         (resuming && publish_inventory(&L, err, sizeof err) != 0) ||
         (L.coordinating && resuming && choose_resume_step(&L, err, sizeof err) != 0) ||
         (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0

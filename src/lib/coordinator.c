@@ -673,9 +673,10 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
         c->waiting_spare_since = now_ms();
         event_emit(c->ctl, c->t0_wall_ms, "no_spare", "\"failed\":%d,\"rollback_step\":%lld,\"wait_s\":%d", c->npending,
                    g + 1, c->cfg->spare_wait);
+        const char *rf = getenv(DP_ENV_REDIS_FILE); /* the launcher's: URL and password, 0600 */
         log_msg("%d rank(s) failed and no spare is left: step %lld is being persisted to %s/ckpt; waiting up to %d s "
-                "for a spare (deadpool worker --spare --job %s --redis URL)", c->npending, g + 1, c->cfg->out,
-                c->cfg->spare_wait, ctl_job(c->ctl));
+                "for a spare (deadpool worker --spare --job %s %s%s)", c->npending, g + 1, c->cfg->out,
+                c->cfg->spare_wait, ctl_job(c->ctl), rf ? "--redis-file " : "--redis URL", rf ? rf : "");
         if (c->cfg->ft == FT_DEADPOOL) persist_for_fallback(c, g);
     }
     if (now_ms() - c->waiting_spare_since < c->cfg->spare_wait * 1000.0) return COORD_RUNNING;

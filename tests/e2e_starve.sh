@@ -28,23 +28,39 @@ finish_job() {
   kill -9 "$1" 2>/dev/null; wait "$1"; rc=$?
 }
 
-# Opens up to N connections to each target (a unix socket path or a TCP port on 127.0.0.1) and
-# never authenticates; prints "ready OPENED" and holds them until killed.
+# Keeps N connections open to each target (a unix socket path or a TCP port on 127.0.0.1), never
+# authenticating, and re-opens every one the server closes (a server at its client limit accepts
+# and closes at once), so that a place freed in the server goes to the stranger, not the job.
+# Prints "ready OPENED" once the first round is open; runs until killed (at most 120 s).
 HOLD='
-import os, socket, sys, time
-n = int(sys.argv[1]); held = []; opened = 0
-for t in sys.argv[2:]:
-    for _ in range(n):
-        try:
-            if t.startswith("/"):
-                s = socket.socket(socket.AF_UNIX); s.connect(t)
-            else:
-                s = socket.create_connection(("127.0.0.1", int(t)), timeout=2)
-            held.append(s); opened += 1
-        except OSError as e:
-            last = e
-print("ready", opened, flush=True)
-while True: time.sleep(1)
+import os, select, socket, sys, time
+n = int(sys.argv[1]); targets = sys.argv[2:]
+def conn(t):
+    try:
+        if t.startswith("/"):
+            s = socket.socket(socket.AF_UNIX); s.connect(t)
+        else:
+            s = socket.create_connection(("127.0.0.1", int(t)), timeout=2)
+        return s
+    except OSError:
+        return None
+held = [(t, conn(t)) for t in targets for _ in range(n)]
+print("ready", sum(s is not None for _, s in held), flush=True)
+end = time.time() + 120
+while time.time() < end:
+    p = select.poll()
+    for _, s in held:
+        if s is not None: p.register(s, select.POLLIN)
+    r = {fd for fd, _ in p.poll(10)}
+    if not r and all(s is not None for _, s in held): continue
+    for i, (t, s) in enumerate(held):
+        if s is None or s.fileno() in r:
+            try:
+                if s is not None and s.recv(4096): continue
+            except OSError: pass
+            if s is not None: s.close()
+            held[i] = (t, conn(t))
+    time.sleep(0.005)
 '
 
 # 1. The embedded Redis cannot be starved (item 3). A stranger opens connections to every TCP

@@ -22,8 +22,8 @@ mp=$(master_pid "$WORK/ha.log")
 killed=0
 if [ -n "$mp" ] && grep -qa redis "/proc/$mp/cmdline" 2>/dev/null; then kill -9 "$mp" && killed=1; fi
 wait $job; rc=$?
-sentinel_left=$(pgrep -f "$(grep -o '/tmp/deadpool-sentinel-[A-Za-z0-9]*' "$WORK/ha.log" | head -1)/" | wc -l)
-dir=$(grep -o '/tmp/deadpool-sentinel-[A-Za-z0-9]*' "$WORK/ha.log" | head -1)
+sentinel_left=$(pgrep -f "$(grep -o '/tmp/deadpool-run-[0-9]*-[A-Za-z0-9]*' "$WORK/ha.log" | head -1)/" | wc -l)
+dir=$(grep -o '/tmp/deadpool-run-[0-9]*-[A-Za-z0-9]*' "$WORK/ha.log" | head -1)
 if [ $rc -eq 0 ] && [ $killed -eq 1 ] && cmp -s "$WORK/ref/model.bin" "$WORK/ha/model.bin" && no_leftovers "$WORK/ha" \
    && [ "$sentinel_left" -eq 0 ] && [ -n "$dir" ] && [ ! -e "$dir" ]; then
   ok "redis_master_killed_under_sentinel_job_goes_on ($(grep -c '"event":"recovered"' "$WORK/ha/events.jsonl") recoveries)"

@@ -6,6 +6,9 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <hiredis.h>
 #include <signal.h>
 #include <stdio.h>
@@ -546,6 +549,106 @@ static void test_server_stop(void) {
     redis_server_stop(&g_server, 100); /* a second stop is a no-op */
 }
 
+/* A stranger's connections fill the server's client limit: ctl_connect tries again with backoff
+ * within its bound and gets in once a place is free (a thread frees one after 400 ms), instead
+ * of failing at once ("authentication failed", as it did before). */
+static redisContext *g_fill[64];
+static int g_nfill;
+
+static void *free_a_place(void *arg) {
+    (void)arg;
+    sleep_ms(400);
+    redisFree(g_fill[--g_nfill]);
+    return NULL;
+}
+
+/* 1 when a new connection is answered "max number of clients reached". */
+static int at_client_limit(void) {
+    redisContext *t = redisConnect("127.0.0.1", g_server.port);
+    redisReply *r = t && !t->err ? redisCommand(t, "PING") : NULL;
+    int full = r && r->type == REDIS_REPLY_ERROR && strstr(r->str, "max number of clients") != NULL;
+    if (r) freeReplyObject(r);
+    if (t) redisFree(t);
+    return full;
+}
+
+static void test_connect_retried_at_the_client_limit(void) {
+    if (!g_server_up) return;
+    ctl_t *admin = connect_job("limit");
+    if (!admin) return;
+    CHECK(ctl_server_config_set(admin, "maxclients", "8") == 0, "CONFIG SET maxclients: %s", ctl_last_error(admin));
+    while (g_nfill < 64 && !at_client_limit()) g_fill[g_nfill++] = redisConnect("127.0.0.1", g_server.port); /* never AUTH */
+    CHECK(at_client_limit(), "the client limit was not reached with %d idle connections", g_nfill);
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, free_a_place, NULL) == 0, "thread");
+    char err[512] = "";
+    redis_addr a = server_addr();
+    double t0 = now_s();
+    ctl_t *c = ctl_connect(&a, "limit", 3000, err, sizeof err);
+    double took = now_s() - t0;
+    pthread_join(t, NULL);
+    printf("# %d idle connections fill the client limit: ctl_connect %s after %.0f ms%s%s\n", g_nfill + 1,
+           c ? "got in" : "failed", took * 1e3, c ? "" : ": ", c ? "" : err);
+    CHECK(c != NULL && took >= 0.35, "ctl_connect at the client limit: %s", err);
+    ctl_close(c);
+    while (g_nfill > 0) redisFree(g_fill[--g_nfill]);
+    CHECK(ctl_server_config_set(admin, "maxclients", "10000") == 0, "CONFIG SET maxclients back");
+    ctl_close(admin);
+}
+
+/* The embedded server of a one-machine job: a unix socket only, in a private directory; a
+ * unix:// URL reaches it; another user cannot connect at all. */
+static void test_private_server_on_a_unix_socket(void) {
+    char dir[128], err[512] = "";
+    snprintf(dir, sizeof dir, "/tmp/dp_test_control_XXXXXX");
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    redis_server s;
+    CHECK(redis_server_start_private(&s, dir, 10000, err, sizeof err) == 0, "start: %s", err);
+    if (s.pid <= 0) { rmdir(dir); return; }
+    CHECK(s.port == 0 && s.sock[0] == '/', "port %d sock '%s'", s.port, s.sock);
+    char url[300];
+    snprintf(url, sizeof url, "unix://:%s@%s", s.password, s.sock);
+    redis_addr a;
+    CHECK(redis_addr_parse(url, &a, err, sizeof err) == 0, "parse %s", err);
+    CHECK(!strcmp(a.host, s.sock) && a.port == 0 && !strcmp(a.password, s.password), "parsed host '%s' port %d", a.host, a.port);
+    char shown[300];
+    redis_addr_format(&a, shown, sizeof shown);
+    CHECK(!strncmp(shown, "unix:///", 8) && !strstr(shown, s.password), "formatted '%s'", shown);
+    ctl_t *c = ctl_connect(&a, "private", TIMEOUT_MS, err, sizeof err);
+    CHECK(c != NULL && ctl_set(c, "k", "v") == 0, "ctl over the socket: %s", err);
+    ctl_close(c);
+    /* the redis file: written 0600, read back; refused when others may read it */
+    char path[200], back[400];
+    CHECK(redis_file_write(&a, dir, path, sizeof path, err, sizeof err) == 0, "redis_file_write: %s", err);
+    CHECK(redis_file_read(path, back, sizeof back, err, sizeof err) == 0 && !strcmp(back, url), "read back '%s' (%s)",
+          back, err);
+    chmod(path, 0640);
+    CHECK(redis_file_read(path, back, sizeof back, err, sizeof err) != 0 && strstr(err, "mode 0640"), "0640: %s", err);
+    unlink(path);
+    /* another user: no connection at all (root: as nobody, in a child) */
+    if (getuid() == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
+            redisContext *x = redisConnectUnix(s.sock);
+            _exit(x && !x->err ? 1 : 0);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "nobody connected to the private socket (status %d)", st);
+    } else {
+        printf("# another user's connection: skipped (needs root for nobody)\n");
+    }
+    char sock[sizeof s.sock];
+    snprintf(sock, sizeof sock, "%s", s.sock);
+    redis_server_stop(&s, 3000);
+    CHECK(access(sock, F_OK) != 0, "socket left behind");
+    rmdir(dir);
+    /* a password on a command line: overwritten in place */
+    char arg[] = "redis://:s3cr%40t@h:1";
+    CHECK(redis_url_scrub(arg) == 1 && !strcmp(arg, "redis://:********@h:1"), "scrubbed '%s'", arg);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN); /* as the launcher and the worker do; see control.c */
     RUN_TEST(test_server_missing_binary);
@@ -568,6 +671,8 @@ int main(void) {
     RUN_TEST(test_events_drain_in_order);
     RUN_TEST(test_job_delete);
     RUN_TEST(test_roundtrip_latency);
+    RUN_TEST(test_connect_retried_at_the_client_limit);
+    RUN_TEST(test_private_server_on_a_unix_socket);
     RUN_TEST(test_server_stop);
     TEST_MAIN_END();
 }

@@ -19,6 +19,8 @@
 #include "util.h"
 
 #include <arpa/inet.h>
+#include <grp.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1541,6 +1543,72 @@ static void test_handshake_flood_is_bounded(void) {
     replica_server_stop(s);
 }
 
+/* A stranger (another user: `nobody` when this runs as root) keeps 300 connections open to a
+ * holder's port and opens a new one whenever the holder closes one: none of them ever
+ * authenticates. Clients of the job still get in, each within a 2 s bound, again and again
+ * while the flood goes on, and what they PUT and GET is right. (The holder used to let at most
+ * 64 connections shake hands at once for 5 s each, the rest waiting in the listen backlog: a
+ * client behind 300 such connections waited ~9 s.) */
+static void starve_holder(int FLOOD) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    enum { ROUNDS = 5, BOUND_MS = 2000 };
+    int port = replica_server_port(s), ready[2];
+    CHECK(pipe(ready) == 0, "pipe");
+    pid_t child = fork();
+    if (child == 0) { /* the stranger: no key, only connections */
+        if (getuid() == 0 && (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0)) _exit(3);
+        int *fds = calloc((size_t)FLOOD, sizeof *fds), opened = 0;
+        struct pollfd *p = calloc((size_t)FLOOD, sizeof *p);
+        if (!fds || !p) _exit(5);
+        for (int i = 0; i < FLOOD; i++) opened += (fds[i] = raw_tcp(port)) >= 0;
+        char one = opened == FLOOD ? 'y' : 'n';
+        if (write(ready[1], &one, 1) != 1) _exit(4);
+        for (double end = now_ms() + 30000; now_ms() < end;) { /* re-open what the holder closed */
+            for (int i = 0; i < FLOOD; i++) p[i] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+            if (poll(p, (nfds_t)FLOOD, 100) <= 0) continue;
+            for (int i = 0; i < FLOOD; i++) {
+                char buf[64];
+                if (!p[i].revents || (recv(fds[i], buf, sizeof buf, MSG_DONTWAIT) > 0 && !(p[i].revents & POLLHUP)))
+                    continue; /* the hello: read it and stay silent */
+                close(fds[i]);
+                fds[i] = raw_tcp(port);
+            }
+        }
+        _exit(0);
+    }
+    char got = 0;
+    CHECK(child > 0 && read(ready[0], &got, 1) == 1 && got == 'y', "the stranger opened %d connections", FLOOD);
+    close(ready[0]);
+    close(ready[1]);
+    double worst = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        char err[256] = "";
+        double t0 = now_ms();
+        ReplicaConn *c = replica_connect("127.0.0.1", port, PROC, BOUND_MS, 0, KEY, err, sizeof err);
+        CHECK(c != NULL, "round %d: a client of the job did not get in within %d ms: %s", round, BOUND_MS, err);
+        if (!c) break;
+        CHECK(put_gen(c, 0, round + 1, 1000 + round) == REPLICA_OK, "round %d: PUT during the flood", round);
+        expect_gen(c, 0, -1, round + 1, 1000 + round);
+        double ms = now_ms() - t0;
+        if (ms > worst) worst = ms;
+        replica_close(c);
+        sleep_ms(200);
+    }
+    printf("# %d connections of a stranger that never authenticate, re-opened as they are closed: the slowest of %d "
+           "clients got in and did a PUT and a GET in %.0f ms\n", FLOOD, ROUNDS, worst);
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    replica_server_stop(s);
+}
+
+/* As many as the brief's attack, and more than the holder lets wait for a proof (1024): the
+ * oldest waiting ones are closed, the stranger re-opens them at once. */
+static void test_starving_stranger_cannot_crowd_out_clients(void) { starve_holder(300); }
+static void test_starving_stranger_beyond_the_cap(void) { starve_holder(1500); }
+
 /* RESERVE and PUT are bounded by the job's real ranks and by the holder's byte budget. */
 static void test_reserve_and_put_bounded(void) {
     ReplicaServer *s = start_server();
@@ -1719,6 +1787,8 @@ int main(void) {
     RUN_TEST(test_altered_payloads_refused);
     RUN_TEST(test_requests_need_their_mac);
     RUN_TEST(test_handshake_flood_is_bounded);
+    RUN_TEST(test_starving_stranger_cannot_crowd_out_clients);
+    RUN_TEST(test_starving_stranger_beyond_the_cap);
     RUN_TEST(test_reserve_and_put_bounded);
     RUN_TEST(test_pull_only_from_the_requesting_process);
     TEST_MAIN_END();

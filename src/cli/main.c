@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "       deadpool run [options] -- PROGRAM [ARGS...]                          (your training program)\n"
             "       deadpool run --nnodes N --nproc-per-node P --redis URL --job ID [--bind ADDR] [options]\n"
             "                    (the same command on every machine; machines beyond N are spare machines)\n"
-            "       deadpool worker --redis URL --job ID [--spare] [--rank R] [--bind HOST]\n"
+            "       deadpool worker --redis URL|--redis-file FILE --job ID [--spare] [--rank R] [--bind HOST]\n"
             "       deadpool report DIR [--output FILE]                                 (DIR/report.html of a job)\n"
             "       deadpool run --help     (every option with its default)\n");
 }
@@ -155,12 +155,15 @@ static int cmd_run(int argc, char **argv) {
     int builtin = is_builtin(cfg.program);
     TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
     train_options_defaults(&topt);
-    int i = 0, workers_given = 0, spares_given = 0;
+    int i = 0, workers_given = 0, spares_given = 0, redis_given = 0, redis_file_given = 0;
+    static char redis_file_url[4200];
     for (; i < argc && strcmp(argv[i], "--") != 0;) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             printf("\noptions of deadpool run:\n");
             job_config_print_help();
+            printf("  --redis-file FILE    the --redis URL, password included, read from FILE (one line; a regular file of this\n"
+                   "                       user's, mode 0600): the password never appears on a command line\n");
             printf("\noptions of the built-in GPT-2 trainer (without -- PROGRAM):\n");
             train_options_print_help();
             return 0;
@@ -180,6 +183,17 @@ static int cmd_run(int argc, char **argv) {
         int used = split_option(argc, argv, i, name, sizeof name, &value);
         if (!used) return 2;
         if (!strcmp(name, "resume") || !strcmp(name, "resume-step")) { i += used; continue; }
+        if (!strcmp(name, "redis-file")) { /* the URL, password and all, from a 0600 file: never on argv */
+            if (redis_file_read(value, redis_file_url, sizeof redis_file_url, err, sizeof err) != 0) {
+                fprintf(stderr, "deadpool: --redis-file %s\n", err);
+                return 2;
+            }
+            if (job_config_set(&cfg, "redis", redis_file_url, err, sizeof err) != 0) { fprintf(stderr, "deadpool: --redis-file: %s\n", err); return 2; }
+            redis_file_given = 1;
+            i += used;
+            continue;
+        }
+        redis_given |= !strcmp(name, "redis");
         if (job_config_has(name)) {
             workers_given |= !strcmp(name, "workers");
             spares_given |= !strcmp(name, "spares");
@@ -224,15 +238,23 @@ static int cmd_run(int argc, char **argv) {
                 cfg.resume, want, cfg.program[0] ? "'" : "", got, cfg.program[0] ? "'" : "");
         return 2;
     }
+    if (redis_given && redis_file_given) {
+        fprintf(stderr, "deadpool: --redis and --redis-file: give one of them\n");
+        return 2;
+    }
     if (cfg.redis[0]) { /* a password in the URL would end up in every checkpoint's config.txt */
         redis_addr addr;
         if (redis_addr_parse(cfg.redis, &addr, err, sizeof err) != 0) { fprintf(stderr, "deadpool: --redis: %s\n", err); return 2; }
         if (strchr(cfg.redis, '@')) {
-            fprintf(stderr, "deadpool: --redis: the password moves to %s (it is never stored with the job's config); "
-                    "set it there rather than in the URL\n", DP_ENV_PASSWORD);
-            setenv(DP_ENV_PASSWORD, addr.password, 1);
+            if (!redis_file_given)
+                fprintf(stderr, "deadpool: --redis: a password on the command line is readable by every user of this "
+                        "machine until it is overwritten (done at once, but not before); use %s or --redis-file FILE "
+                        "(mode 0600) instead\n", DP_ENV_PASSWORD);
+            setenv(DP_ENV_PASSWORD, addr.password, 1); /* children inherit it there, never on argv */
             redis_addr_format(&addr, cfg.redis, sizeof cfg.redis);
         }
+        explicit_bzero(&addr, sizeof addr);
+        explicit_bzero(redis_file_url, sizeof redis_file_url);
     }
     /* Across machines the world is --nnodes x --nproc-per-node, and spares are whole spare
      * machines (the same command run on one more machine) unless --spares asks for more. */
@@ -256,6 +278,15 @@ static int cmd_worker(int argc, char **argv) {
         int used = split_option(argc, argv, i, name, sizeof name, &value);
         if (!used) return 2;
         if (strcmp(name, "redis") == 0) a.redis_url = value;
+        else if (strcmp(name, "redis-file") == 0) { /* the URL with its password, from a 0600 file */
+            static char url[4200];
+            char err[1200];
+            if (redis_file_read(value, url, sizeof url, err, sizeof err) != 0) {
+                fprintf(stderr, "deadpool worker: --redis-file %s\n", err);
+                return 2;
+            }
+            a.redis_url = url;
+        }
         else if (strcmp(name, "job") == 0) a.job = value;
         else if (strcmp(name, "bind") == 0) a.bind_host = value;
         else if (strcmp(name, "rank") == 0) {
@@ -273,7 +304,7 @@ static int cmd_worker(int argc, char **argv) {
         i += used;
     }
     if (!a.redis_url || !a.job) {
-        fprintf(stderr, "deadpool worker: --redis URL and --job ID are required\n");
+        fprintf(stderr, "deadpool worker: --redis URL (or --redis-file FILE) and --job ID are required\n");
         usage(stderr);
         return 2;
     }
@@ -313,8 +344,25 @@ static void python_env(void) {
     if (!getenv("DEADPOOL_LIB") && access(lib, R_OK) == 0) setenv("DEADPOOL_LIB", lib, 0);
 }
 
+/* A password in a --redis URL is on this process's command line, which every user of the
+ * machine can read (/proc/PID/cmdline, ps) until it is overwritten: that is done here, first
+ * thing, and the options are read from a copy. (Before this line runs it is visible: use
+ * DEADPOOL_REDIS_PASSWORD or --redis-file.) */
+static char **scrub_argv(int argc, char **argv) {
+    char **copy = calloc((size_t)argc + 1, sizeof *copy);
+    if (!copy) return argv;
+    for (int i = 0; i < argc; i++)
+        if (!(copy[i] = strdup(argv[i]))) return argv;
+    for (int i = 2; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (!strcmp(argv[i], "--redis") && i + 1 < argc) redis_url_scrub(argv[i + 1]);
+        else if (!strncmp(argv[i], "--redis=", 8)) redis_url_scrub(argv[i] + 8);
+    }
+    return copy;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { usage(stderr); return 2; }
+    argv = scrub_argv(argc, argv);
     if (!strcmp(argv[1], "run") || !strcmp(argv[1], "worker")) python_env();
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 2, argv + 2);
     if (strcmp(argv[1], "worker") == 0) return cmd_worker(argc - 2, argv + 2);

@@ -19,6 +19,7 @@
 //  * size 1: no Gloo, no store; collectives are no-ops or local copies.
 
 #include "comm.h"
+#include "redis_connect.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -100,7 +101,7 @@ class RedisMesh {
         struct timeval tv;
         tv.tv_sec = ms / 1000;
         tv.tv_usec = (ms % 1000) * 1000;
-        ctx_ = redisConnectWithTimeout(host.c_str(), port, tv);
+        ctx_ = dp_redis_connect(host.c_str(), port, tv); // a path: the job's unix socket
         if (ctx_ == nullptr) throw StoreError("redis: cannot allocate a connection context");
         if (ctx_->err) {
             std::string msg = "redis: connect to " + host + ":" + std::to_string(port) + " failed: " + ctx_->errstr;
@@ -647,7 +648,7 @@ comm_status runCollective(comm *c, Fn &&body) {
 // another. Ends when comm_destroy shuts its connection down.
 void watchForAbort(comm *c, std::string host, int port, std::string password, std::string key) {
     struct timeval tv = {2, 0};
-    redisContext *ctx = redisConnectWithTimeout(host.c_str(), port, tv);
+    redisContext *ctx = dp_redis_connect(host.c_str(), port, tv);
     {
         std::lock_guard<std::mutex> lock(c->watchMutex);
         if (ctx == nullptr || ctx->err || c->stopping) {
@@ -695,7 +696,7 @@ comm_t *createComm(comm *parent, const comm_store_addr *store, const char *prefi
                    const char *bind_host, int timeout_ms, char *err, size_t errlen) {
     writeErr(err, errlen, "");
     if (store == nullptr || store->host == nullptr || prefix == nullptr || prefix[0] == '\0' || size < 1 ||
-        rank < 0 || rank >= size || timeout_ms <= 0 || store->port <= 0 || store->port > 65535) {
+        rank < 0 || rank >= size || timeout_ms <= 0 || (store->host[0] != '/' && store->port <= 0) || store->port > 65535) {
         writeErr(err, errlen, "comm_create: invalid arguments");
         return nullptr;
     }

@@ -21,7 +21,7 @@ static const OptSpec OPTIONS[] = {
     {"steps", OPT_INT, F(steps), 0, 1, 1e9, NULL, "optimizer steps, numbered 1..K in --inject, the progress line and ckpt/step_N (0..K-1 in deadpool.h)"},
     {"seed", OPT_U64, F(seed), 0, 0, 0, NULL, "seed for initialisation and data sampling"},
     {"out", OPT_STR, S(out), 0, 0, NULL, "output directory (model.bin, metrics.jsonl, events.jsonl)"},
-    {"redis", OPT_STR, S(redis), 0, 0, NULL, "redis://HOST:PORT, password in DEADPOOL_REDIS_PASSWORD (default: embedded server)"},
+    {"redis", OPT_STR, S(redis), 0, 0, NULL, "redis://HOST:PORT (or redis-sentinel://, unix:///PATH), password in DEADPOOL_REDIS_PASSWORD or --redis-file FILE (a 0600 file holding the whole URL); a password written in this URL is readable by every user of the machine (ps) until deadpool overwrites it, at once but not before (default: embedded server on a unix socket only this user can open)"},
     {"detect-timeout-ms", OPT_INT, F(detect_timeout_ms), 0, 50, 3600000, NULL, "a silent (hung, cut off) process is failed after this"},
     {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 0, 0, 3600000, NULL, "bound on every collective (0 = detect timeout)"},
     {"start-timeout-ms", OPT_INT, F(start_timeout_ms), 0, 100, 3600000, NULL, "bound on joining the job"},

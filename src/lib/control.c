@@ -10,17 +10,21 @@
  * hiredis 0.14 writes with write(2), so a connection the server has closed raises SIGPIPE:
  * processes using this file must ignore SIGPIPE (launcher and worker do). */
 #include "control.h"
+#include "redis_connect.h"
 #include "util.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
+#include <unistd.h>
 #include <time.h>
 #include <arpa/inet.h>
 #include <sys/socket.h>
@@ -255,6 +259,10 @@ fail:
 }
 
 void redis_addr_format(const redis_addr *a, char *buf, size_t len) {
+    if (a->nsentinels == 0 && a->host[0] == '/') {
+        snprintf(buf, len, "unix://%s", a->host);
+        return;
+    }
     if (a->nsentinels == 0) {
         int v6 = strchr(a->host, ':') != NULL;
         snprintf(buf, len, "redis://%s%s%s:%d", v6 ? "[" : "", a->host, v6 ? "]" : "", a->port);
@@ -267,6 +275,32 @@ void redis_addr_format(const redis_addr *a, char *buf, size_t len) {
                                  v6 ? "]" : "", a->sentinel_port[i]);
     }
     if (used < len) snprintf(buf + used, len - used, "/%s", a->master);
+}
+
+/* "[:PASSWORD@]/PATH" after "unix://": a Redis that listens on a unix socket (the embedded one
+ * of a one-machine job). The path is kept in out->host (a host never starts with '/'), port 0. */
+static int parse_unix_url(const char *p, const char *shown, redis_addr *out, char *err, size_t errlen) {
+    const char *at = strrchr(p, '@');
+    const char *path = p;
+    if (at) {
+        if (parse_userinfo(p, (size_t)(at - p), shown, out, err, errlen) != 0) goto fail;
+        path = at + 1;
+    }
+    if (path[0] != '/' || path[1] == 0) {
+        set_err(err, errlen, "redis URL '%s': expected unix:///PATH (an absolute path to the socket)", shown);
+        goto fail;
+    }
+    if (strlen(path) >= REDIS_UNIX_PATH_MAX) {
+        set_err(err, errlen, "redis URL '%s': socket path is longer than %d bytes", shown, REDIS_UNIX_PATH_MAX - 1);
+        goto fail;
+    }
+    snprintf(out->host, sizeof out->host, "%s", path);
+    out->port = 0;
+    if (out->password[0] == '\0' && password_from_env(out, err, errlen) != 0) goto fail;
+    return 0;
+fail:
+    memset(out->password, 0, sizeof out->password);
+    return -1;
 }
 
 int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen) {
@@ -283,8 +317,10 @@ int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen)
     int sentinel = 0;
     if (scheme_end) {
         sentinel = (size_t)(scheme_end - url) == 14 && strncmp(url, "redis-sentinel", 14) == 0;
+        if ((size_t)(scheme_end - url) == 4 && strncmp(url, "unix", 4) == 0)
+            return parse_unix_url(scheme_end + 3, shown, out, err, errlen);
         if (!sentinel && ((size_t)(scheme_end - url) != 5 || strncmp(url, "redis", 5) != 0)) {
-            set_err(err, errlen, "redis URL '%s': unsupported scheme (expected redis:// or redis-sentinel://)", shown);
+            set_err(err, errlen, "redis URL '%s': unsupported scheme (expected redis://, redis-sentinel:// or unix://)", shown);
             return -1;
         }
         p = scheme_end + 3;
@@ -338,28 +374,52 @@ static int job_name_valid(const char *job) {
 
 /* AUTH when a password is set, then PING so that a server requiring a password we lack is
  * reported now rather than at the first command. */
-static int authenticate_and_ping(redisContext *rc, const char *password, char *err, size_t errlen) {
+/* A server at its client limit answers a new connection "-ERR max number of clients reached"
+ * and closes it: the connection is tried again (see open_context_retry), it is no bad job. */
+static int limit_reached(const char *msg) { return strstr(msg, "max number of clients reached") != NULL; }
+
+/* An I/O error a server under load or a flood of other clients can cause (a full accept queue
+ * of a unix socket: EAGAIN; a connection dropped at the client limit: reset, EOF). */
+static int transient_io(const redisContext *rc) {
+    /* errno may have moved on since hiredis failed: its message (strerror's) is what it saw */
+    return rc->err == REDIS_ERR_EOF ||
+           (rc->err == REDIS_ERR_IO && (strstr(rc->errstr, strerror(EAGAIN)) || strstr(rc->errstr, strerror(ECONNRESET)) ||
+                                        strstr(rc->errstr, strerror(EPIPE)) || strstr(rc->errstr, strerror(EINTR))));
+}
+
+/* Nobody listens there (yet, or any more: a restart). */
+static int refused_io(const redisContext *rc) {
+    return rc->err == REDIS_ERR_IO && strstr(rc->errstr, strerror(ECONNREFUSED)) != NULL;
+}
+
+static int authenticate_and_ping(redisContext *rc, const char *password, char *err, size_t errlen, int *transient) {
     redisReply *r;
     if (password[0]) {
         r = redisCommand(rc, "AUTH %s", password);
         if (!r) {
+            *transient = transient_io(rc);
             set_err(err, errlen, "redis: AUTH failed: %s", rc->errstr);
             return -1;
         }
         int bad = r->type == REDIS_REPLY_ERROR;
-        freeReplyObject(r);
-        if (bad) {
+        if (bad && limit_reached(r->str)) {
+            *transient = 1;
+            set_err(err, errlen, "redis: %s", r->str);
+        } else if (bad) {
             set_err(err, errlen, "redis: authentication failed");
-            return -1;
         }
+        freeReplyObject(r);
+        if (bad) return -1;
     }
     r = redisCommand(rc, "PING");
     if (!r) {
+        *transient = transient_io(rc);
         set_err(err, errlen, "redis: PING failed: %s", rc->errstr);
         return -1;
     }
     int rc_ok = 0;
     if (r->type == REDIS_REPLY_ERROR) {
+        *transient = limit_reached(r->str);
         if (strncmp(r->str, "NOAUTH", 6) == 0)
             set_err(err, errlen, "redis: authentication failed: the server requires a password "
                                  "(put it in the URL or in DEADPOOL_REDIS_PASSWORD)");
@@ -371,18 +431,20 @@ static int authenticate_and_ping(redisContext *rc, const char *password, char *e
     return rc_ok;
 }
 
-/* One connected, authenticated hiredis context with the command timeout set, or NULL. */
-static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen);
+/* One connected, authenticated hiredis context with the command timeout set, or NULL
+ * (*transient set when trying again soon may well succeed). */
+static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen, int *transient);
 
 /* Asks the sentinels, in order, for the master's address, connects to it and checks that it
  * is a master (a sentinel that has not seen a failover yet can name the old one). */
-static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *err, size_t errlen) {
-    if (addr->nsentinels == 0) return open_server(addr, timeout_ms, err, errlen);
+static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *err, size_t errlen, int *transient) {
+    if (addr->nsentinels == 0) return open_server(addr, timeout_ms, err, errlen, transient);
     struct timeval tv = ms_to_timeval(timeout_ms < 1000 ? timeout_ms : 1000);
     char why[CTL_ERR_MAX] = "no sentinel answered";
     for (int i = 0; i < addr->nsentinels; i++) {
-        redisContext *s = redisConnectWithTimeout(addr->sentinel_host[i], addr->sentinel_port[i], tv);
+        redisContext *s = dp_redis_connect(addr->sentinel_host[i], addr->sentinel_port[i], tv);
         if (!s || s->err) {
+            if (s && !*transient) *transient = transient_io(s) ? 1 : refused_io(s) ? 2 : 0;
             snprintf(why, sizeof why, "sentinel %s:%d: %s", addr->sentinel_host[i], addr->sentinel_port[i], s ? s->errstr : "out of memory");
             if (s) redisFree(s);
             continue;
@@ -393,6 +455,7 @@ static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *
             if (a) freeReplyObject(a);
         }
         redisReply *r = redisCommand(s, "SENTINEL get-master-addr-by-name %s", addr->master);
+        if (!r || (r->type == REDIS_REPLY_ERROR && limit_reached(r->str))) *transient = 1; /* a sentinel at its limit */
         redis_addr m = *addr;
         int found = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->type == REDIS_REPLY_STRING &&
                     r->element[1]->type == REDIS_REPLY_STRING &&
@@ -403,13 +466,14 @@ static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *
         redisFree(s);
         if (!found) continue;
         m.nsentinels = 0;
-        redisContext *rc = open_server(&m, timeout_ms, why, sizeof why);
+        redisContext *rc = open_server(&m, timeout_ms, why, sizeof why, transient);
         if (!rc) continue;
         redisReply *role = redisCommand(rc, "ROLE");
         int master = role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 && role->element[0]->type == REDIS_REPLY_STRING &&
                      !strcmp(role->element[0]->str, "master");
         if (role) freeReplyObject(role);
         if (master) return rc;
+        if (!*transient) *transient = 2; /* a failover in progress: an outage of the control plane */
         snprintf(why, sizeof why, "%s:%d, named by sentinel %s:%d, is not a master (a failover in progress)", m.host, m.port,
                  addr->sentinel_host[i], addr->sentinel_port[i]);
         redisFree(rc);
@@ -418,15 +482,21 @@ static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *
     return NULL;
 }
 
-static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen) {
+static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen, int *transient) {
     struct timeval tv = ms_to_timeval(timeout_ms);
-    redisContext *rc = redisConnectWithTimeout(addr->host, addr->port, tv);
+    redisContext *rc = dp_redis_connect(addr->host, addr->port, tv);
     if (!rc) {
         set_err(err, errlen, "redis: out of memory connecting to %s:%d", addr->host, addr->port);
         return NULL;
     }
     if (rc->err) {
-        set_err(err, errlen, "redis: cannot connect to %s:%d: %s", addr->host, addr->port, rc->errstr);
+        /* 1: a queue overflowed, the connection was dropped; 2: refused, nobody listens (yet, or
+         * any more: a restart) */
+        *transient = transient_io(rc) ? 1 : refused_io(rc) ? 2 : 0;
+        if (addr->host[0] == '/')
+            set_err(err, errlen, "redis: cannot connect to unix socket %s: %s", addr->host, rc->errstr);
+        else
+            set_err(err, errlen, "redis: cannot connect to %s:%d: %s", addr->host, addr->port, rc->errstr);
         redisFree(rc);
         return NULL;
     }
@@ -435,11 +505,32 @@ static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *e
         redisFree(rc);
         return NULL;
     }
-    if (authenticate_and_ping(rc, addr->password, err, errlen) != 0) {
+    if (authenticate_and_ping(rc, addr->password, err, errlen, transient) != 0) {
         redisFree(rc);
         return NULL;
     }
     return rc;
+}
+
+/* open_context, tried again while it fails in a way that can pass (the server at its client
+ * limit, a dropped connection; with `outage` also a refused connection or a failover under
+ * way), with a backoff of 20 ms doubling to 500 ms (and jitter, so that many processes do not
+ * come back in step), all of it within timeout_ms: a flood of strangers' connections or a
+ * blink of the server costs a delay inside the bound that already applied, not the job. Bad
+ * passwords and the like fail at once. A connection lost later (ensure_connected) does not
+ * wait out a control plane that is down (outage 0): its callers decide how long to wait. */
+static redisContext *open_context_retry(const redis_addr *addr, int timeout_ms, int outage, char *err, size_t errlen) {
+    double deadline = now_ms() + timeout_ms;
+    int backoff = 20;
+    for (;;) {
+        int left = (int)(deadline - now_ms()), transient = 0;
+        redisContext *rc = open_context(addr, left > 1 ? left : 1, err, errlen, &transient);
+        if (rc || !transient || (transient == 2 && !outage)) return rc;
+        int pause = backoff / 2 + (int)(random() % (backoff / 2 + 1));
+        if (now_ms() + pause >= deadline) return NULL;
+        sleep_ms(pause);
+        backoff = backoff * 2 > 500 ? 500 : backoff * 2;
+    }
 }
 
 ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char *err, size_t errlen) {
@@ -464,7 +555,7 @@ ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char
     c->addr = *addr;
     c->timeout_ms = timeout_ms;
     snprintf(c->job, sizeof c->job, "%s", job);
-    c->rc = open_context(addr, timeout_ms, err, errlen);
+    c->rc = open_context_retry(addr, timeout_ms, 1, err, errlen);
     if (!c->rc) {
         ctl_close(c);
         return NULL;
@@ -503,7 +594,7 @@ static int ensure_connected(ctl_t *c) {
         c->rc = NULL;
     }
     char err[CTL_ERR_MAX];
-    c->rc = open_context(&c->addr, c->timeout_ms, err, sizeof err);
+    c->rc = open_context_retry(&c->addr, c->timeout_ms, 0, err, sizeof err);
     if (!c->rc) {
         ctl_set_error(c, "%s", err);
         return -1;
@@ -1511,7 +1602,7 @@ int sentinel_wait_ready(const redis_addr *a, int timeout_ms, char *err, size_t e
     int replicas = -1, peers = -1;
     while (now_ms() < deadline) {
         struct timeval tv = ms_to_timeval(500);
-        redisContext *s = redisConnectWithTimeout(a->sentinel_host[0], a->sentinel_port[0], tv);
+        redisContext *s = dp_redis_connect(a->sentinel_host[0], a->sentinel_port[0], tv);
         if (s && !s->err) {
             redisSetTimeout(s, tv);
             if (a->password[0]) {
@@ -1666,4 +1757,96 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms) {
     }
     free(l.jobs);
     return removed;
+}
+
+/* ------------------------------------------------------------------------------------- */
+/* a URL with its password in a file                                                      */
+/* ------------------------------------------------------------------------------------- */
+
+/* The URL of addr with ":PASSWORD@" (percent-encoded but for unreserved characters). */
+static int format_with_password(const redis_addr *a, char *buf, size_t len) {
+    char plain[4200], pw[3 * sizeof a->password + 1];
+    redis_addr_format(a, plain, sizeof plain);
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)a->password; *p && o + 4 < sizeof pw; p++) {
+        if (isalnum(*p) || *p == '-' || *p == '.' || *p == '_' || *p == '~') pw[o++] = (char)*p;
+        else o += (size_t)snprintf(pw + o, sizeof pw - o, "%%%02X", *p);
+    }
+    pw[o] = 0;
+    const char *rest = strstr(plain, "://");
+    if (!rest) return -1;
+    rest += 3;
+    int n = a->password[0] ? snprintf(buf, len, "%.*s:%s@%s", (int)(rest - plain), plain, pw, rest)
+                           : snprintf(buf, len, "%s", plain);
+    explicit_bzero(pw, sizeof pw);
+    return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+int redis_file_write(const redis_addr *addr, const char *dir, char *path, size_t len, char *err, size_t errlen) {
+    char url[5000];
+    if (format_with_password(addr, url, sizeof url) != 0) {
+        set_err(err, errlen, "redis file: the URL is too long");
+        return -1;
+    }
+    int n = snprintf(path, len, "%s/redis", dir);
+    int fd = n > 0 && (size_t)n < len ? open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
+    int ok = fd >= 0 && dprintf(fd, "%s\n", url) == (int)strlen(url) + 1;
+    explicit_bzero(url, sizeof url);
+    if (fd >= 0 && close(fd) != 0) ok = 0;
+    if (!ok) {
+        set_err(err, errlen, "redis file %s: cannot write: %s", path, strerror(errno));
+        unlink(path);
+        return -1;
+    }
+    return 0;
+}
+
+int redis_file_read(const char *path, char *url, size_t len, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        set_err(err, errlen, "%s: %s", path, errno == ELOOP ? "is a symbolic link; refused" : strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    int bad = 1;
+    if (fstat(fd, &st) != 0) set_err(err, errlen, "%s: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode)) set_err(err, errlen, "%s: not a regular file", path);
+    else if (st.st_uid != geteuid())
+        set_err(err, errlen, "%s: owned by uid %u, not by this user (uid %u): refused", path, (unsigned)st.st_uid,
+                (unsigned)geteuid());
+    else if (st.st_mode & 077)
+        set_err(err, errlen, "%s: mode %04o lets other users read or change the password: expected 0600 (chmod 600 %s)",
+                path, (unsigned)(st.st_mode & 07777), path);
+    else if (st.st_size <= 0 || (size_t)st.st_size >= len)
+        set_err(err, errlen, "%s: expected one line with a redis URL (1 to %zu bytes), found %lld bytes", path, len - 1,
+                (long long)st.st_size);
+    else bad = 0;
+    ssize_t got = 0;
+    if (!bad) {
+        got = read(fd, url, len - 1);
+        if (got <= 0) {
+            set_err(err, errlen, "%s: cannot read: %s", path, got < 0 ? strerror(errno) : "empty");
+            bad = 1;
+        }
+    }
+    close(fd);
+    if (bad) return -1;
+    url[got] = 0;
+    while (got > 0 && isspace((unsigned char)url[got - 1])) url[--got] = 0;
+    if (!got || strpbrk(url, "\r\n")) {
+        explicit_bzero(url, len);
+        set_err(err, errlen, "%s: expected one line with a redis URL", path);
+        return -1;
+    }
+    return 0;
+}
+
+int redis_url_scrub(char *url) {
+    char *scheme_end = strstr(url, "://");
+    char *auth = scheme_end ? scheme_end + 3 : url;
+    char *at = strrchr(auth, '@');
+    char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    if (!colon || colon + 1 == at) return 0;
+    memset(colon + 1, '*', (size_t)(at - colon - 1));
+    return 1;
 }

@@ -14,9 +14,11 @@
 typedef struct ctl ctl_t;
 
 #define REDIS_SENTINELS_MAX 8
+#define REDIS_UNIX_PATH_MAX 108 /* sizeof sun_path: a unix socket's path is shorter */
 
 typedef struct {
-    char host[256];     /* the server; with sentinels, the first sentinel (the master is asked for) */
+    char host[256];     /* the server (an absolute path: a unix socket, port 0); with sentinels, the first
+                         * sentinel (the master is asked for) */
     int port;
     char password[256]; /* "" when none */
     /* Redis Sentinel: the master named `master` is found through these sentinels at every
@@ -27,17 +29,20 @@ typedef struct {
     int sentinel_port[REDIS_SENTINELS_MAX];
 } redis_addr;
 
-/* Parses "redis://[:PASSWORD@]HOST:PORT[/]" (or "HOST:PORT"), or
+/* Parses "redis://[:PASSWORD@]HOST:PORT[/]" (or "HOST:PORT"), "unix://[:PASSWORD@]/PATH" (a
+ * server on a unix socket: host = PATH, port 0), or
  * "redis-sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER" (at most REDIS_SENTINELS_MAX
  * sentinels; the password is the master's). When the URL carries no password, the
  * environment variable DEADPOOL_REDIS_PASSWORD is used. Returns 0, or -1 with err set. */
 int redis_addr_parse(const char *url, redis_addr *out, char *err, size_t errlen);
 
-/* The URL of addr without its password (redis:// or redis-sentinel://), for a process's
+/* The URL of addr without its password (redis://, unix:// or redis-sentinel://), for a process's
  * environment or a message. */
 void redis_addr_format(const redis_addr *a, char *buf, size_t len);
 
-/* Connects and authenticates, each step bounded by timeout_ms. NULL + err on failure. */
+/* Connects and authenticates, each step bounded by timeout_ms. A connection refused, dropped
+ * or answered "max number of clients reached" is tried again with backoff within timeout_ms.
+ * NULL + err on failure. */
 ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char *err, size_t errlen);
 void ctl_close(ctl_t *c);
 const char *ctl_job(const ctl_t *c);
@@ -285,7 +290,8 @@ int ctl_job_delete(ctl_t *c);
 /* --- embedded redis-server, for `deadpool run` without --redis ------------------------- */
 typedef struct {
     int pid;
-    int port;
+    int port;                      /* 0 when it listens on sock only */
+    char sock[REDIS_UNIX_PATH_MAX]; /* its unix socket, "" = none (TCP on 127.0.0.1:port) */
     char password[65];
 } redis_server;
 
@@ -293,6 +299,9 @@ typedef struct {
  * on the command line), no persistence, and waits (bounded by timeout_ms) until it answers
  * PING. 0, or -1 with err set (e.g. redis-server not installed). */
 int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen);
+/* The same on a unix socket only: DIR/redis.sock, mode 0700 (port 0: no TCP). DIR must be a
+ * private (0700) directory of this user: then no other user can connect to the server at all. */
+int redis_server_start_private(redis_server *s, const char *dir, int timeout_ms, char *err, size_t errlen);
 /* --redis-ha: a replica of master (its password; whatever it writes goes to dir, a private
  * directory), and a sentinel (its configuration file in dir) that monitors master under
  * `name` with the others: 0, or -1 + err. */
@@ -304,5 +313,26 @@ int redis_server_start_sentinel(redis_server *s, const redis_server *master, con
                                 int timeout_ms, char *err, size_t errlen);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL; always reaps the child. */
 void redis_server_stop(redis_server *s, int timeout_ms);
+
+/* --- the launcher's private run directory ----------------------------------------------
+ * /tmp/deadpool-run-PID-XXXXXX, 0700: the embedded Redis's socket, the --redis-ha set's files
+ * and the job's redis file (redis_file_write) live there. run_dir_sweep first removes those of
+ * launchers that died without cleaning up (kill -9): only directories of this user whose PID
+ * is gone; the count. run_dir_remove deletes one (its files, then itself). */
+int run_dir_sweep(void);
+int run_dir_create(char *dir, size_t len, char *err, size_t errlen);
+void run_dir_remove(const char *dir);
+
+/* --- a redis URL with its password, in a file (never on a command line) ----------------
+ * redis_file_write: addr as a URL with its password (percent-encoded) into dir/redis, 0600,
+ * the path into path; 0 / -1 + err. redis_file_read: the one-line URL of such a file; the
+ * file must be a regular file (no link followed) owned by this user and neither readable nor
+ * writable by anybody else (chmod 600); 0 / -1 + err naming the problem. */
+#define DP_ENV_REDIS_FILE "DEADPOOL_REDIS_FILE" /* the launcher's redis file (for the spare hint) */
+int redis_file_write(const redis_addr *addr, const char *dir, char *path, size_t len, char *err, size_t errlen);
+int redis_file_read(const char *path, char *url, size_t len, char *err, size_t errlen);
+/* Overwrites, in place, the password of a redis URL (":PASSWORD@") with '*': for argv, so that
+ * /proc/PID/cmdline stops showing it. 1 when there was one, else 0. */
+int redis_url_scrub(char *url);
 
 #endif

@@ -683,9 +683,10 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
             log_msg("%d rank(s) failed and %d spare(s) are left: starting %d more; step %lld is being persisted to "
                     "%s/ckpt meanwhile", c->npending, c->in.nspares, c->spares_wanted, g + 1, c->cfg->out);
         } else {
+            const char *rf = getenv(DP_ENV_REDIS_FILE); /* the launcher's: URL and password, 0600 */
             log_msg("%d rank(s) failed and %d spare(s) are left: step %lld is being persisted to %s/ckpt; waiting up to "
-                    "%d s for a spare (deadpool worker --spare --job %s --redis URL)", c->npending, c->in.nspares, g + 1,
-                    c->cfg->out, c->cfg->spare_wait, ctl_job(c->ctl));
+                    "%d s for a spare (deadpool worker --spare --job %s %s%s)", c->npending, c->in.nspares, g + 1,
+                    c->cfg->out, c->cfg->spare_wait, ctl_job(c->ctl), rf ? "--redis-file " : "--redis URL", rf ? rf : "");
         }
         if (c->cfg->ft == FT_DEADPOOL) persist_for_fallback(c, g);
     }

@@ -67,7 +67,9 @@ typedef struct {
     char url[600];          /* redis URL without the password */
     redis_server server;    /* embedded server; pid 0 when --redis was given */
     redis_server ha[4];     /* --redis-ha: the replica and three sentinels (the master is `server`) */
-    char ha_dir[64];        /* --redis-ha: the sentinels' private directory ("" = none) */
+    char ha_dir[64];        /* --redis-ha: the sentinels' private directory ("" = none): run_dir */
+    char run_dir[64];       /* this launcher's private (0700) directory: Redis's socket, the redis file */
+    char redis_file[128];   /* run_dir/redis: the job's URL with its password (0600), for spares to join */
     ctl_t *ctl;
     int64_t t0_wall_ms;
     FILE *events, *metrics;
@@ -129,12 +131,7 @@ static void make_job_id(char *out, size_t len) {
 /* --redis-ha: a replica of the embedded master and three sentinels watching it, all on
  * loopback with the job's password; addr becomes the sentinels' (quorum 2). 0 / -1 + err. */
 static int start_ha(Launcher *L, redis_addr *addr, char *err, size_t errlen) {
-    snprintf(L->ha_dir, sizeof L->ha_dir, "/tmp/deadpool-sentinel-XXXXXX");
-    if (!mkdtemp(L->ha_dir)) { /* 0700: the sentinels' files hold the password */
-        snprintf(err, errlen, "--redis-ha: cannot create a directory for the sentinels: %s", strerror(errno));
-        L->ha_dir[0] = 0;
-        return -1;
-    }
+    snprintf(L->ha_dir, sizeof L->ha_dir, "%s", L->run_dir); /* 0700: the sentinels' files hold the password */
     if (redis_server_start_replica(&L->ha[0], &L->server, L->ha_dir, 5000, err, errlen) != 0) return -1;
     /* A replica promoted before it has synchronised would bring an empty control plane. */
     if (redis_server_replica_synced(&L->ha[0], 20000) != 0) {
@@ -172,26 +169,40 @@ static void stop_ha(Launcher *L) {
 
 static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     redis_addr addr;
+    int swept = run_dir_sweep(); /* what launchers killed with -9 left in /tmp */
+    if (swept > 0) log_msg("removed %d private director%s of launchers that are gone", swept, swept > 1 ? "ies" : "y");
+    if (run_dir_create(L->run_dir, sizeof L->run_dir, err, errlen) != 0) return -1;
     if (L->cfg->redis[0]) {
         if (redis_addr_parse(L->cfg->redis, &addr, err, errlen) != 0) return -1;
         char shown[4200];
         redis_addr_format(&addr, shown, sizeof shown);
         log_msg("control plane: %s", shown);
     } else {
-            if (redis_server_start(&L->server, 5000, err, errlen) != 0) return -1;
+        /* Only this user can reach a server on a socket in run_dir. Sentinel and the netdown
+         * rank (behind a link that is cut) need TCP: loopback, with the password. */
+        int tcp = L->cfg->redis_ha || inject_netdown_rank(L->cfg->inject) >= 0;
+        if ((tcp ? redis_server_start(&L->server, 5000, err, errlen)
+                 : redis_server_start_private(&L->server, L->run_dir, 5000, err, errlen)) != 0)
+            return -1;
         memset(&addr, 0, sizeof addr);
-        snprintf(addr.host, sizeof addr.host, "127.0.0.1");
+        snprintf(addr.host, sizeof addr.host, "%s", tcp ? "127.0.0.1" : L->server.sock);
         addr.port = L->server.port;
         snprintf(addr.password, sizeof addr.password, "%s", L->server.password);
-        if (!L->cfg->redis_ha)
+        if (!L->cfg->redis_ha && tcp)
             log_msg("control plane: embedded redis-server on 127.0.0.1:%d (pid %d, password hidden)", addr.port,
                     L->server.pid);
+        else if (!L->cfg->redis_ha)
+            log_msg("control plane: embedded redis-server on %s (pid %d, password hidden; only this user can connect)",
+                    addr.host, L->server.pid);
         else if (start_ha(L, &addr, err, errlen) != 0)
             return -1;
     }
     redis_addr_format(&addr, L->url, sizeof L->url);
     /* Children inherit the secret through the environment, never through argv (visible in ps). */
     if (addr.password[0]) setenv("DEADPOOL_REDIS_PASSWORD", addr.password, 1);
+    /* ... and a spare started by hand reads it from a file only this user can read. */
+    if (redis_file_write(&addr, L->run_dir, L->redis_file, sizeof L->redis_file, err, errlen) != 0) return -1;
+    setenv(DP_ENV_REDIS_FILE, L->redis_file, 1);
     L->addr = addr;
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
     if (!L->ctl) return -1;
@@ -1547,6 +1558,7 @@ out:
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);
     stop_ha(&L);
+    run_dir_remove(L.run_dir);
     if (L.events) fclose(L.events);
     if (L.lock_fd >= 0) close(L.lock_fd);
     if (L.metrics) fclose(L.metrics);

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <microhttpd.h>
 
@@ -159,7 +161,36 @@ int metrics_format(const LiveMetrics *m, char *buf, size_t len) {
     return o.overflow ? -1 : (int)o.used;
 }
 
-/* --- the daemon ---------------------------------------------------------------------- */
+/* --- the daemon ----------------------------------------------------------------------
+ * Nobody who can reach the port can keep scrapers out (another user of the machine, anything
+ * on the network with --bind). libmicrohttpd's idle timeout restarts at every byte received,
+ * so a client that sends its request one byte a second would hold a connection for ever, and
+ * a few dozen of them used to fill the connection limit (32). Now:
+ *  - the limit is far above any scraper's need: 1024 connections (a quarter of the descriptor
+ *    limit when that is lower);
+ *  - a connection must have sent its whole request head within HEADER_MS of being accepted (or
+ *    of its previous response, on a kept-alive connection), however steadily it trickles;
+ *  - at most PENDING_MAX connections may be waiting for their request head at once: a new one
+ *    beyond that closes the oldest waiting one. So strangers never fill the limit, and a
+ *    scraper, which sends its request at once, is served.
+ * Every connection is noted when libmicrohttpd starts it (MHD_OPTION_NOTIFY_CONNECTION) and
+ * leaves the waiting list when its request head is complete (the access handler runs) or it
+ * closes; the waiting ones are looked at whenever a connection starts (what a stranger can do
+ * harm to), by libmicrohttpd's one internal thread, the thread that closes connections too: a
+ * connection is shut down (shutdown(2), libmicrohttpd then closes it) only while its socket is
+ * certainly still open. No per-address limit (MHD_OPTION_PER_IP_CONNECTION_LIMIT): a local
+ * stranger and a local Prometheus both come from 127.0.0.1, so it would let the stranger lock
+ * the scraper out. */
+#define HEADER_MS 3000  /* the whole request head within this */
+#define PENDING_MAX 256 /* connections waiting for their request head; a new one beyond closes the oldest */
+#define CONN_MAX 1024   /* connections in all */
+
+typedef struct Pending {
+    struct MHD_Connection *c;
+    double since;         /* accepted, or its previous response sent (now_ms) */
+    int waiting;          /* on the waiting list: its request head is not complete */
+    struct Pending *prev, *next;
+} Pending;
 
 struct MetricsServer {
     struct MHD_Daemon *daemon;
@@ -167,7 +198,76 @@ struct MetricsServer {
     LiveMetrics m;
     int port;
     unsigned long requests;
+    /* libmicrohttpd's thread only: the connections waiting for their request head, oldest first */
+    Pending *head, *tail;
+    int pending, pending_max;
+    unsigned long cut; /* connections closed for being too slow or the oldest of too many */
 };
+
+static double mono_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void pending_unlink(MetricsServer *s, Pending *p) {
+    if (!p->waiting) return;
+    if (p->prev) p->prev->next = p->next;
+    else s->head = p->next;
+    if (p->next) p->next->prev = p->prev;
+    else s->tail = p->prev;
+    p->prev = p->next = NULL;
+    p->waiting = 0;
+    s->pending--;
+}
+
+static void pending_append(MetricsServer *s, Pending *p) {
+    p->since = mono_now_ms();
+    p->waiting = 1;
+    p->prev = s->tail;
+    p->next = NULL;
+    if (s->tail) s->tail->next = p;
+    else s->head = p;
+    s->tail = p;
+    s->pending++;
+}
+
+/* Ends a waiting connection: libmicrohttpd sees its socket shut and closes it. */
+static void pending_cut(MetricsServer *s, Pending *p) {
+    const union MHD_ConnectionInfo *i = MHD_get_connection_info(p->c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (i) shutdown(i->connect_fd, SHUT_RDWR);
+    pending_unlink(s, p);
+    s->cut++;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    MetricsServer *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        Pending *p = *socket_context;
+        if (p) pending_unlink(s, p);
+        free(p);
+        *socket_context = NULL;
+        return;
+    }
+    double now = mono_now_ms();
+    while (s->head && now - s->head->since > HEADER_MS) pending_cut(s, s->head); /* too slow */
+    if (s->pending >= s->pending_max && s->head) pending_cut(s, s->head);          /* too many */
+    Pending *p = calloc(1, sizeof *p);
+    if (!p) return;
+    p->c = c;
+    pending_append(s, p);
+    *socket_context = p;
+}
+
+/* A request was answered: a kept-alive connection waits for its next request head afresh. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, enum MHD_RequestTerminationCode toe) {
+    (void)req_cls;
+    (void)toe;
+    MetricsServer *s = cls;
+    const union MHD_ConnectionInfo *i = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    Pending *p = i ? i->socket_context : NULL;
+    if (p && !p->waiting) pending_append(s, p);
+}
 
 static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, const char *type, const char *body, size_t n) {
     struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)body, MHD_RESPMEM_MUST_COPY);
@@ -188,6 +288,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)req_cls;
     MetricsServer *s = cls;
     static const char plain[] = "text/plain; charset=utf-8";
+    /* the request head is complete: no longer a connection that waits for one */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context) pending_unlink(s, ci->socket_context);
     pthread_mutex_lock(&s->mu);
     s->requests++;
     pthread_mutex_unlock(&s->mu);
@@ -245,8 +348,13 @@ MetricsServer *metrics_server_start(const char *host, int port, char *err, size_
     pthread_mutex_init(&s->mu, NULL);
     live_metrics_init(&s->m);
     /* One internal thread polls every connection (no thread per client); a client may hold a
-     * connection 5 s idle at most, 32 connections in all, 16 KiB of request each (a longer
-     * header is answered 431 and closed). */
+     * connection 5 s idle at most and must send its request head within HEADER_MS, CONN_MAX
+     * connections in all, 16 KiB of request each (a longer header is answered 431 and closed). */
+    unsigned conn_max = CONN_MAX;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < conn_max)
+        conn_max = rl.rlim_cur / 4 < 16 ? 16 : (unsigned)(rl.rlim_cur / 4);
+    s->pending_max = (int)(conn_max / 4 < PENDING_MAX ? conn_max / 4 : PENDING_MAX);
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (v6 ? MHD_USE_IPv6 : 0);
     /* The daemon's thread inherits this mask: every signal (Ctrl-C, SIGCHLD) stays with the
      * caller's threads, whose poll() it must interrupt. */
@@ -256,7 +364,9 @@ MetricsServer *metrics_server_start(const char *host, int port, char *err, size_
     errno = 0;
     s->daemon = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned int)32,
+                                 MHD_OPTION_CONNECTION_LIMIT, conn_max,
+                                 MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)5,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
                                  MHD_OPTION_END);

@@ -1,11 +1,17 @@
 /* redis_server.c — the embedded redis-server that `deadpool run` starts when no --redis URL
- * is given: a child process on a free loopback port, protected by a random password, with
- * no persistence. The configuration (and so the password) reaches the server through a pipe
+ * is given: a child process protected by a random password, with no persistence. For a
+ * one-machine job it listens on a unix socket only (port 0), in the launcher's private 0700
+ * directory with unixsocketperm 700: no other user can open a connection at all, so nobody can
+ * fill its client limit (maxclients) with connections that never authenticate. The --redis-ha
+ * set (and --inject netdown, whose rank must reach it over a link that can be cut) stays on a
+ * free loopback port: Sentinel and replication address a server by IP and port. The configuration (and so the password) reaches the server through a pipe
  * on its stdin ("redis-server -"), never through the command line, where `ps` would show it.
  * The child is tied to its parent with PR_SET_PDEATHSIG so it cannot outlive the launcher. */
 #include "control.h"
+#include "redis_connect.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis.h>
@@ -13,10 +19,12 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -75,11 +83,14 @@ static int make_password(char out[65], char *err, size_t errlen) {
 /* A pipe whose read end already holds the whole configuration, write end closed. Writing it
  * before fork means the write can neither block nor raise SIGPIPE if the child dies early
  * (the config is far below the pipe capacity); redis reads its stdin up to EOF. */
-static int config_pipe(int port, const char *password, const char *extra, char *err, size_t errlen) {
-    char conf[1024];
+static int config_pipe(int port, const char *sock, const char *password, const char *extra, char *err, size_t errlen) {
+    char conf[1024], listen[300];
+    if (sock[0]) /* no TCP at all: only this user can open the socket (0700, in a 0700 directory) */
+        snprintf(listen, sizeof listen, "port 0\nunixsocket %s\nunixsocketperm 700\n", sock);
+    else
+        snprintf(listen, sizeof listen, "port %d\nbind 127.0.0.1\n", port);
     int n = snprintf(conf, sizeof conf,
-                     "port %d\n"
-                     "bind 127.0.0.1\n"
+                     "%s"
                      "requirepass %s\n"
                      "save \"\"\n"
                      "appendonly no\n"
@@ -88,7 +99,7 @@ static int config_pipe(int port, const char *password, const char *extra, char *
                      "loglevel warning\n"
                      "logfile \"\"\n"
                      "repl-diskless-sync-delay 0\n%s",
-                     port, password, extra ? extra : "");
+                     listen, password, extra ? extra : "");
     if (n < 0 || (size_t)n >= sizeof conf) {
         set_err(err, errlen, "redis-server: configuration too long");
         return -1;
@@ -130,6 +141,9 @@ static void exec_redis_child(int config_fd, pid_t parent, const char *sentinel_c
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
+    /* Whatever the server writes (a sentinel rewriting its configuration, with the password in
+     * it; a replica's synchronisation file) is this user's alone. */
+    umask(077);
     if (dup2(config_fd, STDIN_FILENO) < 0) _exit(EXIT_EXEC_FAILED - 1);
     int devnull = open("/dev/null", O_WRONLY);
     if (devnull >= 0) dup2(devnull, STDOUT_FILENO); /* startup warnings are noise for a job */
@@ -152,10 +166,10 @@ static int child_exited(pid_t pid, int *status) {
     return r == 0 ? 0 : -1;
 }
 
-/* One AUTH + PING attempt. 1 on PONG, 0 when not ready yet. */
-static int answers_ping(int port, const char *password) {
+/* One AUTH + PING attempt (sock "": on 127.0.0.1:port). 1 on PONG, 0 when not ready yet. */
+static int answers_ping(int port, const char *sock, const char *password) {
     struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
-    redisContext *rc = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisContext *rc = dp_redis_connect(sock[0] ? sock : "127.0.0.1", port, tv);
     if (!rc) return 0;
     int ok = 0;
     if (rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
@@ -182,7 +196,7 @@ typedef enum { WAIT_READY, WAIT_EXITED, WAIT_FAILED } wait_result;
 
 /* Polls until the server answers PING, exits, or the deadline passes. On WAIT_EXITED the
  * child has been reaped and *status holds its wait status. */
-static wait_result wait_until_ready(pid_t pid, int port, const char *password, double deadline,
+static wait_result wait_until_ready(pid_t pid, int port, const char *sock, const char *password, double deadline,
                                     int *status, char *err, size_t errlen) {
     for (;;) {
         int exited = child_exited(pid, status);
@@ -192,9 +206,10 @@ static wait_result wait_until_ready(pid_t pid, int port, const char *password, d
             kill_and_reap(pid);
             return WAIT_FAILED;
         }
-        if (answers_ping(port, password)) return WAIT_READY;
+        if (answers_ping(port, sock, password)) return WAIT_READY;
         if (now_ms() >= deadline) {
-            set_err(err, errlen, "redis-server: no answer to PING on 127.0.0.1:%d within the timeout", port);
+            if (sock[0]) set_err(err, errlen, "redis-server: no answer to PING on %s within the timeout", sock);
+            else set_err(err, errlen, "redis-server: no answer to PING on 127.0.0.1:%d within the timeout", port);
             kill_and_reap(pid);
             return WAIT_FAILED;
         }
@@ -253,6 +268,14 @@ int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen
     return start_server(s, NULL, NULL, NULL, timeout_ms, err, errlen);
 }
 
+int redis_server_start_private(redis_server *s, const char *dir, int timeout_ms, char *err, size_t errlen) {
+    if (!dir || dir[0] != '/') {
+        set_err(err, errlen, "redis-server: the socket's directory must be an absolute path");
+        return -1;
+    }
+    return start_server(s, NULL, dir, NULL, timeout_ms, err, errlen);
+}
+
 int redis_server_start_replica(redis_server *s, const redis_server *master, const char *dir, int timeout_ms, char *err,
                                size_t errlen) {
     return start_server(s, master, dir, NULL, timeout_ms, err, errlen);
@@ -288,6 +311,7 @@ int redis_server_start_sentinel(redis_server *s, const redis_server *master, con
 static int start_server(redis_server *s, const redis_server *master, const char *dir, const char *name,
                         int timeout_ms, char *err, size_t errlen) {
     const char *sentinel_dir = name ? dir : NULL;
+    const char *sock_dir = !master && dir ? dir : NULL; /* a private master: a unix socket there */
     if (!s) {
         set_err(err, errlen, "redis_server_start: no server struct");
         return -1;
@@ -302,8 +326,18 @@ static int start_server(redis_server *s, const redis_server *master, const char 
     if (master) snprintf(s->password, sizeof s->password, "%s", master->password);
     else if (make_password(s->password, err, errlen) != 0) return -1;
 
+    if (sock_dir) {
+        int n = snprintf(s->sock, sizeof s->sock, "%s/redis.sock", sock_dir);
+        if (n < 0 || (size_t)n >= sizeof s->sock) {
+            set_err(err, errlen, "redis-server: %s/redis.sock: a unix socket's path must be shorter than %zu bytes",
+                    sock_dir, sizeof s->sock);
+            memset(s->password, 0, sizeof s->password);
+            return -1;
+        }
+        unlink(s->sock); /* a stale socket of a dead server would make redis refuse to start */
+    }
     for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
-        int port = pick_free_port(err, errlen);
+        int port = sock_dir ? 0 : pick_free_port(err, errlen);
         if (port < 0) break;
         char extra[512] = "", conf_path[4200] = "";
         /* The copy a replica receives passes through a file: in the private directory. */
@@ -314,7 +348,7 @@ static int start_server(redis_server *s, const redis_server *master, const char 
             snprintf(conf_path, sizeof conf_path, "%s/sentinel-%d.conf", sentinel_dir, port);
             if (write_sentinel_conf(conf_path, port, s->password, master, name, err, errlen) != 0) break;
         }
-        int config_fd = config_pipe(port, s->password, extra, err, errlen);
+        int config_fd = config_pipe(port, s->sock, s->password, extra, err, errlen);
         memset(extra, 0, sizeof extra);
         if (config_fd < 0) break;
         pid_t parent = getpid();
@@ -328,7 +362,7 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         close(config_fd);
 
         int status = 0;
-        wait_result w = wait_until_ready(pid, port, s->password, deadline, &status, err, errlen);
+        wait_result w = wait_until_ready(pid, port, s->sock, s->password, deadline, &status, err, errlen);
         if (w == WAIT_READY) {
             s->pid = (int)pid;
             s->port = port;
@@ -338,7 +372,7 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         describe_exit(status, port, err, errlen);
         /* Exit status 1 is most likely "port already in use" (the race above): retry on a
          * new port. A missing binary or a crash will not get better. */
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || now_ms() >= deadline) break;
+        if (sock_dir || !WIFEXITED(status) || WEXITSTATUS(status) != 1 || now_ms() >= deadline) break;
     }
     memset(s->password, 0, sizeof s->password);
     return -1;
@@ -365,5 +399,72 @@ void redis_server_stop(redis_server *s, int timeout_ms) {
         }
     }
     s->pid = 0;
+    if (s->sock[0]) unlink(s->sock);
+    s->sock[0] = 0;
     memset(s->password, 0, sizeof s->password);
+}
+
+/* --- the launcher's private run directory ---------------------------------------------- */
+
+#define RUN_DIR_PREFIX "deadpool-run-"
+#define RUN_DIR_PARENT "/tmp"
+
+/* Removes the files of a flat directory (through its descriptor: no link is followed, nothing
+ * outside it is touched), then the directory. */
+static void remove_flat_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+    rmdir(path);
+}
+
+int run_dir_sweep(void) {
+    DIR *d = opendir(RUN_DIR_PARENT);
+    if (!d) return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(RUN_DIR_PREFIX);
+        if (strncmp(e->d_name, RUN_DIR_PREFIX, n) != 0) continue;
+        char *end = NULL;
+        long pid = strtol(e->d_name + n, &end, 10);
+        if (pid <= 0 || !end || *end != '-') continue;
+        struct stat st;
+        /* ours only (another user's is theirs to clean), a directory and not a link to one */
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+            continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its launcher lives */
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s", RUN_DIR_PARENT, e->d_name);
+        remove_flat_dir(path);
+        removed++;
+    }
+    closedir(d);
+    return removed;
+}
+
+int run_dir_create(char *dir, size_t len, char *err, size_t errlen) {
+    int n = snprintf(dir, len, "%s/%s%ld-XXXXXX", RUN_DIR_PARENT, RUN_DIR_PREFIX, (long)getpid());
+    if (n < 0 || (size_t)n >= len) {
+        set_err(err, errlen, "run directory: path too long");
+        return -1;
+    }
+    if (!mkdtemp(dir)) { /* 0700, a name nobody could guess in advance */
+        set_err(err, errlen, "cannot create a private directory in %s: %s", RUN_DIR_PARENT, strerror(errno));
+        dir[0] = 0;
+        return -1;
+    }
+    return 0;
+}
+
+void run_dir_remove(const char *dir) {
+    if (dir && dir[0]) remove_flat_dir(dir);
 }

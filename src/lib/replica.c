@@ -22,8 +22,15 @@
  * and then rewrite what flows back: with I in both proofs a relay to any other holder fails
  * (the holder it reaches computes another I), and the squatter itself has no K. The holder
  * verifies the client's proof before it reads another byte and closes the connection when it
- * fails or does not arrive within HANDSHAKE_MS (at most MAX_HANDSHAKING connections are in
- * this state at once; more wait in the listen backlog).
+ * fails or does not arrive within HANDSHAKE_MS. Connections that have not proved the key yet
+ * cannot crowd out those that do: the accept thread accepts every connection at once and
+ * runs its handshake itself, non-blocking, beside all the others (a legitimate client answers
+ * the hello at once, so its handshake is over in one round trip, however many strangers wait);
+ * at most MAX_HANDSHAKING (fewer when the descriptor limit is low: a quarter of it) wait for
+ * their proof, and a new connection beyond that closes the oldest waiting one: a stranger who
+ * holds connections open only pushes out its own, and one who re-opens them as fast as it can
+ * still leaves a client that many accepts (milliseconds) to answer the hello. Only a connection that proved the key gets a thread and counts against
+ * MAX_CONNS.
  * Both ends then use the session key Ks = MAC(K, "DPrepl02 session" || Nh || Nc || I).
  *
  * Messages. Every request and every reply below is followed by a 32-byte tag
@@ -120,6 +127,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <stdarg.h>
@@ -146,9 +154,10 @@ _Static_assert(offsetof(SnapHeader, header_crc) == 84, "header_crc must be the l
 #define SERVER_STALL_MS 30000 /* the holder drops a transfer with no progress for this long */
 #define SLOT_WAIT_MS 30000    /* a PUT waits at most this long for a free slot */
 #define REFUSE_DRAIN_MS 2000  /* after an early refusal, input is discarded this long */
-#define HANDSHAKE_MS 5000     /* a client must have proved the key within this */
-#define MAX_HANDSHAKING 64    /* connections not yet authenticated; more wait to be accepted */
-#define MAX_CONNS 4096        /* connections in all; more wait to be accepted */
+#define HANDSHAKE_MS 2000     /* a client must have proved the key within this */
+#define MAX_HANDSHAKING 1024  /* connections not yet authenticated; a new one beyond closes the oldest */
+#define MAX_CONNS 4096        /* authenticated connections; more wait to be accepted */
+#define ACCEPT_BURST 64       /* connections accepted per wake-up of the accept thread */
 #define IO_CHUNK (4u << 20)   /* bytes per send/recv call */
 #define PULL_CHUNK (256u << 10) /* bytes per process_vm_readv: checksummed while still in L2 */
 #define VERIFY_CHUNK PULL_CHUNK /* a GET's stored bytes are checksummed and MAC'd in one pass of these */
@@ -438,22 +447,6 @@ static int recv_payload_tag(int fd, crypto_onetimeauth_state *mac, io_bound *b) 
     return rc;
 }
 
-/* The holder's side of the handshake, as holder `id`. 0, or -1: the connection must be closed. */
-static int handshake_holder(int fd, const unsigned char *key, const char *id, Session *ss) {
-    unsigned char hello[4 + NONCE_BYTES], answer[NONCE_BYTES + TAG_BYTES], proof[TAG_BYTES];
-    io_bound b = bound_total(HANDSHAKE_MS);
-    memcpy(hello, HELLO_MAGIC, 4);
-    randombytes_buf(hello + 4, NONCE_BYTES);
-    if (send_all(fd, hello, sizeof hello, &b) != 0 || recv_all(fd, answer, sizeof answer, &b, NULL) != 0) return -1;
-    const unsigned char *nh = hello + 4, *nc = answer;
-    /* another job's key, or a client that meant another holder (relayed to us) */
-    if (verify_label(answer + NONCE_BYTES, key, "DPrepl02 client", nh, nc, id) != 0) return -1;
-    mac_label(proof, key, "DPrepl02 holder", nh, nc, id);
-    if (send_all(fd, proof, sizeof proof, &b) != 0) return -1;
-    session_init(ss, key, nh, nc, id, 1);
-    return 0;
-}
-
 /* The client's side, to holder `id`. REPLICA_OK, REPLICA_IO (+ err) or REPLICA_AUTH (+ err). */
 static replica_status handshake_client(int fd, const unsigned char *key, const char *id, Session *ss, io_bound *b,
                                        char *err, size_t errlen) {
@@ -646,7 +639,7 @@ struct ReplicaServer {
     pthread_cond_t slot_cv; /* a slot stopped being busy/pinned, or the server is stopping */
     int stopping;
     Conn *conns;
-    int n_conns, n_handshaking;
+    int n_conns; /* connections that proved the key (each with its thread) */
     uint64_t max_bytes;  /* budget: the most bytes all slots together may hold */
     uint64_t held_bytes; /* bytes allocated in slots (their caps) */
     Owner **owners;
@@ -1096,15 +1089,8 @@ static void *conn_main(void *arg) {
     Conn *c = arg;
     pthread_setname_np(pthread_self(), "dp-holder");
     ReplicaServer *s = c->srv;
-    /* Nothing is read from a connection before it proved it holds the job's key. */
-    int authenticated = handshake_holder(c->fd, s->key, s->id, &c->ss) == 0;
-    /* Refused: tell the peer now (a client of the job that meant another holder tries the next
-     * one at once), not when the accept thread reaps the socket. */
-    if (!authenticated) shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_lock(&s->mu);
-    s->n_handshaking--;
-    pthread_mutex_unlock(&s->mu);
-    while (authenticated) {
+    /* The accept thread started us once the peer proved it holds the job's key (c->ss). */
+    for (;;) {
         unsigned char type;
         io_bound idle = bound_none(); /* an idle connection may wait for its next request */
         if (recv_all(c->fd, &type, 1, &idle, NULL) != 0) break;
@@ -1159,7 +1145,8 @@ static void reap_done_conns(ReplicaServer *s) {
     join_conns(done);
 }
 
-static void start_conn(ReplicaServer *s, int fd) {
+/* A connection that proved the key (session ss): its own thread serves its requests. */
+static void start_conn(ReplicaServer *s, int fd, const Session *ss) {
     Conn *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
@@ -1167,13 +1154,13 @@ static void start_conn(ReplicaServer *s, int fd) {
     }
     c->srv = s;
     c->fd = fd;
+    c->ss = *ss;
     pthread_mutex_lock(&s->mu);
     int ok = !s->stopping && pthread_create(&c->thread, NULL, conn_main, c) == 0;
     if (ok) {
         c->next = s->conns;
         s->conns = c;
         s->n_conns++;
-        s->n_handshaking++;
     }
     pthread_mutex_unlock(&s->mu);
     if (!ok) {
@@ -1182,33 +1169,134 @@ static void start_conn(ReplicaServer *s, int fd) {
     }
 }
 
+/* A connection that has not proved the key yet, its handshake run by the accept thread. */
+typedef struct {
+    int fd;            /* -1: a free entry */
+    int64_t deadline;  /* CLOCK_MONOTONIC ms: closed when no proof came by then */
+    uint64_t order;    /* accepted as the order-th: the smallest is the oldest */
+    unsigned char hello[4 + NONCE_BYTES];
+    unsigned char answer[NONCE_BYTES + TAG_BYTES];
+    size_t got;        /* bytes of answer received */
+} Pending;
+
+/* Accepts a connection into pending (closing the oldest waiting one when every entry is taken)
+ * and sends the hello. 1 accepted, 0 nothing to accept, -1 out of descriptors or memory. */
+static int accept_pending(ReplicaServer *s, Pending *pending, int cap, uint64_t *order) {
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED ? 0 : -1;
+    tune_socket(fd);
+    Pending *slot = NULL;
+    for (int i = 0; i < cap; i++) {
+        if (pending[i].fd < 0) { slot = &pending[i]; break; }
+        if (!slot || pending[i].order < slot->order) slot = &pending[i];
+    }
+    if (slot->fd >= 0) close(slot->fd); /* the oldest stranger makes room */
+    slot->fd = fd;
+    slot->deadline = mono_ms() + HANDSHAKE_MS;
+    slot->order = ++*order;
+    slot->got = 0;
+    memcpy(slot->hello, HELLO_MAGIC, 4);
+    randombytes_buf(slot->hello + 4, NONCE_BYTES);
+    /* a fresh socket's send buffer takes 36 bytes at once; anything else is no client of ours */
+    if (send(fd, slot->hello, sizeof slot->hello, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof slot->hello) {
+        close(fd);
+        slot->fd = -1;
+    }
+    return 1;
+}
+
+/* Reads what a waiting connection sent; once its proof is complete and right, answers it and
+ * hands the connection to a thread of its own. The entry is freed when done or failed. */
+static void advance_pending(ReplicaServer *s, Pending *p) {
+    ssize_t r = recv(p->fd, p->answer + p->got, sizeof p->answer - p->got, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    int fd = p->fd;
+    p->fd = -1;
+    if (r <= 0) {
+        close(fd);
+        return;
+    }
+    p->got += (size_t)r;
+    if (p->got < sizeof p->answer) { /* more to come */
+        p->fd = fd;
+        return;
+    }
+    const unsigned char *nh = p->hello + 4, *nc = p->answer;
+    unsigned char proof[TAG_BYTES];
+    /* another job's key, or a client that meant another holder (relayed to us): closed at once,
+     * so a client of the job that meant another holder tries the next one without waiting */
+    if (verify_label(p->answer + NONCE_BYTES, s->key, "DPrepl02 client", nh, nc, s->id) != 0) {
+        close(fd);
+        return;
+    }
+    mac_label(proof, s->key, "DPrepl02 holder", nh, nc, s->id);
+    if (send(fd, proof, sizeof proof, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof proof) {
+        close(fd);
+        return;
+    }
+    Session ss;
+    session_init(&ss, s->key, nh, nc, s->id, 1);
+    start_conn(s, fd, &ss);
+    sodium_memzero(&ss, sizeof ss);
+}
+
 static void *accept_main(void *arg) {
     ReplicaServer *s = arg;
     pthread_setname_np(pthread_self(), "dp-holder-acc");
-    for (;;) {
-        /* At the limits (connections still shaking hands, connections in all), new ones wait
-         * in the listen backlog rather than being closed on: a burst of legitimate clients
-         * (every owner at an epoch's start) is only delayed, and nobody who floods the port
-         * without the key holds more than MAX_HANDSHAKING threads for HANDSHAKE_MS each. */
-        pthread_mutex_lock(&s->mu);
-        int full = s->n_handshaking >= MAX_HANDSHAKING || s->n_conns >= MAX_CONNS;
-        pthread_mutex_unlock(&s->mu);
-        struct pollfd p[2] = {{.fd = full ? -1 : s->listen_fd, .events = POLLIN}, {.fd = s->wake[0], .events = POLLIN}};
-        /* the timeout only paces the reaping of finished connection threads */
-        int r = poll(p, 2, full ? 5 : 1000);
-        if (r < 0 && errno != EINTR) break;
-        if (p[1].revents) break;
-        reap_done_conns(s);
-        if (r <= 0 || !(p[0].revents & POLLIN)) continue;
-        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            /* out of descriptors or memory: back off instead of spinning on a ready socket */
-            if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) sleep_ms(10);
-            continue;
-        }
-        tune_socket(fd);
-        start_conn(s, fd);
+    /* waiting connections hold descriptors: a quarter of the process's at most */
+    int cap = MAX_HANDSHAKING;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 4 < (rlim_t)cap)
+        cap = rl.rlim_cur / 4 < 16 ? 16 : (int)(rl.rlim_cur / 4);
+    Pending *pending = calloc((size_t)cap, sizeof *pending);
+    struct pollfd *p = calloc((size_t)cap + 2, sizeof *p);
+    int *map = calloc((size_t)cap, sizeof *map);
+    if (!pending || !p || !map) {
+        log_msg("replica server: out of memory: no connection is accepted");
+        free(pending), free(p), free(map);
+        return NULL;
     }
+    uint64_t order = 0;
+    for (int i = 0; i < cap; i++) pending[i].fd = -1;
+    for (;;) {
+        /* Connections that proved the key are limited (MAX_CONNS: then new ones wait in the
+         * listen backlog); strangers are not let in by that door at all (see the file comment). */
+        pthread_mutex_lock(&s->mu);
+        int full = s->n_conns >= MAX_CONNS;
+        pthread_mutex_unlock(&s->mu);
+        int np = 2;
+        p[0] = (struct pollfd){.fd = full ? -1 : s->listen_fd, .events = POLLIN};
+        p[1] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
+        int64_t now = mono_ms(), next = now + (full ? 5 : 1000); /* the timeout also paces reaping */
+        for (int i = 0; i < cap; i++) {
+            if (pending[i].fd < 0) continue;
+            if (pending[i].deadline <= now) { /* no proof in time */
+                close(pending[i].fd);
+                pending[i].fd = -1;
+                continue;
+            }
+            if (pending[i].deadline < next) next = pending[i].deadline;
+            map[np - 2] = i;
+            p[np++] = (struct pollfd){.fd = pending[i].fd, .events = POLLIN};
+        }
+        int r = poll(p, (nfds_t)np, (int)(next - now) + 1);
+        if (r < 0 && errno != EINTR) break;
+        if (r > 0 && p[1].revents) break;
+        reap_done_conns(s);
+        if (r <= 0) continue;
+        for (int k = 2; k < np; k++)
+            if (p[k].revents) advance_pending(s, &pending[map[k - 2]]);
+        if (p[0].revents & POLLIN) {
+            int a = 0;
+            for (int n = 0; n < ACCEPT_BURST && (a = accept_pending(s, pending, cap, &order)) == 1; n++) {
+            }
+            /* out of descriptors or memory: back off instead of spinning on a ready socket */
+            if (a < 0) sleep_ms(10);
+        }
+    }
+    for (int i = 0; i < cap; i++)
+        if (pending[i].fd >= 0) close(pending[i].fd);
+    free(pending), free(p), free(map);
     return NULL;
 }
 
@@ -1230,14 +1318,15 @@ static int listen_on(const char *host, int port, char *err, size_t errlen) {
     }
     int fd = -1, saved = 0;
     for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        /* non-blocking: the accept thread accepts in bursts until the backlog is empty */
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
         if (fd < 0) {
             saved = errno;
             continue;
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
             saved = errno;
             close(fd);
             fd = -1;

@@ -5,6 +5,7 @@
  * measurements into a shared page); the parent waits with a deadline and kills by pid any child
  * that overstays. */
 #include "comm.h"
+#include "comm_auth.h"
 #include "harness.h"
 
 #include <errno.h>
@@ -28,6 +29,8 @@ static pid_t redis_pid = -1;
 static pid_t parent_pid = -1;
 static int redis_port = -1;
 static comm_store_addr store;
+/* The data plane's key of the tests' "job" (comm_key_derive of a fixed secret). */
+static unsigned char test_key[COMM_KEY_BYTES];
 
 /* Measurements written by children, read by the parent. */
 typedef struct {
@@ -911,6 +914,11 @@ int main(void) {
     store.host = "127.0.0.1";
     store.port = redis_port;
     store.password = REDIS_PW;
+    store.key = test_key;
+    if (comm_key_derive("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", test_key) != 0) {
+        printf("not ok - comm_key_derive\n");
+        return 1;
+    }
 
     double t0 = now_s();
     RUN_TEST(test_size_one);

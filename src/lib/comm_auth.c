@@ -97,7 +97,7 @@ void comm_hs_proof(comm_hs *hs, const unsigned char key[COMM_KEY_BYTES], unsigne
 int comm_hs_check_proof(comm_hs *hs, const unsigned char key[COMM_KEY_BYTES], const unsigned char *in, size_t len) {
     if (in == NULL || len != COMM_HS_PROOF_BYTES) return COMM_HS_MALFORMED;
     uint32_t d = get32(in), a = get32(in + 4);
-    if (a != hs->acceptor || d >= hs->size || d == hs->acceptor) return COMM_HS_BAD_RANK;
+    if (a != hs->acceptor || a >= hs->size || d >= hs->size || d == a) return COMM_HS_BAD_RANK;
     comm_hs claimed = *hs;
     claimed.dialer = d;
     memcpy(claimed.nd, in + 8, COMM_NONCE_BYTES);

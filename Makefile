@@ -1,7 +1,7 @@
 # DeadPool build. `make` builds ./deadpool, the libraries and the examples; `make test` builds
 # and runs the test suite; `make install PREFIX=DIR` installs header, libraries, binary and
 # pkg-config file. All C is C11 and must stay warning-free with -Wall -Wextra; the only C++ is
-# the Gloo shim (src/lib/comm_gloo.cc).
+# the Gloo shim (src/lib/comm_gloo*.cc).
 #
 #   include/    the public API (deadpool.h)
 #   src/lib/    the library: runtime behind deadpool.h, snapshots, replicas, control plane,

@@ -10,7 +10,7 @@
 // and the writes that the caller's non-blocking attempt left over (EPOLLOUT).
 //
 // Locks: Pair::m_, then UnboundBuffer::m_ (completions and failures are delivered under the
-// pair's lock); Context::connMutex_ alone. No lock is held across a blocking call.
+// pair's lock); Pair::m_, then Context::connMutex_. No lock is held across a blocking call.
 #include "comm_gloo_transport.h"
 
 #include <algorithm>
@@ -720,7 +720,10 @@ void Context::dial(int peer, const std::vector<char> &bytes, Clock::time_point d
             why = errnoStr(e);
             continue;
         }
-        Clock::time_point attemptDeadline = std::min(deadline, Clock::now() + kHandshakeBound);
+        // No bound of its own: whoever listens at the address the rendezvous gave is the peer
+        // or a squatter on a dead peer's port; giving up early on a slow peer (its acceptor may
+        // have attached already) would only fail the communicator.
+        Clock::time_point attemptDeadline = deadline;
         if (rv != 0) {
             struct pollfd pfd = {fd, POLLOUT, 0};
             int pr;
@@ -805,7 +808,8 @@ void Context::acceptAll() {
         if (listenFd_ < 0) return;
         int fd = accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return; // EAGAIN, or a failure for this one connection only (ECONNABORTED, EMFILE, ...)
-        if (incoming_.size() >= kMaxHandshaking) dropIncoming(incoming_.front().get());
+        if (incoming_.size() >= kMaxHandshaking + 2 * static_cast<size_t>(expectIncoming_))
+            dropIncoming(incoming_.front().get());
         std::unique_ptr<Incoming> in(new Incoming());
         in->ctx = this;
         in->fd = fd;

@@ -181,7 +181,7 @@ class Context : public gloo::transport::Context, public std::enable_shared_from_
     const gloo::transport::Address &address() const { return address_; }
 
     // How long an incoming connection may take to prove the key, and how many may be trying
-    // at once (the oldest is dropped for a newer one).
+    // at once besides twice the peers expected to dial (the oldest is dropped for a newer one).
     static constexpr std::chrono::milliseconds kHandshakeBound{3000};
     static constexpr size_t kMaxHandshaking = 64;
 

@@ -12,6 +12,7 @@
 #include <hiredis/hiredis.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -53,6 +54,10 @@ typedef struct {
     long stranger_max_bytes;     /* the most bytes one of them received */
     int stranger_hello_only;     /* ... every one received nothing but a HELLO */
     double stranger_create_ms[3];
+    int mitm_relayed;            /* test_tampered_frame_refused: the relay carried the connection */
+    long mitm_flipped_at;        /* ... and flipped this byte of the dialer's stream (-1: none) */
+    int mitm_status[2];
+    char mitm_error[2][160];
 } shared_t;
 static shared_t *sh;
 
@@ -1268,6 +1273,124 @@ static void test_wrong_key_refused(void) {
     CHECK(c == NULL && strstr(err, "no data-plane key") != NULL, "comm_create without a key: %s", c ? "accepted" : err);
 }
 
+/* An on-path attacker between rank 1 and rank 0: it rewrites rank 0's published address (as if
+ * it had the store; it has no key) so that rank 1 dials a relay, which passes the handshake on
+ * untouched and then flips one bit of rank 1's stream. Without the flip the relayed pair works
+ * (a relay learns nothing it can use); with it the frame is refused and the allreduce fails on
+ * both ranks: never a success with changed data. */
+static int mitm_flip; /* set by the parent before spawning */
+static void mitm_relay(int r, const char *prefix, int size) {
+    (void)r;
+    (void)size;
+    struct timeval tv = {2, 0};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+    if (rc == NULL || rc->err) return;
+    redisReply *x = redisCommand(rc, "AUTH %s", REDIS_PW);
+    if (x) freeReplyObject(x);
+    unsigned char addr[256];
+    size_t alen = 0;
+    for (int i = 0; i < 1000 && alen == 0; i++) {
+        x = redisCommand(rc, "HGET %s/m/0 1", prefix);
+        if (x && x->type == REDIS_REPLY_STRING && x->len >= (long)sizeof(struct sockaddr_storage) && x->len <= 256) {
+            alen = (size_t)x->len;
+            memcpy(addr, x->str, alen);
+        }
+        if (x) freeReplyObject(x);
+        if (alen == 0) sleep_ms(2);
+    }
+    CHECK(alen > 0, "relay: rank 0 published no address");
+    if (alen == 0) return;
+    struct sockaddr_in real, mine;
+    memcpy(&real, addr, sizeof real);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&mine, 0, sizeof mine);
+    mine.sin_family = AF_INET;
+    mine.sin_addr.s_addr = htonl(0x7f000001);
+    socklen_t ml = sizeof mine;
+    CHECK(bind(lfd, (struct sockaddr *)&mine, sizeof mine) == 0 && listen(lfd, 4) == 0 &&
+              getsockname(lfd, (struct sockaddr *)&mine, &ml) == 0, "relay: listen");
+    memcpy(addr, &mine, sizeof mine); /* same record, the relay's address */
+    x = redisCommand(rc, "HSET %s/m/0 1 %b", prefix, addr, alen);
+    if (x) freeReplyObject(x);
+    redisFree(rc);
+    struct pollfd pl = {lfd, POLLIN, 0};
+    if (poll(&pl, 1, 8000) != 1) return;
+    int a = accept(lfd, NULL, NULL), b = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(a >= 0 && connect(b, (struct sockaddr *)&real, sizeof real) == 0, "relay: connect to rank 0");
+    sh->mitm_relayed = 1;
+    sh->mitm_flipped_at = -1;
+    long from_dialer = 0;
+    const long flip_at = COMM_HS_PROOF_BYTES + 300; /* past the handshake, inside the frames */
+    double deadline = now_s() + 10.0;
+    while (now_s() < deadline) {
+        struct pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+        if (poll(p, 2, 100) <= 0) continue;
+        unsigned char buf[65536];
+        if (p[0].revents) {
+            ssize_t n = recv(a, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            if (mitm_flip && from_dialer <= flip_at && from_dialer + n > flip_at) {
+                buf[flip_at - from_dialer] ^= 0x10;
+                sh->mitm_flipped_at = flip_at;
+            }
+            from_dialer += n;
+            if (send(b, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
+        }
+        if (p[1].revents) {
+            ssize_t n = recv(b, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            if (send(a, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
+        }
+    }
+    close(a);
+    close(b);
+    close(lfd);
+}
+
+static void rank_mitm(int r, const char *prefix, int size) {
+    if (r == 1) sleep_ms(500); /* the relay rewrites rank 0's record first */
+    comm_t *c = create_or_fail(prefix, r, size, 8000);
+    if (c == NULL) return;
+    float b[4096];
+    for (int i = 0; i < 4096; i++) b[i] = (float)(r + 1);
+    comm_status s = comm_allreduce_sum(c, b, 4096, 5000);
+    if (s == COMM_OK) s = comm_allreduce_sum(c, b, 4096, 5000); /* more frames past the flip */
+    sh->mitm_status[r] = (int)s;
+    snprintf(sh->mitm_error[r], sizeof sh->mitm_error[r], "%s", comm_last_error(c));
+    if (s == COMM_OK) {
+        int bad = 0;
+        for (int i = 0; i < 4096; i++) bad += b[i] != 6.0f;
+        CHECK(bad == 0, "rank %d: the relayed allreduce returned ok with %d wrong sums", r, bad);
+    }
+    comm_destroy(c);
+}
+
+static void test_tampered_frame_refused(void) {
+    for (mitm_flip = 0; mitm_flip < 2; mitm_flip++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "test-comm-%d-mitm%d", (int)getpid(), mitm_flip);
+        memset(sh->mitm_status, 0xff, sizeof sh->mitm_status);
+        sh->mitm_relayed = 0;
+        pid_t pids[3];
+        pids[2] = spawn(mitm_relay, 2, prefix, 2);
+        for (int r = 0; r < 2; r++) pids[r] = spawn(rank_mitm, r, prefix, 2);
+        wait_children(pids, 3, 20, mitm_flip ? "tampering relay" : "plain relay");
+        CHECK(sh->mitm_relayed, "the relay never carried rank 1's connection");
+        if (!mitm_flip) {
+            CHECK(sh->mitm_status[0] == COMM_OK && sh->mitm_status[1] == COMM_OK, "a plain relay broke the pair: %s / %s",
+                  sh->mitm_error[0], sh->mitm_error[1]);
+            continue;
+        }
+        CHECK(sh->mitm_flipped_at > 0, "the relay flipped nothing");
+        CHECK(sh->mitm_status[0] == COMM_ERR_PEER && strstr(sh->mitm_error[0], "does not check out") != NULL,
+              "rank 0 after a flipped bit: %s (%s)", comm_status_str((comm_status)sh->mitm_status[0]), sh->mitm_error[0]);
+        CHECK(sh->mitm_status[1] != COMM_OK, "rank 1 finished the allreduce over a tampered connection");
+        printf("# a bit flipped at byte %ld of rank 1's stream: rank 0 %s (%s); rank 1 %s\n", sh->mitm_flipped_at,
+               comm_status_str((comm_status)sh->mitm_status[0]), sh->mitm_error[0],
+               comm_status_str((comm_status)sh->mitm_status[1]));
+    }
+}
+
 static void test_store_errors(void) {
     char prefix[64];
     snprintf(prefix, sizeof prefix, "test-comm-%d-store", (int)getpid());
@@ -1316,6 +1439,7 @@ int main(void) {
     RUN_TEST(test_auth_frames);
     RUN_TEST(test_strangers_knock);
     RUN_TEST(test_wrong_key_refused);
+    RUN_TEST(test_tampered_frame_refused);
     printf("# test_comm total %.1f s\n", now_s() - t0);
     stop_redis();
     TEST_MAIN_END();

@@ -1,14 +1,15 @@
 // comm_gloo.cc — the C API of comm.h over Gloo's algorithms on an authenticating TCP transport
 // of our own (comm_gloo_transport.cc: every connection proves the job's key, every frame is
-// authenticated) with a password-capable Redis rendezvous store. The only C++ in DeadPool: every entry point is extern "C" and noexcept in
-// practice (each one catches everything and turns it into a comm_status).
+// authenticated) with a password-capable Redis rendezvous store. The only C++ in DeadPool (with
+// the transport): every entry point is extern "C" and noexcept in practice (each one catches
+// everything and turns it into a comm_status).
 //
 // Design notes
 //  * Rendezvous: gloo::rendezvous::RedisStore cannot AUTH, and Gloo's connectFullMesh costs
 //    O(N) sequential store round trips per rank, so RedisMesh below does the rendezvous over
 //    hiredis in a constant number of round trips per rank and MeshContext connects the
-//    transport's pairs from it. Keys are "<prefix>/..."; the caller makes the prefix unique per job and
-//    epoch. Keys get a TTL so dead epochs do not pile up.
+//    transport's pairs from it. Keys are "<prefix>/..."; the caller makes the prefix unique per
+//    job and epoch. Keys get a TTL so dead epochs do not pile up.
 //  * A communicator cannot be repaired. The first failing call records its status and message;
 //    every later call returns that status at once without touching Gloo. On that first failure we
 //    also close every pair, so peers blocked on us (e.g. the ring neighbour that was waiting for
@@ -475,10 +476,10 @@ struct comm {
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
 
     // Shuts the pairs' sockets down (the pending operations of every pair fail, here and on
-    // the peers), then interrupts the waits of the collective in flight: Gloo does not fail a
-    // send whose bytes were queued when its pair broke (tcp::Pair::signalException signals
-    // only bound buffers in its transmit queue), so a waitSend on such a send would sit out
-    // its whole timeout.
+    // the peers), then interrupts the waits of the collective in flight. (Gloo's tcp pair did
+    // not fail a send whose bytes were queued when it broke, so a waitSend sat out its whole
+    // timeout; our transport fails every queued operation, and the interrupt stays: the
+    // shutdown reaches the pairs through the loop thread, the interrupt at once.)
     void abort() {
         shutSockets();
         {

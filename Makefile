@@ -1,7 +1,7 @@
 # DeadPool build. `make` builds ./deadpool, the libraries and the examples; `make test` builds
 # and runs the test suite; `make install PREFIX=DIR` installs header, libraries, binary and
 # pkg-config file. All C is C11 and must stay warning-free with -Wall -Wextra; the only C++ is
-# the Gloo shim (src/lib/comm_gloo.cc).
+# the Gloo shim (src/lib/comm_gloo*.cc).
 #
 #   include/    the public API (deadpool.h)
 #   src/lib/    the library: runtime behind deadpool.h, snapshots, replicas, collectives, the
@@ -117,7 +117,7 @@ FUZZ_CC     ?= clang
 FUZZ_SAN     = -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS  = -O1 -g -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -MMD -MP \
                -I/usr/include/hiredis -Iinclude $(LIB_INC) $(GPT2_INC) $(FUZZ_SAN)
-FUZZ_SRC     = $(wildcard src/common/*.c) src/lib/checkpoint.c src/lib/checksum.c src/lib/control.c src/lib/events.c \
+FUZZ_SRC     = $(wildcard src/common/*.c) src/lib/checkpoint.c src/lib/checksum.c src/lib/comm_auth.c src/lib/control.c src/lib/events.c \
                src/lib/generation.c src/lib/recovery.c src/lib/replica.c \
                src/gpt2/data.c src/gpt2/layers.c src/gpt2/model.c src/gpt2/modelfile.c
 FUZZ_NAMES   = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -5,12 +5,14 @@
  * measurements into a shared page); the parent waits with a deadline and kills by pid any child
  * that overstays. */
 #include "comm.h"
+#include "comm_auth.h"
 #include "harness.h"
 
 #include <errno.h>
 #include <hiredis/hiredis.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
@@ -28,6 +30,8 @@ static pid_t redis_pid = -1;
 static pid_t parent_pid = -1;
 static int redis_port = -1;
 static comm_store_addr store;
+/* The data plane's key of the tests' "job" (comm_key_derive of a fixed secret). */
+static unsigned char test_key[COMM_KEY_BYTES];
 
 /* Measurements written by children, read by the parent. */
 typedef struct {
@@ -45,6 +49,15 @@ typedef struct {
     double left_ms[4];           /* and when each rank's allreduce returned, after that */
     int left_status[4];
     size_t abort_sockets[4];
+    int stranger_conns;          /* test_strangers_knock: connections the stranger opened */
+    int stranger_closed;         /* ... that the job closed within the bound */
+    long stranger_max_bytes;     /* the most bytes one of them received */
+    int stranger_hello_only;     /* ... every one received nothing but a HELLO */
+    double stranger_create_ms[3];
+    int mitm_relayed;            /* test_tampered_frame_refused: the relay carried the connection */
+    long mitm_flipped_at;        /* ... and flipped this byte of the dialer's stream (-1: none) */
+    int mitm_status[2];
+    char mitm_error[2][160];
 } shared_t;
 static shared_t *sh;
 
@@ -885,6 +898,499 @@ static void rank_store_errors(int r, const char *prefix, int size) {
     if (c) comm_destroy(c);
 }
 
+/* ---------------- the data plane's wire format (comm_auth.h) ---------------- */
+
+static const unsigned char *other_key(void) {
+    static unsigned char k[COMM_KEY_BYTES];
+    comm_key_derive("ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100", k);
+    return k;
+}
+
+/* Runs a handshake between dialer d and acceptor a of (prefix, size): the dialer's key kd, the
+ * acceptor's ka. Returns the acceptor's verdict on the proof; on success also the dialer's on
+ * the confirmation (*confirm) and both sessions. */
+static int handshake(const char *prefix, uint32_t size, uint32_t d, uint32_t a, const unsigned char *kd,
+                     const unsigned char *ka, int *confirm, comm_session *sd, comm_session *sa,
+                     unsigned char proof_out[COMM_HS_PROOF_BYTES]) {
+    comm_hs acc = {0}, dia = {0};
+    acc.size = dia.size = size;
+    acc.acceptor = a;
+    dia.acceptor = a;
+    dia.dialer = d;
+    snprintf(acc.prefix, sizeof acc.prefix, "%s", prefix);
+    snprintf(dia.prefix, sizeof dia.prefix, "%s", prefix);
+    unsigned char hello[COMM_HS_HELLO_BYTES], proof[COMM_HS_PROOF_BYTES], conf[COMM_HS_CONFIRM_BYTES];
+    comm_hs_hello(&acc, hello);
+    if (comm_hs_parse_hello(&dia, hello, sizeof hello) != COMM_HS_OK) return 99;
+    comm_hs_proof(&dia, kd, proof);
+    if (proof_out) memcpy(proof_out, proof, sizeof proof);
+    int r = comm_hs_check_proof(&acc, ka, proof, sizeof proof);
+    *confirm = 99;
+    if (r != COMM_HS_OK) return r;
+    comm_hs_confirm(&acc, ka, conf);
+    *confirm = comm_hs_check_confirm(&dia, kd, conf, sizeof conf);
+    comm_hs_session(&dia, kd, 1, sd);
+    comm_hs_session(&acc, ka, 0, sa);
+    return r;
+}
+
+static void test_auth_handshake(void) {
+    int confirm;
+    comm_session sd, sa;
+    /* the right key: both sides agree, and their direction keys pair up */
+    CHECK(handshake("job/e/1", 4, 3, 1, test_key, test_key, &confirm, &sd, &sa, NULL) == COMM_HS_OK && confirm == COMM_HS_OK,
+          "handshake with the job's key refused");
+    CHECK(memcmp(sd.tx, sa.rx, 32) == 0 && memcmp(sd.rx, sa.tx, 32) == 0 && memcmp(sd.tx, sd.rx, 32) != 0,
+          "the two ends' session keys do not pair up");
+    /* a wrong key: the acceptor refuses the proof, before anything else */
+    CHECK(handshake("job/e/1", 4, 3, 1, other_key(), test_key, &confirm, &sd, &sa, NULL) == COMM_HS_BAD_MAC,
+          "proof made with another key accepted");
+    /* a dialer reached by an acceptor without the key refuses its confirmation */
+    {
+        comm_hs dia = {0}, acc = {0};
+        dia.size = acc.size = 2;
+        dia.dialer = 1;
+        dia.acceptor = acc.acceptor = 0;
+        snprintf(dia.prefix, sizeof dia.prefix, "p");
+        snprintf(acc.prefix, sizeof acc.prefix, "p");
+        unsigned char hello[COMM_HS_HELLO_BYTES], proof[COMM_HS_PROOF_BYTES], conf[COMM_HS_CONFIRM_BYTES];
+        comm_hs_hello(&acc, hello);
+        comm_hs_parse_hello(&dia, hello, sizeof hello);
+        comm_hs_proof(&dia, test_key, proof);
+        /* a squatter without the key cannot check the proof; it makes up a confirmation */
+        acc.dialer = 1;
+        memcpy(acc.nd, proof + 8, COMM_NONCE_BYTES);
+        comm_hs_confirm(&acc, other_key(), conf);
+        CHECK(comm_hs_check_confirm(&dia, test_key, conf, sizeof conf) == COMM_HS_BAD_MAC,
+              "confirmation made with another key accepted");
+        comm_hs_confirm(&acc, test_key, conf);
+        CHECK(comm_hs_check_confirm(&dia, test_key, conf, sizeof conf) == COMM_HS_OK, "the right confirmation refused");
+        conf[5] ^= 1;
+        CHECK(comm_hs_check_confirm(&dia, test_key, conf, sizeof conf) == COMM_HS_BAD_MAC, "changed confirmation accepted");
+        CHECK(comm_hs_check_confirm(&dia, test_key, conf, sizeof conf - 1) == COMM_HS_MALFORMED, "short confirmation accepted");
+        hello[0] = 'X';
+        CHECK(comm_hs_parse_hello(&dia, hello, sizeof hello) == COMM_HS_MALFORMED, "hello without the magic accepted");
+        CHECK(comm_hs_parse_hello(&dia, hello, 3) == COMM_HS_MALFORMED, "short hello accepted");
+    }
+    /* wrong ranks: a proof naming another acceptor, the acceptor itself, or no rank of the
+     * communicator, is refused for its ranks; a proof that lies about the dialer fails its MAC */
+    CHECK(handshake("job/e/1", 4, 3, 1, test_key, test_key, &confirm, &sd, &sa, NULL) == COMM_HS_OK, "baseline");
+    {
+        comm_hs acc = {0}, dia = {0};
+        acc.size = dia.size = 4;
+        acc.acceptor = 1;
+        dia.acceptor = 2; /* meant for rank 2 */
+        dia.dialer = 3;
+        snprintf(acc.prefix, sizeof acc.prefix, "job/e/1");
+        snprintf(dia.prefix, sizeof dia.prefix, "job/e/1");
+        unsigned char hello[COMM_HS_HELLO_BYTES], proof[COMM_HS_PROOF_BYTES];
+        comm_hs_hello(&acc, hello);
+        comm_hs_parse_hello(&dia, hello, sizeof hello);
+        comm_hs_proof(&dia, test_key, proof);
+        CHECK(comm_hs_check_proof(&acc, test_key, proof, sizeof proof) == COMM_HS_BAD_RANK, "proof for another acceptor accepted");
+        dia.acceptor = 1;
+        dia.dialer = 1; /* itself */
+        comm_hs_proof(&dia, test_key, proof);
+        CHECK(comm_hs_check_proof(&acc, test_key, proof, sizeof proof) == COMM_HS_BAD_RANK, "proof from the acceptor's own rank accepted");
+        dia.dialer = 4; /* no such rank */
+        comm_hs_proof(&dia, test_key, proof);
+        CHECK(comm_hs_check_proof(&acc, test_key, proof, sizeof proof) == COMM_HS_BAD_RANK, "proof from rank 4 of 4 accepted");
+        dia.dialer = 3;
+        comm_hs_proof(&dia, test_key, proof);
+        proof[0] = 2; /* claims rank 2, MAC'd as rank 3 */
+        CHECK(comm_hs_check_proof(&acc, test_key, proof, sizeof proof) == COMM_HS_BAD_MAC, "proof with a changed rank accepted");
+        CHECK(comm_hs_check_proof(&acc, test_key, proof, sizeof proof - 1) == COMM_HS_MALFORMED, "short proof accepted");
+    }
+    /* another communicator (an old epoch's prefix) or another size: refused */
+    {
+        comm_hs acc = {0}, dia = {0};
+        acc.size = dia.size = 4;
+        acc.acceptor = dia.acceptor = 1;
+        dia.dialer = 3;
+        snprintf(acc.prefix, sizeof acc.prefix, "job/e/2");
+        snprintf(dia.prefix, sizeof dia.prefix, "job/e/1");
+        unsigned char hello[COMM_HS_HELLO_BYTES], proof[COMM_HS_PROOF_BYTES];
+        comm_hs_hello(&acc, hello);
+        comm_hs_parse_hello(&dia, hello, sizeof hello);
+        comm_hs_proof(&dia, test_key, proof);
+        CHECK(comm_hs_check_proof(&acc, test_key, proof, sizeof proof) == COMM_HS_BAD_MAC, "proof for another prefix accepted");
+        snprintf(acc.prefix, sizeof acc.prefix, "job/e/1");
+        acc.size = 5;
+        CHECK(comm_hs_check_proof(&acc, test_key, proof, sizeof proof) == COMM_HS_BAD_MAC, "proof for another size accepted");
+    }
+    /* a replayed proof: recorded from one connection, refused on the next (a fresh Na) */
+    {
+        unsigned char recorded[COMM_HS_PROOF_BYTES];
+        CHECK(handshake("job/e/1", 4, 3, 1, test_key, test_key, &confirm, &sd, &sa, recorded) == COMM_HS_OK, "recorded run");
+        comm_hs acc = {0};
+        acc.size = 4;
+        acc.acceptor = 1;
+        snprintf(acc.prefix, sizeof acc.prefix, "job/e/1");
+        unsigned char hello[COMM_HS_HELLO_BYTES];
+        comm_hs_hello(&acc, hello);
+        CHECK(comm_hs_check_proof(&acc, test_key, recorded, sizeof recorded) == COMM_HS_BAD_MAC, "replayed proof accepted");
+    }
+    /* two runs with the same parties never share session keys */
+    comm_session sd2, sa2;
+    handshake("job/e/1", 4, 3, 1, test_key, test_key, &confirm, &sd2, &sa2, NULL);
+    CHECK(memcmp(sd.tx, sd2.tx, 32) != 0, "two handshakes gave the same session key");
+    /* the key of a job: 64 hex digits, nothing else */
+    unsigned char k[COMM_KEY_BYTES];
+    CHECK(comm_key_derive("00112233", k) != 0, "short secret accepted");
+    CHECK(comm_key_derive("zz112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", k) != 0, "non-hex secret accepted");
+    CHECK(comm_key_derive("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", k) == 0 &&
+              memcmp(k, test_key, sizeof k) == 0, "the key is not a function of the secret");
+}
+
+static void test_auth_frames(void) {
+    int confirm;
+    comm_session sd, sa;
+    handshake("job/e/7", 2, 1, 0, test_key, test_key, &confirm, &sd, &sa, NULL);
+    unsigned char head[COMM_FRAME_HEAD_BYTES], tag[COMM_FRAME_TAG_BYTES];
+    crypto_onetimeauth_state ps, pr;
+    comm_frame f = {COMM_FRAME_DATA, 0x1234567890ull, 1000}, g;
+    unsigned char payload[1000];
+    for (int i = 0; i < 1000; i++) payload[i] = (unsigned char)(i * 7);
+    /* a good frame opens, its payload checks out */
+    comm_frame_seal(&sd, &f, head, &ps);
+    crypto_onetimeauth_update(&ps, payload, 600);
+    crypto_onetimeauth_update(&ps, payload + 600, 400);
+    comm_frame_payload_tag(&ps, tag);
+    comm_session rx0 = sa;
+    CHECK(comm_frame_open(&sa, head, 1u << 20, &g, &pr) == COMM_FRAME_OK && g.type == f.type && g.slot == f.slot &&
+              g.nbytes == f.nbytes && sa.rx_seq == 1, "a good frame did not open");
+    crypto_onetimeauth_update(&pr, payload, 1000);
+    CHECK(comm_frame_payload_check(&pr, tag) == 0, "a good payload refused");
+    /* a changed payload byte, a changed tag */
+    comm_session s1 = rx0;
+    comm_frame_open(&s1, head, 1u << 20, &g, &pr);
+    payload[500] ^= 0x40;
+    crypto_onetimeauth_update(&pr, payload, 1000);
+    CHECK(comm_frame_payload_check(&pr, tag) != 0, "changed payload accepted");
+    payload[500] ^= 0x40;
+    s1 = rx0;
+    comm_frame_open(&s1, head, 1u << 20, &g, &pr);
+    crypto_onetimeauth_update(&pr, payload, 1000);
+    tag[3] ^= 1;
+    CHECK(comm_frame_payload_check(&pr, tag) != 0, "changed payload tag accepted");
+    tag[3] ^= 1;
+    /* every bit of the header and its tag matters */
+    int opened = 0;
+    for (int bit = 0; bit < COMM_FRAME_HEAD_BYTES * 8; bit++) {
+        s1 = rx0;
+        head[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        if (comm_frame_open(&s1, head, 1u << 20, &g, &pr) != COMM_FRAME_BAD_TAG || s1.rx_seq != 0) opened++;
+        head[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+    }
+    CHECK(opened == 0, "%d one-bit changes of a frame header opened", opened);
+    /* a replay: the same frame again is the next sequence number's, and refused */
+    CHECK(comm_frame_open(&sa, head, 1u << 20, &g, &pr) == COMM_FRAME_BAD_TAG, "replayed frame accepted");
+    /* out of order: frame 2 before frame 1 */
+    unsigned char h1[COMM_FRAME_HEAD_BYTES], h2[COMM_FRAME_HEAD_BYTES];
+    comm_frame r = {COMM_FRAME_RECV_READY, 9, 64};
+    comm_frame_seal(&sd, &r, h1, NULL);
+    comm_frame_seal(&sd, &r, h2, NULL);
+    CHECK(comm_frame_open(&sa, h2, 1u << 20, &g, NULL) == COMM_FRAME_BAD_TAG, "reordered frame accepted");
+    CHECK(comm_frame_open(&sa, h1, 1u << 20, &g, NULL) == COMM_FRAME_OK && g.type == COMM_FRAME_RECV_READY && g.slot == 9 &&
+              g.nbytes == 64, "in-order frame refused");
+    CHECK(comm_frame_open(&sa, h2, 1u << 20, &g, NULL) == COMM_FRAME_OK, "in-order frame refused");
+    /* reflected: a frame the acceptor sent, fed back to it */
+    unsigned char back[COMM_FRAME_HEAD_BYTES];
+    comm_session sa_tx = sa;
+    comm_frame_seal(&sa_tx, &r, back, NULL);
+    comm_session sa_rx = sa;
+    CHECK(comm_frame_open(&sa_rx, back, 1u << 20, &g, NULL) == COMM_FRAME_BAD_TAG, "reflected frame accepted");
+    /* another connection's frame (same parties, another handshake) */
+    comm_session od, oa;
+    handshake("job/e/7", 2, 1, 0, test_key, test_key, &confirm, &od, &oa, NULL);
+    comm_frame_seal(&od, &r, h1, NULL);
+    comm_session sa3 = sa;
+    CHECK(comm_frame_open(&sa3, h1, 1u << 20, &g, NULL) == COMM_FRAME_BAD_TAG, "another connection's frame accepted");
+    /* well tagged, but no frame of this protocol: an unknown type, a DATA frame over the bound */
+    comm_frame bad = {'X', 1, 1};
+    comm_frame_seal(&sd, &bad, h1, NULL);
+    comm_session sa4 = sa;
+    CHECK(comm_frame_open(&sa4, h1, 1u << 20, &g, NULL) == COMM_FRAME_MALFORMED, "unknown frame type accepted");
+    comm_frame big = {COMM_FRAME_DATA, 1, 1u << 21};
+    comm_session sd5 = sd, sa5 = sa;
+    sd5.tx_seq = sa5.rx_seq;
+    comm_frame_seal(&sd5, &big, h1, &ps);
+    CHECK(comm_frame_open(&sa5, h1, 1u << 20, &g, &pr) == COMM_FRAME_MALFORMED, "DATA frame over the bound accepted");
+}
+
+/* A stranger (no key) knocks on rank 0's listener as soon as the rendezvous names it, before
+ * the real peers dial: silent connections (more than the listener lets handshake at once),
+ * junk, a proof made with another key. The communicator still forms, its allreduce is right,
+ * and no stranger's connection receives anything but the 36-byte HELLO before it is closed. */
+#define STRANGER_SILENT 80
+#define STRANGER_JUNK 10
+static void stranger(int r, const char *prefix, int size) {
+    (void)r;
+    struct timeval tv = {2, 0};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+    CHECK(rc != NULL && !rc->err, "stranger: redis connect");
+    if (rc == NULL || rc->err) return;
+    redisReply *x = redisCommand(rc, "AUTH %s", REDIS_PW);
+    if (x) freeReplyObject(x);
+    /* the address rank 0 published for rank 1: a sockaddr first */
+    struct sockaddr_storage ss;
+    int found = 0;
+    for (int i = 0; i < 1000 && !found; i++) {
+        x = redisCommand(rc, "HGET %s/m/0 1", prefix);
+        if (x && x->type == REDIS_REPLY_STRING && x->len >= (long)sizeof ss) {
+            memcpy(&ss, x->str, sizeof ss);
+            found = 1;
+        }
+        if (x) freeReplyObject(x);
+        if (!found) sleep_ms(5);
+    }
+    redisFree(rc);
+    CHECK(found, "stranger: rank 0 published no address");
+    if (!found) return;
+    int n = STRANGER_SILENT + STRANGER_JUNK + 1, fds[STRANGER_SILENT + STRANGER_JUNK + 1];
+    long got[STRANGER_SILENT + STRANGER_JUNK + 1] = {0};
+    int closed[STRANGER_SILENT + STRANGER_JUNK + 1] = {0}, hello_only = 1;
+    unsigned char first[STRANGER_SILENT + STRANGER_JUNK + 1][4];
+    for (int i = 0; i < n; i++) {
+        fds[i] = socket(ss.ss_family, SOCK_STREAM, 0);
+        if (connect(fds[i], (struct sockaddr *)&ss, ss.ss_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6)) != 0) {
+            close(fds[i]);
+            fds[i] = -1;
+            continue;
+        }
+        sh->stranger_conns++;
+        if (i >= STRANGER_SILENT && i < STRANGER_SILENT + STRANGER_JUNK) {
+            unsigned char junk[COMM_HS_PROOF_BYTES];
+            randombytes_buf(junk, sizeof junk);
+            junk[0] = 1, junk[1] = junk[2] = junk[3] = 0, junk[4] = junk[5] = junk[6] = junk[7] = 0; /* "rank 1 to rank 0" */
+            if (write(fds[i], junk, sizeof junk) < 0) {
+            }
+        } else if (i == n - 1) {
+            /* a proof with another key, made on the HELLO it got */
+            unsigned char hello[COMM_HS_HELLO_BYTES], proof[COMM_HS_PROOF_BYTES];
+            comm_hs hs = {0};
+            hs.size = (uint32_t)size;
+            hs.dialer = 1;
+            hs.acceptor = 0;
+            snprintf(hs.prefix, sizeof hs.prefix, "%s", prefix);
+            if (read(fds[i], hello, sizeof hello) == (ssize_t)sizeof hello && comm_hs_parse_hello(&hs, hello, sizeof hello) == 0) {
+                got[i] = sizeof hello;
+                memcpy(first[i], hello, 4);
+                comm_hs_proof(&hs, other_key(), proof);
+                if (write(fds[i], proof, sizeof proof) < 0) {
+                }
+            }
+        }
+    }
+    /* read everything each connection gets until the job closes it (or 6 s) */
+    double deadline = now_s() + 6.0;
+    int open_left = 1;
+    while (open_left && now_s() < deadline) {
+        open_left = 0;
+        for (int i = 0; i < n; i++) {
+            if (fds[i] < 0 || closed[i]) continue;
+            unsigned char buf[256];
+            ssize_t rv = recv(fds[i], buf, sizeof buf, MSG_DONTWAIT);
+            if (rv > 0) {
+                if (got[i] < 4) memcpy(first[i] + got[i], buf, (size_t)(rv < 4 - got[i] ? rv : 4 - got[i]));
+                got[i] += rv;
+            } else if (rv == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                closed[i] = 1;
+                sh->stranger_closed++;
+                continue;
+            }
+            open_left = 1;
+        }
+        sleep_ms(10);
+    }
+    for (int i = 0; i < n; i++) {
+        if (fds[i] < 0) continue;
+        if (got[i] > sh->stranger_max_bytes) sh->stranger_max_bytes = got[i];
+        if (got[i] != 0 && (got[i] != COMM_HS_HELLO_BYTES || memcmp(first[i], "DPC1", 4) != 0)) hello_only = 0;
+        close(fds[i]);
+    }
+    sh->stranger_hello_only = hello_only;
+}
+
+static void rank_knocked(int r, const char *prefix, int size) {
+    if (r > 0) sleep_ms(800); /* the stranger is first */
+    double t0 = now_s();
+    comm_t *c = create_or_fail(prefix, r, size, 15000);
+    sh->stranger_create_ms[r] = (now_s() - t0) * 1e3;
+    if (c == NULL) return;
+    float b[1000];
+    for (int i = 0; i < 1000; i++) b[i] = (float)(r + i);
+    comm_status s = comm_allreduce_sum(c, b, 1000, 10000);
+    CHECK(s == COMM_OK && b[0] == 3.0f && b[999] == 3.0f * 999.0f + 3.0f, "allreduce among knocked ranks: %s (%s) b[0]=%g",
+          comm_status_str(s), comm_last_error(c), (double)b[0]);
+    comm_destroy(c);
+}
+
+static void test_strangers_knock(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-knock", (int)getpid());
+    pid_t pids[4];
+    for (int r = 0; r < 3; r++) pids[r] = spawn(rank_knocked, r, prefix, 3);
+    pids[3] = spawn(stranger, 3, prefix, 3);
+    wait_children(pids, 4, 25, "strangers knock");
+    CHECK(sh->stranger_conns == STRANGER_SILENT + STRANGER_JUNK + 1, "the stranger opened %d connections", sh->stranger_conns);
+    CHECK(sh->stranger_closed == sh->stranger_conns, "the job closed %d of the stranger's %d connections", sh->stranger_closed,
+          sh->stranger_conns);
+    CHECK(sh->stranger_hello_only && sh->stranger_max_bytes <= COMM_HS_HELLO_BYTES,
+          "a stranger's connection received %ld bytes (more than the HELLO)", sh->stranger_max_bytes);
+    printf("# %d stranger connections (%d silent, %d junk, 1 proof with another key): all closed, at most %ld bytes "
+           "received (the HELLO); comm_create %.0f / %.0f / %.0f ms\n",
+           sh->stranger_conns, STRANGER_SILENT, STRANGER_JUNK, sh->stranger_max_bytes, sh->stranger_create_ms[0],
+           sh->stranger_create_ms[1], sh->stranger_create_ms[2]);
+}
+
+/* A rank with another key (another job's) never joins: both ends give up at the timeout. */
+static void rank_wrong_key(int r, const char *prefix, int size) {
+    comm_store_addr a = store;
+    if (r == 1) a.key = other_key();
+    char err[512];
+    double t0 = now_s();
+    comm_t *c = comm_create(&a, prefix, r, size, BIND, 2000, err, sizeof err);
+    double el = now_s() - t0;
+    CHECK(c == NULL, "rank %d: a communicator formed with a rank of another key", r);
+    /* rank 0 waited for a dialer with the key; rank 1 kept retrying until rank 0 gave up */
+    CHECK(c != NULL || r == 1 || strstr(err, "did not connect (with the job's key)") != NULL, "rank %d: %s", r, err);
+    CHECK(el < 6.0, "rank %d gave up after %.1f s", r, el);
+    if (c) comm_destroy(c);
+    printf("# rank %d (%s key): %s\n", r, r == 1 ? "another" : "the job's", err);
+}
+
+static void test_wrong_key_refused(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-wrongkey", (int)getpid());
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) pids[r] = spawn(rank_wrong_key, r, prefix, 2);
+    wait_children(pids, 2, 15, "wrong key");
+    comm_store_addr a = store;
+    a.key = NULL;
+    char err[256];
+    comm_t *c = comm_create(&a, prefix, 0, 2, BIND, 1000, err, sizeof err);
+    CHECK(c == NULL && strstr(err, "no data-plane key") != NULL, "comm_create without a key: %s", c ? "accepted" : err);
+}
+
+/* An on-path attacker between rank 1 and rank 0: it rewrites rank 0's published address (as if
+ * it had the store; it has no key) so that rank 1 dials a relay, which passes the handshake on
+ * untouched and then flips one bit of rank 1's stream. Without the flip the relayed pair works
+ * (a relay learns nothing it can use); with it the frame is refused and the allreduce fails on
+ * both ranks: never a success with changed data. */
+static int mitm_flip; /* set by the parent before spawning */
+static void mitm_relay(int r, const char *prefix, int size) {
+    (void)r;
+    (void)size;
+    struct timeval tv = {2, 0};
+    redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis_port, tv);
+    if (rc == NULL || rc->err) return;
+    redisReply *x = redisCommand(rc, "AUTH %s", REDIS_PW);
+    if (x) freeReplyObject(x);
+    unsigned char addr[256];
+    size_t alen = 0;
+    for (int i = 0; i < 1000 && alen == 0; i++) {
+        x = redisCommand(rc, "HGET %s/m/0 1", prefix);
+        if (x && x->type == REDIS_REPLY_STRING && x->len >= (long)sizeof(struct sockaddr_storage) && x->len <= 256) {
+            alen = (size_t)x->len;
+            memcpy(addr, x->str, alen);
+        }
+        if (x) freeReplyObject(x);
+        if (alen == 0) sleep_ms(2);
+    }
+    CHECK(alen > 0, "relay: rank 0 published no address");
+    if (alen == 0) return;
+    struct sockaddr_in real, mine;
+    memcpy(&real, addr, sizeof real);
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    memset(&mine, 0, sizeof mine);
+    mine.sin_family = AF_INET;
+    mine.sin_addr.s_addr = htonl(0x7f000001);
+    socklen_t ml = sizeof mine;
+    CHECK(bind(lfd, (struct sockaddr *)&mine, sizeof mine) == 0 && listen(lfd, 4) == 0 &&
+              getsockname(lfd, (struct sockaddr *)&mine, &ml) == 0, "relay: listen");
+    memcpy(addr, &mine, sizeof mine); /* same record, the relay's address */
+    x = redisCommand(rc, "HSET %s/m/0 1 %b", prefix, addr, alen);
+    if (x) freeReplyObject(x);
+    redisFree(rc);
+    struct pollfd pl = {lfd, POLLIN, 0};
+    if (poll(&pl, 1, 8000) != 1) return;
+    int a = accept(lfd, NULL, NULL), b = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(a >= 0 && connect(b, (struct sockaddr *)&real, sizeof real) == 0, "relay: connect to rank 0");
+    sh->mitm_relayed = 1;
+    sh->mitm_flipped_at = -1;
+    long from_dialer = 0;
+    const long flip_at = COMM_HS_PROOF_BYTES + 300; /* past the handshake, inside the frames */
+    double deadline = now_s() + 10.0;
+    while (now_s() < deadline) {
+        struct pollfd p[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+        if (poll(p, 2, 100) <= 0) continue;
+        unsigned char buf[65536];
+        if (p[0].revents) {
+            ssize_t n = recv(a, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            if (mitm_flip && from_dialer <= flip_at && from_dialer + n > flip_at) {
+                buf[flip_at - from_dialer] ^= 0x10;
+                sh->mitm_flipped_at = flip_at;
+            }
+            from_dialer += n;
+            if (send(b, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
+        }
+        if (p[1].revents) {
+            ssize_t n = recv(b, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            if (send(a, buf, (size_t)n, MSG_NOSIGNAL) != n) break;
+        }
+    }
+    close(a);
+    close(b);
+    close(lfd);
+}
+
+static void rank_mitm(int r, const char *prefix, int size) {
+    if (r == 1) sleep_ms(500); /* the relay rewrites rank 0's record first */
+    comm_t *c = create_or_fail(prefix, r, size, 8000);
+    if (c == NULL) return;
+    float b[4096];
+    for (int i = 0; i < 4096; i++) b[i] = (float)(r + 1);
+    comm_status s = comm_allreduce_sum(c, b, 4096, 5000);
+    if (s == COMM_OK) s = comm_allreduce_sum(c, b, 4096, 5000); /* more frames past the flip */
+    sh->mitm_status[r] = (int)s;
+    snprintf(sh->mitm_error[r], sizeof sh->mitm_error[r], "%s", comm_last_error(c));
+    if (s == COMM_OK) {
+        int bad = 0;
+        for (int i = 0; i < 4096; i++) bad += b[i] != 6.0f;
+        CHECK(bad == 0, "rank %d: the relayed allreduce returned ok with %d wrong sums", r, bad);
+    }
+    comm_destroy(c);
+}
+
+static void test_tampered_frame_refused(void) {
+    for (mitm_flip = 0; mitm_flip < 2; mitm_flip++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "test-comm-%d-mitm%d", (int)getpid(), mitm_flip);
+        memset(sh->mitm_status, 0xff, sizeof sh->mitm_status);
+        sh->mitm_relayed = 0;
+        pid_t pids[3];
+        pids[2] = spawn(mitm_relay, 2, prefix, 2);
+        for (int r = 0; r < 2; r++) pids[r] = spawn(rank_mitm, r, prefix, 2);
+        wait_children(pids, 3, 20, mitm_flip ? "tampering relay" : "plain relay");
+        CHECK(sh->mitm_relayed, "the relay never carried rank 1's connection");
+        if (!mitm_flip) {
+            CHECK(sh->mitm_status[0] == COMM_OK && sh->mitm_status[1] == COMM_OK, "a plain relay broke the pair: %s / %s",
+                  sh->mitm_error[0], sh->mitm_error[1]);
+            continue;
+        }
+        CHECK(sh->mitm_flipped_at > 0, "the relay flipped nothing");
+        CHECK(sh->mitm_status[0] == COMM_ERR_PEER && strstr(sh->mitm_error[0], "does not check out") != NULL,
+              "rank 0 after a flipped bit: %s (%s)", comm_status_str((comm_status)sh->mitm_status[0]), sh->mitm_error[0]);
+        CHECK(sh->mitm_status[1] != COMM_OK, "rank 1 finished the allreduce over a tampered connection");
+        printf("# a bit flipped at byte %ld of rank 1's stream: rank 0 %s (%s); rank 1 %s\n", sh->mitm_flipped_at,
+               comm_status_str((comm_status)sh->mitm_status[0]), sh->mitm_error[0],
+               comm_status_str((comm_status)sh->mitm_status[1]));
+    }
+}
+
 static void test_store_errors(void) {
     char prefix[64];
     snprintf(prefix, sizeof prefix, "test-comm-%d-store", (int)getpid());
@@ -911,6 +1417,11 @@ int main(void) {
     store.host = "127.0.0.1";
     store.port = redis_port;
     store.password = REDIS_PW;
+    store.key = test_key;
+    if (comm_key_derive("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", test_key) != 0) {
+        printf("not ok - comm_key_derive\n");
+        return 1;
+    }
 
     double t0 = now_s();
     RUN_TEST(test_size_one);
@@ -924,6 +1435,11 @@ int main(void) {
     RUN_TEST(test_rendezvous_abort);
     RUN_TEST(test_abort_in_flight);
     RUN_TEST(test_groups_p2p);
+    RUN_TEST(test_auth_handshake);
+    RUN_TEST(test_auth_frames);
+    RUN_TEST(test_strangers_knock);
+    RUN_TEST(test_wrong_key_refused);
+    RUN_TEST(test_tampered_frame_refused);
     printf("# test_comm total %.1f s\n", now_s() - t0);
     stop_redis();
     TEST_MAIN_END();

@@ -1,6 +1,7 @@
 /* comm.h — collective communication between the ranks of one membership epoch.
  *
- * A narrow C API over Gloo (the only C++ in DeadPool lives in comm_gloo.cc). A communicator
+ * A narrow C API over Gloo's algorithms on an authenticating transport of DeadPool's own (the
+ * only C++ in DeadPool lives in comm_gloo*.cc). A communicator
  * is built once per (job, epoch) and cannot be repaired: after any error, destroy it and
  * build a new one with a new store prefix. Every call has a timeout and reports failure as a
  * status code; no exception or abort ever leaves the shim. Reductions run in a fixed order
@@ -26,12 +27,17 @@ typedef enum {
 
 typedef struct comm comm_t;
 
-/* Where the rendezvous happens: a Redis server that every rank reaches. */
+/* Where the rendezvous happens: a Redis server that every rank reaches; and the job's
+ * data-plane key (COMM_KEY_BYTES = 32 bytes, comm_key_derive in comm_auth.h), which every
+ * connection between two ranks proves, for this communicator and both ranks, before it carries
+ * a byte; every frame on it is authenticated with a key of that connection (comm_auth.h).
+ * Required when size > 1. */
 typedef struct {
     const char *host;
     int port;
     const char *password; /* may be NULL */
     const char *abort_key; /* joining gives up once this Redis key exists (NULL: never) */
+    const unsigned char *key; /* the job's data-plane key */
 } comm_store_addr;
 
 /* Joins the communicator of `size` ranks under `prefix` (unique per job and epoch) as `rank`.
@@ -52,7 +58,7 @@ int comm_size(const comm_t *c);
 void comm_wake_key(const char *prefix, int rank, char *out, size_t len);
 /* Fails the collective in flight (from any thread) and every later one with COMM_ERR_PEER,
  * here and, within a network round trip, on every peer blocked on this rank: the sockets of
- * the communicator's pairs are shut down. Gloo itself cannot abort a collective from outside. */
+ * the communicator's pairs are shut down. Gloo's algorithms cannot be aborted from outside. */
 void comm_abort(comm_t *c);
 /* How many pair sockets comm_abort reaches (size - 1 when all were found). */
 size_t comm_abort_sockets(const comm_t *c);

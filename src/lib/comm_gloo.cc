@@ -1,13 +1,15 @@
-// comm_gloo.cc — the C API of comm.h over Gloo (TCP transport) with a password-capable Redis
-// rendezvous store. The only C++ in DeadPool: every entry point is extern "C" and noexcept in
-// practice (each one catches everything and turns it into a comm_status).
+// comm_gloo.cc — the C API of comm.h over Gloo's algorithms on an authenticating TCP transport
+// of our own (comm_gloo_transport.cc: every connection proves the job's key, every frame is
+// authenticated) with a password-capable Redis rendezvous store. The only C++ in DeadPool (with
+// the transport): every entry point is extern "C" and noexcept in practice (each one catches
+// everything and turns it into a comm_status).
 //
 // Design notes
 //  * Rendezvous: gloo::rendezvous::RedisStore cannot AUTH, and Gloo's connectFullMesh costs
 //    O(N) sequential store round trips per rank, so RedisMesh below does the rendezvous over
-//    hiredis in a constant number of round trips per rank and MeshContext connects Gloo's own
-//    pairs from it. Keys are "<prefix>/..."; the caller makes the prefix unique per job and
-//    epoch. Keys get a TTL so dead epochs do not pile up.
+//    hiredis in a constant number of round trips per rank and MeshContext connects the
+//    transport's pairs from it. Keys are "<prefix>/..."; the caller makes the prefix unique per
+//    job and epoch. Keys get a TTL so dead epochs do not pile up.
 //  * A communicator cannot be repaired. The first failing call records its status and message;
 //    every later call returns that status at once without touching Gloo. On that first failure we
 //    also close every pair, so peers blocked on us (e.g. the ring neighbour that was waiting for
@@ -56,7 +58,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/address.h>
-#include <gloo/transport/tcp/device.h>
+
+#include "comm_gloo_transport.h"
 
 namespace {
 
@@ -304,97 +307,26 @@ class RedisMesh {
     unsigned long roundTrips_ = 0;
 };
 
-// Gloo's TCP pair dials when its address is the greater one and otherwise waits for the peer
-// to dial (tcp::Pair::connect: the IP address bytes, then the port, as stored). The same
-// comparison here, so that a rank dials all its peers before it waits for any: the dials
-// complete in the kernel and the peers' event loops, so nobody waits on a rank that waits.
-bool dialsPeer(const std::vector<char> &self, const std::vector<char> &peer) {
-    gloo::transport::tcp::Address a(self), b(peer);
-    const struct sockaddr_storage &sa = a.getSockaddr(), &sb = b.getSockaddr();
-    int rv = 0;
-    if (sa.ss_family == AF_INET && sb.ss_family == AF_INET) {
-        const struct sockaddr_in *x = reinterpret_cast<const struct sockaddr_in *>(&sa);
-        const struct sockaddr_in *y = reinterpret_cast<const struct sockaddr_in *>(&sb);
-        rv = memcmp(&x->sin_addr, &y->sin_addr, sizeof(struct in_addr));
-        if (rv == 0) rv = x->sin_port - y->sin_port;
-    } else if (sa.ss_family == AF_INET6 && sb.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = reinterpret_cast<const struct sockaddr_in6 *>(&sa);
-        const struct sockaddr_in6 *y = reinterpret_cast<const struct sockaddr_in6 *>(&sb);
-        rv = memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(struct in6_addr));
-        if (rv == 0) rv = x->sin6_port - y->sin6_port;
-    }
-    return rv > 0;
-}
-
-bool sameSockaddr(const struct sockaddr_storage &a, const struct sockaddr_storage &b) {
-    if (a.ss_family != b.ss_family) return false;
-    if (a.ss_family == AF_INET) {
-        const struct sockaddr_in *x = reinterpret_cast<const struct sockaddr_in *>(&a);
-        const struct sockaddr_in *y = reinterpret_cast<const struct sockaddr_in *>(&b);
-        return x->sin_port == y->sin_port && memcmp(&x->sin_addr, &y->sin_addr, sizeof x->sin_addr) == 0;
-    }
-    if (a.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *x = reinterpret_cast<const struct sockaddr_in6 *>(&a);
-        const struct sockaddr_in6 *y = reinterpret_cast<const struct sockaddr_in6 *>(&b);
-        return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr) == 0;
-    }
-    return false;
-}
-
-// Duplicates of the connected sockets of this context's pairs: a socket whose local address is
-// the one our pair listened on (we accepted) or whose peer is the address the peer's pair
-// listened on (we dialed). Gloo does not hand out its sockets, and a collective in flight can
-// only be woken through them (see comm_abort): shutdown(2) on a duplicate reaches the socket
-// itself, and holding a duplicate means the number can never name another file meanwhile. Each
-// candidate is duplicated first and checked on the duplicate, so a descriptor another thread
-// closes and reuses in between is never mistaken for ours.
-std::vector<int> dupPairSockets(const std::vector<std::vector<char>> &mine, const std::vector<std::vector<char>> &theirs) {
-    std::vector<struct sockaddr_storage> local, remote;
-    for (size_t i = 0; i < mine.size(); i++) {
-        if (mine[i].empty() || theirs[i].empty()) continue;
-        local.push_back(gloo::transport::tcp::Address(mine[i]).getSockaddr());
-        remote.push_back(gloo::transport::tcp::Address(theirs[i]).getSockaddr());
-    }
-    std::vector<int> out;
-    DIR *d = opendir("/proc/self/fd");
-    if (d == nullptr) return out;
-    for (struct dirent *e; (e = readdir(d)) != nullptr;) {
-        char *end = nullptr;
-        long fd = strtol(e->d_name, &end, 10);
-        if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
-        int dup = fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
-        if (dup < 0) continue;
-        struct stat st;
-        struct sockaddr_storage la, pa;
-        socklen_t ll = sizeof la, pl = sizeof pa;
-        bool ours = false;
-        if (fstat(dup, &st) == 0 && S_ISSOCK(st.st_mode) && getsockname(dup, reinterpret_cast<struct sockaddr *>(&la), &ll) == 0 &&
-            getpeername(dup, reinterpret_cast<struct sockaddr *>(&pa), &pl) == 0)
-            for (size_t i = 0; i < local.size() && !ours; i++)
-                ours = sameSockaddr(la, local[i]) || sameSockaddr(pa, remote[i]);
-        if (ours) out.push_back(dup);
-        else ::close(dup);
-    }
-    closedir(d);
-    return out;
-}
-
-// A full-mesh Gloo context built by RedisMesh: the pairs are Gloo's, only the rendezvous and
-// the order of connecting are ours. (device_ and transportContext_ are Gloo's protected
-// members, which is what its own connectFullMesh sets.)
+// A full-mesh Gloo context built by RedisMesh over the authenticating transport: one listener
+// per communicator (every peer is published the same address), the higher rank of each pair
+// dials the lower one, and the connection proves the job's key for this communicator (the store
+// prefix) and both ranks before it carries a byte. (device_ and transportContext_ are Gloo's
+// protected members, which is what its own connectFullMesh sets; there is no device here.)
 class MeshContext : public gloo::rendezvous::Context {
   public:
     MeshContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
 
     // Returns the Redis round trips the rendezvous took; *wait_ms: from publishing to having
-    // every peer's address, *connect_ms: connecting the pairs.
-    unsigned long connect(RedisMesh &store, std::shared_ptr<gloo::transport::Device> &dev, double *wait_ms,
-                          double *connect_ms, std::vector<int> &sockets) {
-        auto tctx = dev->createContext(rank, size);
-        tctx->setTimeout(getTimeout());
+    // every peer's address, *connect_ms: connecting the pairs. sockets: duplicates of the pairs'
+    // connections, for comm_abort.
+    unsigned long connect(RedisMesh &store, const std::string &bindHost, const unsigned char *key,
+                          const std::string &prefix, double *wait_ms, double *connect_ms, std::vector<int> &sockets) {
+        dpauth::Listener listener(bindHost);
+        auto tctx = std::make_shared<dpauth::Context>(listener, rank, size, key, prefix, getTimeout());
+        std::vector<char> self = tctx->address().bytes();
         std::vector<std::vector<char>> mine(size), theirs;
         for (int i = 0; i < size; i++)
-            if (i != rank) mine[i] = tctx->createPair(i)->address().bytes();
+            if (i != rank) mine[i] = self;
         char hostname[256] = "";
         if (gethostname(hostname, sizeof hostname - 1) != 0) throw std::system_error(errno, std::system_category());
         Clock::time_point t0 = Clock::now();
@@ -402,27 +334,18 @@ class MeshContext : public gloo::rendezvous::Context {
         std::vector<std::string> hosts;
         store.fetch(theirs, hosts);
         Clock::time_point t1 = Clock::now();
-        int localRank = 0; // as Gloo counts it: ranks below ours on our host
-        for (int i = 0; i < rank; i++)
-            if (hosts[i] == hostname) localRank++;
-        for (int pass = 0; pass < 2; pass++)
-            for (int i = 0; i < size; i++) {
-                if (i == rank || dialsPeer(mine[i], theirs[i]) != (pass == 0)) continue;
-                auto &pair = tctx->getPair(i);
-                pair->setLocalRank(localRank);
-                pair->connect(theirs[i]);
-            }
-        sockets = dupPairSockets(mine, theirs);
+        tctx->connectAll(theirs);
+        sockets = tctx->dupSockets();
         *wait_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
         *connect_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
-        device_ = dev;
         transportContext_ = std::move(tctx);
         return store.roundTrips();
     }
 };
 
-// The address the pairs of `rank` listen on. This Gloo gives every pair a listening socket of
-// its own, bound to port 0: a full mesh of N ranks on one host binds N(N-1) ports, and once the
+// The address the communicator of `rank` listens on. (Gloo's tcp transport gave every pair a
+// listening socket of its own; ours has one per communicator.) Bound to port 0: a full mesh of N
+// ranks on one host binds N ports per communicator, N(N-1) with Gloo's, and once the
 // half of the ephemeral range that bind(2) prefers is taken, the kernel scans it for every
 // further bind (0.7 ms each at 4,000 ports bound here, 4 ms at 16,000: 128 ranks spent ~10 s
 // of CPU binding before their rendezvous). On loopback, every rank therefore listens on a
@@ -524,7 +447,6 @@ struct comm {
     int size = 1;
     int timeout_ms = 0;
     uint32_t tag = 0;
-    std::shared_ptr<gloo::transport::Device> dev;
     std::shared_ptr<MeshContext> ctx; // null when size == 1
     unsigned long store_round_trips = 0;
     double wait_ms = 0, connect_ms = 0; // the rendezvous' phases
@@ -555,10 +477,10 @@ struct comm {
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
 
     // Shuts the pairs' sockets down (the pending operations of every pair fail, here and on
-    // the peers), then interrupts the waits of the collective in flight: Gloo does not fail a
-    // send whose bytes were queued when its pair broke (tcp::Pair::signalException signals
-    // only bound buffers in its transmit queue), so a waitSend on such a send would sit out
-    // its whole timeout.
+    // the peers), then interrupts the waits of the collective in flight. (Gloo's tcp pair did
+    // not fail a send whose bytes were queued when it broke, so a waitSend sat out its whole
+    // timeout; our transport fails every queued operation, and the interrupt stays: the
+    // shutdown reaches the pairs through the loop thread, the interrupt at once.)
     void abort() {
         shutSockets();
         {
@@ -700,6 +622,14 @@ comm_t *createComm(comm *parent, const comm_store_addr *store, const char *prefi
         writeErr(err, errlen, "comm_create: invalid arguments");
         return nullptr;
     }
+    if (size > 1 && store->key == nullptr) {
+        writeErr(err, errlen, "comm_create: no data-plane key (comm_store_addr.key): every connection must prove the job's key");
+        return nullptr;
+    }
+    if (strlen(prefix) > COMM_PREFIX_MAX) {
+        writeErr(err, errlen, "comm_create: prefix longer than " + std::to_string(COMM_PREFIX_MAX) + " bytes");
+        return nullptr;
+    }
     ignoreSigpipeOnce();
     comm *c = nullptr;
     std::string msg;
@@ -712,12 +642,10 @@ comm_t *createComm(comm *parent, const comm_store_addr *store, const char *prefi
             if (size > 1) {
                 milliseconds t(timeout_ms);
                 RedisMesh rs(store->host, store->port, store->password, prefix, t, store->abort_key, rank, size);
-                gloo::transport::tcp::attr attr;
-                attr.hostname = deviceHost(bind_host, rank);
-                cc->dev = gloo::transport::tcp::CreateDevice(attr);
                 cc->ctx = std::make_shared<MeshContext>(rank, size);
                 cc->ctx->setTimeout(t);
-                cc->store_round_trips = cc->ctx->connect(rs, cc->dev, &cc->wait_ms, &cc->connect_ms, cc->sockets);
+                cc->store_round_trips = cc->ctx->connect(rs, deviceHost(bind_host, rank), store->key, prefix,
+                                                         &cc->wait_ms, &cc->connect_ms, cc->sockets);
                 if (store->abort_key != nullptr && parent == nullptr) {
                     char key[512];
                     comm_wake_key(prefix, rank, key, sizeof key);
@@ -782,7 +710,6 @@ void comm_destroy(comm_t *c) {
                 c->ctx->closeConnections();
                 c->ctx.reset();
             }
-            c->dev.reset();
         },
         ignored);
     c->shutSockets();

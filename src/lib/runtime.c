@@ -20,6 +20,7 @@
 
 #include "checkpoint.h"
 #include "comm.h"
+#include "comm_auth.h"
 #include "config.h"
 #include "control.h"
 #include "events.h"
@@ -46,6 +47,7 @@ struct dp {
     char node[128];           /* the machine this process runs on (node_id_default) */
     char resume_dir[4200];
     ReplicaServer *replicas; /* holds other ranks' snapshots; every process runs one */
+    unsigned char comm_key[COMM_KEY_BYTES]; /* the data plane's key (comm_key_derive), from the job's secret */
     FaultSpec faults[INJECT_MAX];
     int nfaults;
     pthread_t hb_thread, abort_thread;
@@ -267,11 +269,13 @@ static int claim_rank(dp_t *dp, int wanted) {
 
 /* Every process holds replicas: start the server and tell the job where it is. The replica
  * channel's key is derived from the job's secret, which only the job's Redis holds (the
- * launcher drew it); it is never logged, and the server keeps the only copy of the key. */
+ * launcher drew it); it is never logged, and the server keeps the only copy of the key. The
+ * data plane's key (comm_key_derive, independent of the replica key) is kept for comm_create. */
 static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     char secret[REPLICA_SECRET_HEX_LEN + 2];
     unsigned char key[REPLICA_KEY_BYTES];
-    int keyed = ctl_config_get(dp->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, key) == 0;
+    int keyed = ctl_config_get(dp->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, key) == 0 &&
+                comm_key_derive(secret, dp->comm_key) == 0;
     explicit_bzero(secret, sizeof secret);
     if (!keyed) {
         snprintf(err, errlen, "job '%s' has no valid replica channel secret in redis (published by an older "
@@ -338,6 +342,7 @@ static void free_process(dp_t *dp) {
     free(dp->block[0]);
     free(dp->block[1]);
     free(dp->restored_extra);
+    explicit_bzero(dp->comm_key, sizeof dp->comm_key);
     free(dp);
 }
 
@@ -1413,7 +1418,7 @@ static int epoch_store(dp_t *dp, EpochStore *es, char *err, size_t errlen) {
         snprintf(err, errlen, "no Redis master reachable for the rendezvous: %s", ctl_last_error(dp->ctl));
         return -1;
     }
-    es->addr = (comm_store_addr){es->host, port, dp->addr.password[0] ? dp->addr.password : NULL, es->fence};
+    es->addr = (comm_store_addr){es->host, port, dp->addr.password[0] ? dp->addr.password : NULL, es->fence, dp->comm_key};
     return 0;
 }
 

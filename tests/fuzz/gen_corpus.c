@@ -17,6 +17,7 @@
 #include "model.h"
 #include "modelfile.h"
 #include "recovery.h"
+#include "comm_auth.h"
 #include "replica.h"
 
 static const char *out_dir;
@@ -261,6 +262,61 @@ static void replica_streams(void) {
     put("replica", "bad_handshake", s, n);
 }
 
+/* Data-plane streams (fuzz_comm.c): flags, handshake choices, then frame records. */
+static size_t comm_handshake(unsigned char *s, unsigned char flags, unsigned size, unsigned d, unsigned a) {
+    size_t n = 0;
+    s[n++] = flags;
+    if (!(flags & 1)) { /* a stranger's 72 bytes first */
+        memcpy(s + n, "DPC1", 4);
+        for (int i = 4; i < COMM_HS_PROOF_BYTES; i++) s[4 + n + i - 4] = (unsigned char)(i * 13);
+        n += COMM_HS_PROOF_BYTES;
+    }
+    s[n++] = (unsigned char)(size - 1);
+    s[n++] = (unsigned char)d;
+    s[n++] = (unsigned char)a;
+    s[n++] = 9; /* prefix length */
+    s[n++] = 0; /* no flip */
+    s[n++] = 0;
+    memcpy(s + n, "job/e/12/", 9);
+    return n + 9;
+}
+
+static size_t comm_frame_rec(unsigned char *s, unsigned char type, uint64_t slot, unsigned len, unsigned flip, unsigned bound) {
+    size_t n = 0;
+    s[n++] = 1; /* sealed */
+    s[n++] = type;
+    memcpy(s + n, &slot, 8);
+    n += 8;
+    s[n++] = (unsigned char)len, s[n++] = (unsigned char)(len >> 8);
+    s[n++] = (unsigned char)flip, s[n++] = (unsigned char)(flip >> 8);
+    s[n++] = (unsigned char)bound, s[n++] = (unsigned char)(bound >> 8);
+    s[n++] = 100; /* split */
+    if (type == COMM_FRAME_DATA)
+        for (unsigned i = 0; i < len; i++) s[n++] = (unsigned char)(i * 31 + 7);
+    return n;
+}
+
+static void comm_streams(void) {
+    static unsigned char s[8192];
+    size_t n = comm_handshake(s, 0x01, 4, 3, 1);
+    n += comm_frame_rec(s + n, COMM_FRAME_RECV_READY, 0x0700000000000001ull, 64, 0, 4096);
+    n += comm_frame_rec(s + n, COMM_FRAME_DATA, 0x0700000000000001ull, 1000, 0, 4096);
+    n += comm_frame_rec(s + n, COMM_FRAME_DATA, 5, 0, 0, 4096);
+    put("comm", "frames", s, n);
+    n = comm_handshake(s, 0x03, 2, 1, 0);
+    n += comm_frame_rec(s + n, COMM_FRAME_DATA, 1, 300, 8 * 40 + 17, 4096); /* a payload bit flipped */
+    put("comm", "flipped_payload", s, n);
+    n = comm_handshake(s, 0x01, 2, 1, 0);
+    n += comm_frame_rec(s + n, COMM_FRAME_DATA, 1, 300, 0, 100); /* over the bound */
+    put("comm", "over_bound", s, n);
+    n = comm_handshake(s, 0x00, 3, 2, 0);
+    s[n++] = 0; /* a raw head */
+    for (int i = 0; i < COMM_FRAME_HEAD_BYTES; i++) s[n++] = (unsigned char)i;
+    put("comm", "stranger", s, n);
+    n = comm_handshake(s, 0x01, 3, 0, 0); /* no pair */
+    put("comm", "bad_ranks", s, n);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: gen_corpus DIR\n");
@@ -275,6 +331,7 @@ int main(int argc, char **argv) {
     checkpoints(tmp);
     decisions();
     replica_streams();
+    comm_streams();
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     if (system(cmd) != 0) fprintf(stderr, "gen_corpus: could not remove %s\n", tmp);

@@ -374,25 +374,6 @@ void sumFloat(void *c_, const void *a_, const void *b_, size_t n) {
     for (size_t i = 0; i < n; i++) c[i] = a[i] + b[i];
 }
 
-std::string lower(std::string s) {
-    for (char &ch : s) ch = static_cast<char>((ch >= 'A' && ch <= 'Z') ? ch - 'A' + 'a' : ch);
-    return s;
-}
-
-bool contains(const std::string &hay, const char *needle) { return hay.find(needle) != std::string::npos; }
-
-comm_status classifyMessage(const std::string &msg) {
-    std::string m = lower(msg);
-    static const char *const peer[] = {"connection closed", "closed by peer", "socket closed", "unexpectedly closed",
-                                       "connection reset", "reset by peer", "broken pipe", "end of file", "unexpected eof",
-                                       "econnreset", "epipe", "connection refused", "no route to host"};
-    for (const char *p : peer)
-        if (contains(m, p)) return COMM_ERR_PEER;
-    if (contains(m, "timed out") || contains(m, "timeout")) return COMM_ERR_TIMEOUT;
-    if (contains(m, "redis") || contains(m, "store")) return COMM_ERR_STORE;
-    return COMM_ERR_INTERNAL;
-}
-
 // Runs fn, converting every exception into a status and a message. Order matters: the more
 // specific types first.
 template <typename Fn>
@@ -406,19 +387,18 @@ comm_status guarded(Fn &&fn, std::string &msg) {
     } catch (const StoreError &e) {
         msg = e.what();
         return COMM_ERR_STORE;
-    } catch (const gloo::IoException &e) {
+    } catch (const dpauth::Timeout &e) {
         msg = e.what();
-        comm_status s = classifyMessage(msg);
-        return s == COMM_ERR_INTERNAL ? COMM_ERR_PEER : s; // an I/O failure is a peer problem
-    } catch (const gloo::EnforceNotMet &e) {
+        return COMM_ERR_TIMEOUT;
+    } catch (const gloo::IoException &e) { // the transport's: a peer closed, reset, tampered, aborted
         msg = e.what();
-        return classifyMessage(msg);
+        return COMM_ERR_PEER;
     } catch (const std::bad_alloc &) {
         msg = "out of memory";
         return COMM_ERR_INTERNAL;
-    } catch (const std::exception &e) {
+    } catch (const std::exception &e) { // gloo::EnforceNotMet and the like: a bug, not a peer
         msg = e.what();
-        return classifyMessage(msg);
+        return COMM_ERR_INTERNAL;
     } catch (...) {
         msg = "unknown exception";
         return COMM_ERR_INTERNAL;

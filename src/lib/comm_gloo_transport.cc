@@ -188,7 +188,7 @@ bool UnboundBuffer::wait(bool recv, int *rank, milliseconds timeout) {
         if (!done) {
             lock.unlock();
             ctx_->signalException("Application timeout caused pair closure");
-            throw gloo::IoException(GLOO_ERROR_MSG("Timed out waiting ", timeout.count(), "ms for ",
+            throw Timeout(GLOO_ERROR_MSG("Timed out waiting ", timeout.count(), "ms for ",
                                                    recv ? "recv" : "send", " operation to complete"));
         }
     }
@@ -252,7 +252,7 @@ void Pair::connect(const std::vector<char> &bytes) {
     }
     std::unique_lock<std::mutex> lock(ctx_->connMutex_);
     if (!ctx_->connCv_.wait_until(lock, deadline, [&] { return connected(); }))
-        ioError("Connect timeout: " + peerName() + " did not connect within " +
+        throw Timeout("Connect timeout: " + peerName() + " did not connect within " +
                 std::to_string(ctx_->getTimeout().count()) + " ms");
 }
 
@@ -691,7 +691,7 @@ void Context::connectAll(const std::vector<std::vector<char>> &theirs) {
     std::string missing;
     for (int r = rank + 1; r < size; r++)
         if (!pair(r)->connected()) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    ioError("Connect timeout: rank(s) " + missing + " did not connect (with the job's key) within " +
+    throw Timeout("Connect timeout: rank(s) " + missing + " did not connect (with the job's key) within " +
             std::to_string(getTimeout().count()) + " ms");
 }
 
@@ -706,7 +706,7 @@ void Context::dial(int peer, const std::vector<char> &bytes, Clock::time_point d
     for (int attempt = 0;; attempt++) {
         if (attempt > 0) {
             if (Clock::now() + milliseconds(20) >= deadline)
-                ioError("Connect timeout: rank " + std::to_string(peer) + " at " + addr.str() + ": " + why);
+                throw Timeout("Connect timeout: rank " + std::to_string(peer) + " at " + addr.str() + ": " + why);
             std::this_thread::sleep_for(milliseconds(std::min(20 * attempt, 200)));
         }
         int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

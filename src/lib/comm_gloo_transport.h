@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <gloo/common/error.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/address.h>
@@ -33,6 +34,13 @@
 #include "comm_auth.h"
 
 namespace dpauth {
+
+// Errors by type, never by their text: a wait or a connection that ran out of its time throws
+// Timeout (COMM_ERR_TIMEOUT); every other gloo::IoException of this transport is a peer's
+// failure (closed, reset, a bad tag, aborted: COMM_ERR_PEER).
+struct Timeout : public gloo::IoException {
+    explicit Timeout(const std::string &msg) : gloo::IoException(msg) {}
+};
 
 class Context;
 class Pair;

@@ -94,7 +94,7 @@ static uint8_t take_byte(Reader *r) {
 
 static void take(Reader *r, unsigned char *out, size_t len) {
     size_t k = len < r->n ? len : r->n;
-    memcpy(out, r->p, k);
+    if (k) memcpy(out, r->p, k);
     memset(out + k, 0, len - k);
     r->p += k, r->n -= k;
 }
@@ -109,7 +109,6 @@ typedef struct {
     int valid;                  /* s[0..64) is a proof that holds for key and id (the harness's own check) */
     unsigned char proof[TAG], ks[TAG]; /* what an ACCEPT must yield */
     int at_most_want;           /* flag 0x40 */
-    int calls;
 } Run;
 
 static const unsigned char UNTOUCHED = 0xa5;
@@ -140,7 +139,6 @@ static void feed(Run *r, int what) {
     size_t used = (size_t)-1;
     replica_hs_verdict v = replica_hs_feed(&r->h, key, r->id, buf, n, &used, &acc);
     free(buf);
-    r->calls++;
     FUZZ_CHECK(v == REPLICA_HS_MORE || v == REPLICA_HS_ACCEPT || v == REPLICA_HS_REFUSE, "verdict %d", (int)v);
     FUZZ_CHECK(v == r->h.verdict, "returned %d, state says %d", (int)v, (int)r->h.verdict);
     FUZZ_CHECK(used <= n, "consumed %zu of the %zu bytes offered", used, n);

@@ -22,6 +22,7 @@
 #include <grp.h>
 #include <poll.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sodium.h>
@@ -1521,6 +1522,63 @@ static void test_altered_payloads_refused(void) {
     free(p);
 }
 
+/* The holder takes the answer to its hello in whatever pieces it arrives (the accept thread
+ * reads each as poll reports it: replica_hs_feed) and reads no byte past it: a request sent in
+ * the same segment as the answer's last piece, before the holder's proof came back, is the
+ * connection thread's and is answered. A peer that closes one byte short gets no proof. */
+static void test_handshake_in_pieces_request_behind(void) {
+    ReplicaServer *s = start_server();
+    if (!s) return;
+    int port = replica_server_port(s);
+    char id[300];
+    holder_id(id, PROC, port);
+    int fd = raw_tcp(port);
+    CHECK(fd >= 0, "connect");
+    if (fd < 0) {
+        replica_server_stop(s);
+        return;
+    }
+    int one = 1; /* every piece its own segment */
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    unsigned char hello[36], out[64 + 1 + 40 + 4 + 8 + 32], proof[32], want[32];
+    RawConn rc = {.fd = fd};
+    CHECK(raw_recv(fd, hello, sizeof hello) == 0 && memcmp(hello, "DPR2", 4) == 0, "no hello");
+    randombytes_buf(out, 32);
+    raw_label(out + 32, KEY, "DPrepl02 client", hello + 4, out, id);
+    raw_label(rc.ks, KEY, "DPrepl02 session", hello + 4, out, id);
+    /* a GET and its tag right behind the answer */
+    unsigned char *get = out + 64;
+    int32_t rank = 3;
+    int64_t max_step = -1;
+    memset(get, 0, 1 + 40 + 4 + 8);
+    get[0] = REPLICA_REQ_GET;
+    snprintf((char *)get + 1, 40, "%s", JOB);
+    memcpy(get + 41, &rank, 4);
+    memcpy(get + 45, &max_step, 8);
+    raw_tag(&rc, 'C', rc.tx++, get, 1 + 40 + 4 + 8, get + 1 + 40 + 4 + 8);
+    CHECK(raw_send(fd, out, 1) == 0, "send");
+    sleep_ms(30);
+    CHECK(raw_send(fd, out + 1, 40) == 0, "send");
+    sleep_ms(30);
+    CHECK(raw_send(fd, out + 41, sizeof out - 41) == 0, "send"); /* the answer's last 23 bytes and the GET */
+    CHECK(raw_recv(fd, proof, sizeof proof) == 0, "the holder refused an answer sent in pieces");
+    raw_label(want, KEY, "DPrepl02 holder", hello + 4, out, id);
+    CHECK(crypto_verify_32(proof, want) == 0, "the holder's proof is wrong");
+    int32_t st = raw_status(&rc);
+    CHECK(st == REPLICA_NOT_FOUND, "the GET sent behind the answer got %d, want %d (NOT_FOUND)", st, REPLICA_NOT_FOUND);
+    raw_close(&rc);
+
+    /* 63 bytes of a right answer, then the peer closes: no proof */
+    fd = raw_tcp(port);
+    CHECK(fd >= 0 && raw_recv(fd, hello, sizeof hello) == 0, "no hello");
+    raw_label(out + 32, KEY, "DPrepl02 client", hello + 4, out, id);
+    CHECK(raw_send(fd, out, 63) == 0, "send");
+    shutdown(fd, SHUT_WR);
+    CHECK(raw_drain(fd) == 0, "the holder answered an incomplete answer");
+    close(fd);
+    replica_server_stop(s);
+}
+
 /* Connections that never authenticate cost the holder a bounded number of threads, for a
  * bounded time; a client of the job behind them still gets in. */
 static void test_handshake_flood_is_bounded(void) {
@@ -1786,6 +1844,7 @@ int main(void) {
     RUN_TEST(test_port_squatter_relaying_to_another_holder_refused);
     RUN_TEST(test_altered_payloads_refused);
     RUN_TEST(test_requests_need_their_mac);
+    RUN_TEST(test_handshake_in_pieces_request_behind);
     RUN_TEST(test_handshake_flood_is_bounded);
     RUN_TEST(test_starving_stranger_cannot_crowd_out_clients);
     RUN_TEST(test_starving_stranger_beyond_the_cap);

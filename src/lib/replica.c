@@ -30,7 +30,10 @@
  * their proof, and a new connection beyond that closes the oldest waiting one: a stranger who
  * holds connections open only pushes out its own, and one who re-opens them as fast as it can
  * still leaves a client that many accepts (milliseconds) to answer the hello. Only a connection that proved the key gets a thread and counts against
- * MAX_CONNS.
+ * MAX_CONNS. What the handshake decides (the answer taken as it arrives, in any pieces and never a
+ * byte past it, checked, the proof and Ks made) is a pure state machine, replica_hs_feed
+ * (replica_handshake.h): the accept thread only moves bytes between it and the socket, and
+ * tests/fuzz/fuzz_replica_handshake.c drives it directly.
  * Both ends then use the session key Ks = MAC(K, "DPrepl02 session" || Nh || Nc || I).
  *
  * Messages. Every request and every reply below is followed by a 32-byte tag
@@ -114,6 +117,7 @@
 #include "replica.h"
 
 #include "checksum.h"
+#include "replica_handshake.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -388,12 +392,20 @@ static void holder_id(char id[HOLDER_ID_MAX], long proc, const char *host, int p
     snprintf(id, HOLDER_ID_MAX, "%ld@%s:%d", proc, host ? host : "", port);
 }
 
-static void session_init(Session *ss, const unsigned char *key, const unsigned char nh[NONCE_BYTES],
-                         const unsigned char nc[NONCE_BYTES], const char *id, int holder) {
-    mac_label(ss->ks, key, "DPrepl02 session", nh, nc, id);
+/* A session under key ks (Ks, see the file comment), from the holder's side or the client's. */
+static void session_keyed(Session *ss, const unsigned char ks[crypto_auth_KEYBYTES], int holder) {
+    memcpy(ss->ks, ks, sizeof ss->ks);
     ss->tx_seq = ss->rx_seq = 0;
     ss->tx_dir = holder ? 'H' : 'C';
     ss->rx_dir = holder ? 'C' : 'H';
+}
+
+static void session_init(Session *ss, const unsigned char *key, const unsigned char nh[NONCE_BYTES],
+                         const unsigned char nc[NONCE_BYTES], const char *id, int holder) {
+    unsigned char ks[crypto_auth_KEYBYTES];
+    mac_label(ks, key, "DPrepl02 session", nh, nc, id);
+    session_keyed(ss, ks, holder);
+    sodium_memzero(ks, sizeof ks);
 }
 
 /* dir || seq || msg: what a message's tag covers. Its length. */
@@ -1169,14 +1181,60 @@ static void start_conn(ReplicaServer *s, int fd, const Session *ss) {
     }
 }
 
+/* The holder's side of the handshake, as bytes arrive (replica_handshake.h): pure, so that
+ * tests/fuzz/fuzz_replica_handshake.c drives this very code in chunks of any size. */
+_Static_assert(REPLICA_HELLO_BYTES == 4 + NONCE_BYTES, "the hello is the magic and Nh");
+_Static_assert(REPLICA_ANSWER_BYTES == NONCE_BYTES + TAG_BYTES, "the answer is Nc and the client's proof");
+_Static_assert(REPLICA_PROOF_BYTES == TAG_BYTES, "the holder's proof is one MAC");
+_Static_assert(sizeof(((ReplicaHsAccept *)0)->ks) == sizeof(((Session *)0)->ks), "Ks is a session key");
+
+void replica_hs_start(ReplicaHandshake *h, const unsigned char nh[NONCE_BYTES]) {
+    memset(h, 0, sizeof *h);
+    memcpy(h->hello, HELLO_MAGIC, 4);
+    memcpy(h->hello + 4, nh, NONCE_BYTES);
+    h->verdict = REPLICA_HS_MORE;
+}
+
+size_t replica_hs_want(const ReplicaHandshake *h) {
+    return h->verdict == REPLICA_HS_MORE ? sizeof h->answer - h->got : 0;
+}
+
+replica_hs_verdict replica_hs_feed(ReplicaHandshake *h, const unsigned char *key, const char *id, const void *in,
+                                   size_t n, size_t *used, ReplicaHsAccept *out) {
+    *used = 0;
+    if (h->verdict != REPLICA_HS_MORE) return h->verdict;
+    if (n == 0) {
+        h->verdict = REPLICA_HS_REFUSE;
+        h->why = "the peer closed the connection before its answer to the hello was complete";
+        return h->verdict;
+    }
+    size_t k = replica_hs_want(h);
+    if (n < k) k = n;
+    memcpy(h->answer + h->got, in, k);
+    h->got += k;
+    *used = k;
+    if (h->got < sizeof h->answer) return REPLICA_HS_MORE; /* more to come */
+    const unsigned char *nh = h->hello + 4, *nc = h->answer;
+    /* another job's key, or a client that meant another holder (relayed to us): refused at once,
+     * so a client of the job that meant another holder tries the next one without waiting */
+    if (verify_label(h->answer + NONCE_BYTES, key, "DPrepl02 client", nh, nc, id) != 0) {
+        h->verdict = REPLICA_HS_REFUSE;
+        h->why = "the client's proof does not hold for this holder's key and identity (another job's key, or a "
+                 "client that meant another holder)";
+        return h->verdict;
+    }
+    mac_label(out->proof, key, "DPrepl02 holder", nh, nc, id);
+    mac_label(out->ks, key, "DPrepl02 session", nh, nc, id);
+    h->verdict = REPLICA_HS_ACCEPT;
+    return h->verdict;
+}
+
 /* A connection that has not proved the key yet, its handshake run by the accept thread. */
 typedef struct {
     int fd;            /* -1: a free entry */
     int64_t deadline;  /* CLOCK_MONOTONIC ms: closed when no proof came by then */
     uint64_t order;    /* accepted as the order-th: the smallest is the oldest */
-    unsigned char hello[4 + NONCE_BYTES];
-    unsigned char answer[NONCE_BYTES + TAG_BYTES];
-    size_t got;        /* bytes of answer received */
+    ReplicaHandshake hs;
 } Pending;
 
 /* Accepts a connection into pending (closing the oldest waiting one when every entry is taken)
@@ -1194,48 +1252,49 @@ static int accept_pending(ReplicaServer *s, Pending *pending, int cap, uint64_t 
     slot->fd = fd;
     slot->deadline = mono_ms() + HANDSHAKE_MS;
     slot->order = ++*order;
-    slot->got = 0;
-    memcpy(slot->hello, HELLO_MAGIC, 4);
-    randombytes_buf(slot->hello + 4, NONCE_BYTES);
+    unsigned char nh[NONCE_BYTES];
+    randombytes_buf(nh, sizeof nh);
+    replica_hs_start(&slot->hs, nh);
     /* a fresh socket's send buffer takes 36 bytes at once; anything else is no client of ours */
-    if (send(fd, slot->hello, sizeof slot->hello, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof slot->hello) {
+    if (send(fd, slot->hs.hello, sizeof slot->hs.hello, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof slot->hs.hello) {
         close(fd);
         slot->fd = -1;
     }
     return 1;
 }
 
-/* Reads what a waiting connection sent; once its proof is complete and right, answers it and
- * hands the connection to a thread of its own. The entry is freed when done or failed. */
+/* Reads what a waiting connection sent (never past its answer: what follows is the first
+ * request, the connection thread's); once its proof is complete and right, answers it and hands
+ * the connection to a thread of its own. The entry is freed when done or failed. */
 static void advance_pending(ReplicaServer *s, Pending *p) {
-    ssize_t r = recv(p->fd, p->answer + p->got, sizeof p->answer - p->got, MSG_DONTWAIT);
+    unsigned char buf[REPLICA_ANSWER_BYTES];
+    ssize_t r = recv(p->fd, buf, replica_hs_want(&p->hs), MSG_DONTWAIT);
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     int fd = p->fd;
     p->fd = -1;
-    if (r <= 0) {
+    if (r < 0) {
         close(fd);
         return;
     }
-    p->got += (size_t)r;
-    if (p->got < sizeof p->answer) { /* more to come */
+    size_t used;
+    ReplicaHsAccept acc;
+    replica_hs_verdict v = replica_hs_feed(&p->hs, s->key, s->id, buf, (size_t)r, &used, &acc);
+    if (v == REPLICA_HS_MORE) {
         p->fd = fd;
         return;
     }
-    const unsigned char *nh = p->hello + 4, *nc = p->answer;
-    unsigned char proof[TAG_BYTES];
-    /* another job's key, or a client that meant another holder (relayed to us): closed at once,
-     * so a client of the job that meant another holder tries the next one without waiting */
-    if (verify_label(p->answer + NONCE_BYTES, s->key, "DPrepl02 client", nh, nc, s->id) != 0) {
+    if (v != REPLICA_HS_ACCEPT) { /* refused: closed at once */
         close(fd);
         return;
     }
-    mac_label(proof, s->key, "DPrepl02 holder", nh, nc, s->id);
-    if (send(fd, proof, sizeof proof, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof proof) {
+    if (send(fd, acc.proof, sizeof acc.proof, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof acc.proof) {
         close(fd);
+        sodium_memzero(&acc, sizeof acc);
         return;
     }
     Session ss;
-    session_init(&ss, s->key, nh, nc, s->id, 1);
+    session_keyed(&ss, acc.ks, 1);
+    sodium_memzero(&acc, sizeof acc);
     start_conn(s, fd, &ss);
     sodium_memzero(&ss, sizeof ss);
 }

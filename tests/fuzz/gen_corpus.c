@@ -317,6 +317,46 @@ static void comm_streams(void) {
     put("comm", "bad_ranks", s, n);
 }
 
+/* Handshake answers, as fuzz_replica_handshake.c reads them: flags, [position, mask], [Nh],
+ * k and k chunk sizes, then Nc (the harness makes the proof) or the raw bytes. */
+static void handshake_seed(const char *name, unsigned char flags, const unsigned char *plan, size_t k,
+                           size_t extra) {
+    unsigned char s[512];
+    size_t n = 0;
+    s[n++] = flags;
+    if (flags & 0x04) {
+        s[n++] = 40; /* a byte of the client's proof */
+        s[n++] = 0x80;
+    }
+    if (flags & 0x20)
+        for (int i = 0; i < 32; i++) s[n++] = (unsigned char)(0xc0 + i);
+    s[n++] = (unsigned char)k;
+    if (k) memcpy(s + n, plan, k);
+    n += k;
+    for (int i = 0; i < 32; i++) s[n++] = (unsigned char)(i * 7 + 1); /* Nc, or raw bytes */
+    if ((flags & 3) == 0)
+        for (int i = 0; i < 32; i++) s[n++] = (unsigned char)(i * 13);
+    if (extra) n += req_get(s + n, 0, -1); /* a first request sent right behind the answer */
+    put("replica_handshake", name, s, n);
+}
+
+static void replica_handshakes(void) {
+    unsigned char ones[64], plan[8];
+    memset(ones, 1, sizeof ones);
+    handshake_seed("valid", 0x01, NULL, 0, 0);
+    handshake_seed("valid_byte_by_byte", 0x41, ones, sizeof ones, 0);
+    plan[0] = 30, plan[1] = 50;
+    handshake_seed("valid_then_request", 0x01, plan, 2, 1);
+    handshake_seed("valid_then_request_at_most_want", 0x41, plan, 2, 1);
+    handshake_seed("valid_long_identity", 0x31, NULL, 0, 0);
+    handshake_seed("relay_another_holder", 0x02, NULL, 0, 0);
+    handshake_seed("another_jobs_key", 0x03, NULL, 0, 0);
+    handshake_seed("proof_altered", 0x05, NULL, 0, 0);
+    plan[0] = 33, plan[1] = 0;
+    handshake_seed("closed_midway", 0x01, plan, 2, 0);
+    handshake_seed("raw_bytes", 0x08, NULL, 0, 0);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: gen_corpus DIR\n");
@@ -332,6 +372,7 @@ int main(int argc, char **argv) {
     decisions();
     replica_streams();
     comm_streams();
+    replica_handshakes();
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     if (system(cmd) != 0) fprintf(stderr, "gen_corpus: could not remove %s\n", tmp);

@@ -41,6 +41,7 @@ struct ctl {
     int stale;                /* the server answered as a replica: reconnect (through the sentinels) */
     int replicas;             /* ctl_wait_replica: the master's replicas, as ROLE said ... */
     double replicas_checked_ms; /* ... then */
+    int transient;            /* the last failure was the server's absence, not its answer (ctl_error_transient) */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -371,6 +372,11 @@ static int authenticate_and_ping(redisContext *rc, const char *password, char *e
     return rc_ok;
 }
 
+/* Whether this thread's last failed connection failed for the server's absence (see
+ * ctl_connect_error_transient). */
+static _Thread_local int connect_transient;
+static int error_code_transient(int code);
+
 /* One connected, authenticated hiredis context with the command timeout set, or NULL. */
 static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen);
 
@@ -415,6 +421,7 @@ static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *
         redisFree(rc);
     }
     set_err(err, errlen, "redis: master '%s': %s", addr->master, why);
+    connect_transient = 1; /* no sentinel named a reachable master: a failover may be under way */
     return NULL;
 }
 
@@ -427,6 +434,7 @@ static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *e
     }
     if (rc->err) {
         set_err(err, errlen, "redis: cannot connect to %s:%d: %s", addr->host, addr->port, rc->errstr);
+        connect_transient = error_code_transient(rc->err);
         redisFree(rc);
         return NULL;
     }
@@ -436,6 +444,7 @@ static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *e
         return NULL;
     }
     if (authenticate_and_ping(rc, addr->password, err, errlen) != 0) {
+        connect_transient = error_code_transient(rc->err); /* no answer (0: the server refused us) */
         redisFree(rc);
         return NULL;
     }
@@ -464,6 +473,7 @@ ctl_t *ctl_connect(const redis_addr *addr, const char *job, int timeout_ms, char
     c->addr = *addr;
     c->timeout_ms = timeout_ms;
     snprintf(c->job, sizeof c->job, "%s", job);
+    connect_transient = 0;
     c->rc = open_context(addr, timeout_ms, err, errlen);
     if (!c->rc) {
         ctl_close(c);
@@ -491,6 +501,16 @@ static int demoted_error(const char *msg) {
     return !strncmp(msg, "READONLY", 8) || !strncmp(msg, "MASTERDOWN", 10) || !strncmp(msg, "LOADING", 7);
 }
 
+/* hiredis's error codes for a server that did not answer (gone, reset, silent past the timeout),
+ * as opposed to one that answered with an error (REDIS_ERR_PROTOCOL, REDIS_ERR_OOM, a reply). */
+static int error_code_transient(int code) {
+    return code == REDIS_ERR_IO || code == REDIS_ERR_EOF
+#ifdef REDIS_ERR_TIMEOUT
+           || code == REDIS_ERR_TIMEOUT
+#endif
+        ;
+}
+
 static int ensure_connected(ctl_t *c) {
     if (c->stale && c->addr.nsentinels > 0 && c->rc) {
         redisFree(c->rc);
@@ -506,6 +526,8 @@ static int ensure_connected(ctl_t *c) {
     c->rc = open_context(&c->addr, c->timeout_ms, err, sizeof err);
     if (!c->rc) {
         ctl_set_error(c, "%s", err);
+        c->transient = 1; /* connect, AUTH or PING did not complete (a refused AUTH is not transient either, but
+                           * the password is the job's own: a server that restarted without it is still coming up) */
         return -1;
     }
     return 0;
@@ -514,16 +536,19 @@ static int ensure_connected(ctl_t *c) {
 /* Runs one command. Returns the reply (caller frees), or NULL with c->err set on I/O error
  * or when Redis answered with an error. */
 static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
+    c->transient = 0;
     if (ensure_connected(c) != 0) return NULL;
     c->round_trips++;
     redisReply *r = redisvCommand(c->rc, fmt, ap);
     if (!r) {
         ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+        c->transient = error_code_transient(c->rc->err);
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
         ctl_set_error(c, "redis: %s", r->str);
         if (demoted_error(r->str)) c->stale = 1;
+        c->transient = c->stale; /* a demoted or loading server: the next connection finds the master */
         freeReplyObject(r);
         return NULL;
     }
@@ -929,16 +954,19 @@ int ctl_get_many(ctl_t *c, const char *const *suffixes, int n, char *values, siz
  * leaves the context in error (the next call reconnects). fn, if given, sees each reply. */
 static int read_pipeline(ctl_t *c, int n, const char *what, void (*fn)(int i, const redisReply *r, void *arg), void *arg) {
     int rc = 0;
+    c->transient = 0;
     c->round_trips++;
     for (int i = 0; i < n; i++) {
         void *reply = NULL;
         if (redisGetReply(c->rc, &reply) != REDIS_OK || !reply) {
             ctl_set_error(c, "redis: %s: %s", what, c->rc->errstr[0] ? c->rc->errstr : "no reply");
+            c->transient = error_code_transient(c->rc->err);
             return -1;
         }
         redisReply *r = reply;
         if (r->type == REDIS_REPLY_ERROR && rc == 0) {
             ctl_set_error(c, "redis: %s: %s", what, r->str);
+            c->transient = demoted_error(r->str);
             rc = -1;
         }
         if (r->type == REDIS_REPLY_ERROR && demoted_error(r->str)) c->stale = 1;
@@ -1628,4 +1656,58 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms) {
     }
     free(l.jobs);
     return removed;
+}
+
+/* --- outages (issue 27, items 11 and 12) ------------------------------------------------ */
+
+int ctl_error_transient(const ctl_t *c) { return c ? c->transient : 0; }
+int ctl_connect_error_transient(void) { return connect_transient; }
+
+void ctl_set_timeout(ctl_t *c, int timeout_ms) {
+    if (!c || timeout_ms <= 0) return;
+    c->timeout_ms = timeout_ms;
+    if (c->rc && c->rc->err == 0) redisSetTimeout(c->rc, ms_to_timeval(timeout_ms));
+}
+
+int ctl_timeout(const ctl_t *c) { return c ? c->timeout_ms : 0; }
+
+int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
+    enum { CHUNK = 256 };
+    for (int base = 0; base < nranks; base += CHUNK) {
+        int n = nranks - base < CHUNK ? nranks - base : CHUNK;
+        char keys[CHUNK][CTL_KEY_MAX];
+        const char *argv[CHUNK + 1];
+        argv[0] = "MGET";
+        for (int i = 0; i < n; i++) {
+            snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
+            argv[i + 1] = keys[i];
+        }
+        c->transient = 0;
+        if (ensure_connected(c) != 0) return -1;
+        c->round_trips++;
+        redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
+        if (!r) {
+            ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+            c->transient = error_code_transient(c->rc->err);
+            return -1;
+        }
+        int ok = r->type == REDIS_REPLY_ARRAY && (int)r->elements == n;
+        for (int i = 0; ok && i < n; i++)
+            steps[base + i] = r->element[i]->type == REDIS_REPLY_STRING ? atoll(r->element[i]->str) : -1;
+        if (!ok) ctl_set_error(c, "redis: MGET of committed generations: unexpected reply");
+        freeReplyObject(r);
+        if (!ok) return -1;
+    }
+    return 0;
+}
+
+int ctl_counter_at_least(ctl_t *c, const char *name, long long value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, name);
+    long long v;
+    return ctl_command_integer(c, &v,
+                               "EVAL %s 1 %s %lld",
+                               "local v = tonumber(redis.call('GET', KEYS[1]) or '0') "
+                               "if v < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return 1 end return 0",
+                               key, value);
 }

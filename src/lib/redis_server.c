@@ -367,3 +367,34 @@ void redis_server_stop(redis_server *s, int timeout_ms) {
     s->pid = 0;
     memset(s->password, 0, sizeof s->password);
 }
+
+int redis_server_restart(redis_server *s, int timeout_ms, char *err, size_t errlen) {
+    if (!s || s->port <= 0 || !s->password[0]) {
+        set_err(err, errlen, "redis_server_restart: no server to restart");
+        return -1;
+    }
+    double deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 1);
+    for (;;) { /* the dead server's port may linger a moment: retried until the deadline */
+        int config_fd = config_pipe(s->port, s->password, NULL, err, errlen);
+        if (config_fd < 0) return -1;
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid < 0) {
+            set_err(err, errlen, "redis-server: fork: %s", strerror(errno));
+            close(config_fd);
+            return -1;
+        }
+        if (pid == 0) exec_redis_child(config_fd, parent, NULL);
+        close(config_fd);
+        int status = 0;
+        wait_result w = wait_until_ready(pid, s->port, s->password, deadline, &status, err, errlen);
+        if (w == WAIT_READY) {
+            s->pid = (int)pid;
+            return 0;
+        }
+        if (w == WAIT_FAILED) return -1;
+        describe_exit(status, s->port, err, errlen);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || now_ms() >= deadline) return -1;
+        sleep_ms(100);
+    }
+}

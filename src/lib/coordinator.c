@@ -460,6 +460,12 @@ int coord_control_settled(const Coordinator *c) {
 
 double coord_unreachable_since(const Coordinator *c) { return c->reachable ? 0 : c->unreachable_since; }
 
+int coord_is_member(const Coordinator *c, pid_t pid) {
+    for (int r = 0; c->have_members && r < c->cfg->workers; r++)
+        if (c->pids[r] == pid) return 1;
+    return 0;
+}
+
 static void check_liveness(Coordinator *c) {
     int alive[RECOVERY_MAX_RANKS];
     if (c->cfg->nnodes > 0) watch_machines(c);
@@ -839,6 +845,9 @@ static coord_state tick(Coordinator *c, int *spares_used) {
      * close their ports only after their memory is torn down, tens of ms for a large one. */
     int batch = c->cfg->nnodes > 0 ? BATCH_MACHINES_MS : BATCH_MS;
     if (c->npending > 0 && now - c->first_pending_ms < batch) return COORD_RUNNING;
+    /* Back from an outage: the processes republish (their commit records above all) before
+     * anything is decided. */
+    if (!coord_control_settled(c)) return COORD_RUNNING;
     if (c->npending > 0 && c->cfg->nnodes > 0 && !c->batch_probed) {
         c->batch_probed = 1;
         c->probe_due = now;

@@ -194,6 +194,9 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     L->addr = addr;
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
     if (!L->ctl) return -1;
+    /* Every call of the supervising loop is bounded by a second: a stalled Redis does not hold
+     * up the reaping of children, and an outage is measured to about that. */
+    ctl_set_timeout(L->ctl, 1000);
     int64_t offset;
     if (ctl_clock_offset(L->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
     /* A Redis shared between jobs: sweep what launchers killed with -9 left behind. */
@@ -1490,6 +1493,9 @@ coordinator_end:;
 
     const char *state = stop_signal ? "stopping" : L.failed || L.redis_lost ? "failed" : "done";
     if (L.redis_lost) {
+        /* Spares have nothing to keep and no reason to leave by themselves: they go now. */
+        for (int i = 0; i < L.nchildren; i++)
+            if (!L.children[i].exited && L.coord && !coord_is_member(L.coord, L.children[i].pid)) kill(L.children[i].pid, SIGTERM);
         /* The workers see the loss within the detect timeout, write their committed state
          * and leave; give them that long (plus a blocked collective's timeout), then stop them. */
         stop_children(&L, 3 * cfg->detect_timeout_ms + job_comm_timeout_ms(cfg) + 20000);

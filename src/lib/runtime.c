@@ -1706,17 +1706,23 @@ static long wait_for_decision(dp_t *dp, int timeout_ms) {
     double start = now_ms(), deadline = start + timeout_ms;
     while (now_ms() < deadline) {
         if (atomic_load(&dp->job_over) || atomic_load(&dp->control_lost)) return 0;
+        /* A failure needs the control plane: it waits --control-wait for it (the heartbeat
+         * thread sees it come back and republishes), then the process keeps what it committed
+         * on disk and stops (dp_recover). */
+        if (atomic_load(&dp->ctl_down)) {
+            double away = atomic_load(&dp->down_since);
+            if (now_ms() - (away > start ? away : start) > job_control_outage_ms(&dp->cfg)) {
+                log_msg("the control plane (redis) has been unreachable for %d s while a failure waits for it: stopping "
+                        "with the committed state", dp->cfg.control_wait);
+                atomic_store(&dp->control_lost, 1);
+                return 0;
+            }
+            sleep_ms(50);
+            deadline += 50; /* the decision's own bound starts when the control plane is back */
+            continue;
+        }
         long e = ctl_epoch(dp->ctl);
         if (e < 0) note_failure(dp, dp->ctl);
-        /* A failure needs the control plane: it waits --control-wait for it, then the process
-         * keeps what it committed on disk and stops (dp_recover). */
-        double away = atomic_load(&dp->down_since);
-        if (atomic_load(&dp->ctl_down) && now_ms() - (away > start ? away : start) > job_control_outage_ms(&dp->cfg)) {
-            log_msg("the control plane (redis) has been unreachable for %d s while a failure waits for it: stopping "
-                    "with the committed state", dp->cfg.control_wait);
-            atomic_store(&dp->control_lost, 1);
-            return 0;
-        }
         if (e > dp->epoch) return e;
         if (dp->rank >= 0) answer_persist_request(dp);
         if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* Redis unreachable */
@@ -1865,8 +1871,11 @@ static dp_status comm_failed(dp_t *dp, const char *what) {
     char esc[2048];
     log_msg("step %lld: %s", (long long)dp->cur_step + 1, what);
     json_escape(what, esc, sizeof esc);
-    event_emit(dp->ctl, dp->t0_wall_ms, "comm_failure", "\"rank\":%d,\"step\":%lld,\"epoch\":%ld,\"message\":\"%s\"",
-               dp->rank, (long long)dp->cur_step + 1, dp->epoch, esc);
+    /* With the control plane away the report could not arrive: the coordinator finds the
+     * failure through the exit or the silence, once Redis is back. */
+    if (!atomic_load(&dp->ctl_down))
+        event_emit(dp->ctl, dp->t0_wall_ms, "comm_failure", "\"rank\":%d,\"step\":%lld,\"epoch\":%ld,\"message\":\"%s\"",
+                   dp->rank, (long long)dp->cur_step + 1, dp->epoch, esc);
     snprintf(dp->err, sizeof dp->err, "%s", what);
     return DP_FAILED;
 }

@@ -854,6 +854,9 @@ static int reap_children(Launcher *L) {
         c->exited = 1;
         c->status = status;
         if (L->cfg->nnodes > 0) report_exit(L, c); /* for whichever launcher coordinates, now or later */
+        /* A member that finished says so here too: its job_done may not have reached Redis (the
+         * control plane away at the end), and its silence must not read as a crash. */
+        if (!stop_signal && WIFEXITED(status) && WEXITSTATUS(status) == 0 && L->coord) coord_child_exited(L->coord, pid, status);
         if (stop_signal || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) continue;
         char how[64];
         describe_exit(status, how, sizeof how);

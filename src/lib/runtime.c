@@ -2332,7 +2332,19 @@ int dp_finish(dp_t *dp, dp_status how) {
         if (rc == DP_EXIT_DONE) comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg));
         snapshot_destroy(dp->snap);
     }
-    /* Rank 0 says the job is done once every rank is: the launcher ends the job on it. */
+    /* Rank 0 says the job is done once every rank is: the launcher ends the job on it. That
+     * and the metrics lines still queued need the control plane: with it away, rank 0 waits
+     * for it (--control-wait at most: after that the launcher sees every rank exit 0). */
+    if (rc == DP_EXIT_DONE && dp->rank == 0) {
+        double until = now_ms() + job_control_outage_ms(&dp->cfg);
+        for (;;) {
+            pthread_mutex_lock(&dp->pub_mu);
+            int queued = dp->mq_n;
+            pthread_mutex_unlock(&dp->pub_mu);
+            if ((!atomic_load(&dp->ctl_down) && !queued) || now_ms() > until) break;
+            sleep_ms(50);
+        }
+    }
     if (rc == DP_EXIT_DONE && dp->rank == 0)
         event_emit(dp->ctl, dp->t0_wall_ms, "job_done", "\"steps\":%lld", (long long)dp->next_step);
     snapshot_abandon(dp->restore_src);

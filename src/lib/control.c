@@ -42,6 +42,7 @@ struct ctl {
     int replicas;             /* ctl_wait_replica: the master's replicas, as ROLE said ... */
     double replicas_checked_ms; /* ... then */
     int transient;            /* the last failure was the server's absence, not its answer (ctl_error_transient) */
+    unsigned long absences;   /* such failures so far (ctl_absences) */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -526,7 +527,8 @@ static int ensure_connected(ctl_t *c) {
     c->rc = open_context(&c->addr, c->timeout_ms, err, sizeof err);
     if (!c->rc) {
         ctl_set_error(c, "%s", err);
-        c->transient = 1; /* connect, AUTH or PING did not complete (a refused AUTH is not transient either, but
+        c->transient = 1;
+        c->absences++; /* connect, AUTH or PING did not complete (a refused AUTH is not transient either, but
                            * the password is the job's own: a server that restarted without it is still coming up) */
         return -1;
     }
@@ -543,6 +545,7 @@ static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
     if (!r) {
         ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
         c->transient = error_code_transient(c->rc->err);
+        c->absences += (unsigned long)c->transient;
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
@@ -961,6 +964,7 @@ static int read_pipeline(ctl_t *c, int n, const char *what, void (*fn)(int i, co
         if (redisGetReply(c->rc, &reply) != REDIS_OK || !reply) {
             ctl_set_error(c, "redis: %s: %s", what, c->rc->errstr[0] ? c->rc->errstr : "no reply");
             c->transient = error_code_transient(c->rc->err);
+        c->absences += (unsigned long)c->transient;
             return -1;
         }
         redisReply *r = reply;
@@ -1662,6 +1666,7 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms) {
 
 int ctl_error_transient(const ctl_t *c) { return c ? c->transient : 0; }
 int ctl_connect_error_transient(void) { return connect_transient; }
+unsigned long ctl_absences(const ctl_t *c) { return c ? c->absences : 0; }
 
 void ctl_set_timeout(ctl_t *c, int timeout_ms) {
     if (!c || timeout_ms <= 0) return;
@@ -1689,6 +1694,7 @@ int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
         if (!r) {
             ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
             c->transient = error_code_transient(c->rc->err);
+        c->absences += (unsigned long)c->transient;
             return -1;
         }
         int ok = r->type == REDIS_REPLY_ARRAY && (int)r->elements == n;

@@ -311,6 +311,9 @@ void redis_server_stop(redis_server *s, int timeout_ms);
 int ctl_error_transient(const ctl_t *c);
 /* The same for this thread's last ctl_connect that returned NULL. */
 int ctl_connect_error_transient(void);
+/* How many calls on c failed so far for the server's absence: a caller that sees it grow knows
+ * the control plane was away (or restarted, empty) even when its own calls all answered. */
+unsigned long ctl_absences(const ctl_t *c);
 void ctl_set_timeout(ctl_t *c, int timeout_ms);
 int ctl_timeout(const ctl_t *c);
 int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps);

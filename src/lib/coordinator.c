@@ -73,6 +73,7 @@ struct Coordinator {
     double back_since;            /* when it answered again after an outage (0: never away) */
     double unreachable_since;     /* the outage in progress began (0: none) */
     long outage_epoch;            /* an outage happened in this epoch (-1: none): commit records may be stale */
+    unsigned long absences;       /* ctl_absences of the connection as last seen */
     DecideInput in;          /* the inputs of the next decision (large: kept off the stack) */
     Decision decision;
     /* Redis round trips the coordinator made for the failure being handled, from its detection
@@ -478,16 +479,21 @@ static void check_liveness(Coordinator *c) {
         }
         c->reachable = 0;
         c->outage_epoch = c->epoch;
+        c->absences = ctl_absences(c->ctl);
         return;
     }
     /* Back after an outage, or our last view of Redis is older than half a heartbeat's life
      * (Redis stalled or restarted, or this query itself waited that long): keys may have
      * expired while nobody could refresh them, which says nothing about the processes. They
      * get one detect timeout to heartbeat again and republish before silence counts. */
-    if (!c->reachable || (c->last_liveness_ok > 0 && now - c->last_liveness_ok > c->cfg->detect_timeout_ms / 2)) {
-        if (!c->reachable)
-            log_msg("the control plane is back after %.1f s: the processes get %d ms to republish", (now - c->unreachable_since) / 1e3,
-                    c->cfg->detect_timeout_ms);
+    /* A call on the shared connection failed for Redis's absence since we last looked (a
+     * restart that was over before this query, say): an outage too. */
+    int absent = ctl_absences(c->ctl) != c->absences;
+    c->absences = ctl_absences(c->ctl);
+    if (!c->reachable || absent || (c->last_liveness_ok > 0 && now - c->last_liveness_ok > c->cfg->detect_timeout_ms / 2)) {
+        if (!c->reachable || absent)
+            log_msg("the control plane is back after %.1f s: the processes get %d ms to republish",
+                    c->reachable ? 0.0 : (now - c->unreachable_since) / 1e3, c->cfg->detect_timeout_ms);
         c->back_since = now;
         c->outage_epoch = c->epoch;
         c->reachable = 1;

@@ -415,6 +415,11 @@ static void add_child(Launcher *L, pid_t pid, long proc, int rank) {
 static int start_process(Launcher *L, int rank) {
     if (L->nchildren >= MAX_CHILDREN) return -1;
     long proc = ctl_new_proc_id(L->ctl);
+    /* Redis away for a moment is no reason to start nothing (item 12): retried, bounded. */
+    for (double until = now_ms() + job_control_outage_ms(L->cfg); proc <= 0 && ctl_error_transient(L->ctl) && now_ms() < until;) {
+        sleep_ms(200);
+        proc = ctl_new_proc_id(L->ctl);
+    }
     if (proc <= 0) return -1;
     pid_t pid = spawn_process(L, rank, proc);
     if (pid < 0) return -1;

@@ -65,7 +65,10 @@ struct dp {
     char reg_replica[300], reg_host[256], reg_pid[32]; /* the registration's facts */
     char *mq[256];            /* metrics lines waiting for Redis (rank 0), oldest first */
     int mq_n, mq_dropped, mq_flushing;
-    double step_ewma;         /* a step's usual time, ms (main thread): the training path's Redis bound */
+    _Atomic double step_ewma; /* a step's usual time, ms (main thread): the training path's Redis bound */
+    pthread_cond_t pub_cv;    /* wakes the heartbeat thread: something waits to be republished */
+    int own_pending;          /* KEY_OWN_STATE not written yet (Redis was away at the commit) */
+    size_t gen_bytes_pending; /* ...KEY_GEN_BYTES likewise (0: none) */
     char err[1024];           /* dp_last_error */
     /* membership */
     dp_callbacks cb;
@@ -214,6 +217,11 @@ static void set_role_log(dp_t *dp) {
 static void control_down(dp_t *dp, const ctl_t *c) {
     if (atomic_exchange(&dp->ctl_down, 1)) return;
     atomic_store(&dp->down_since, now_ms());
+    /* The heartbeat thread tries at once: what was not written (a commit record above all) is
+     * written the moment Redis answers again, not a heartbeat period later. */
+    pthread_mutex_lock(&dp->pub_mu);
+    pthread_cond_broadcast(&dp->pub_cv);
+    pthread_mutex_unlock(&dp->pub_mu);
     log_msg("the control plane (redis) is unreachable (%s): training goes on; a failure now waits up to %d s for it",
             ctl_last_error(c), dp->cfg.control_wait);
 }
@@ -293,7 +301,13 @@ static int republish(dp_t *dp, ctl_t *c) {
     if (rank >= 0 && e <= cur) {
         bad |= ctl_set_rank_owner(c, rank, dp->proc_id);
         if (pe == cur && ps >= 0) bad |= ctl_committed_set(c, pe, rank, ps);
-        if (dp->own_published) bad |= ctl_set(c, key(k, sizeof k, KEY_OWN_STATE, rank, 0), "1");
+        if (dp->own_published || dp->own_pending) bad |= ctl_set(c, key(k, sizeof k, KEY_OWN_STATE, rank, 0), "1");
+        pthread_mutex_lock(&dp->pub_mu);
+        size_t gb = dp->gen_bytes_pending > dp->gen_bytes_published ? dp->gen_bytes_pending : dp->gen_bytes_published;
+        pthread_mutex_unlock(&dp->pub_mu);
+        char bytes[32];
+        snprintf(bytes, sizeof bytes, "%zu", gb);
+        if (gb) bad |= ctl_set(c, key(k, sizeof k, KEY_GEN_BYTES, rank, 0), bytes);
     }
     if (atomic_load(&dp->in_pool)) bad |= ctl_spare_add(c, dp->proc_id);
     size_t cap = (size_t)dp->cfg.workers * 48 + 1, used = 0;
@@ -338,9 +352,8 @@ static void *heartbeat_loop(void *arg) {
     ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
     if (!c) { log_msg("heartbeat: %s", err); return NULL; }
     int period = dp->cfg.detect_timeout_ms / 4;
-    /* A beat that waits longer than its period says the control plane is away (a stalled
-     * Redis answers nothing): the next one tries again, so its return is seen within a period. */
-    ctl_set_timeout(c, period > 50 ? period : 50);
+    /* The beat keeps its generous timeout (2 s): a slow Redis still gets the heartbeat, and a
+     * stalled one answers the beat waiting in its socket the moment it runs again. */
     while (!atomic_load(&dp->hb_stop)) {
         int ok = ctl_heartbeat(c, dp->proc_id, dp->cfg.detect_timeout_ms) == 0;
         if (!ok) control_down(dp, c); /* not answering our heartbeat, whatever the reason */
@@ -356,7 +369,15 @@ static void *heartbeat_loop(void *arg) {
         char state[32];
         if (ok && ctl_state_get(c, state, sizeof state) == 0 && strcmp(state, "running") != 0)
             atomic_store(&dp->job_over, 1);
-        sleep_ms(period > 0 ? period : 1);
+        /* The next beat after a period, or at once when a call elsewhere found Redis away. */
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        long long ns = until.tv_nsec + (long long)(period > 0 ? period : 1) * 1000000LL;
+        until.tv_sec += (time_t)(ns / 1000000000LL);
+        until.tv_nsec = (long)(ns % 1000000000LL);
+        pthread_mutex_lock(&dp->pub_mu);
+        if (!atomic_load(&dp->hb_stop)) pthread_cond_timedwait(&dp->pub_cv, &dp->pub_mu, &until);
+        pthread_mutex_unlock(&dp->pub_mu);
     }
     ctl_close(c);
     return NULL;
@@ -487,6 +508,9 @@ static void options_from_env(dp_options *o) {
 static void free_process(dp_t *dp) {
     if (dp->hb_thread) {
         atomic_store(&dp->hb_stop, 1);
+        pthread_mutex_lock(&dp->pub_mu);
+        pthread_cond_broadcast(&dp->pub_cv);
+        pthread_mutex_unlock(&dp->pub_mu);
         pthread_join(dp->hb_thread, NULL);
         if (dp->abort_thread) pthread_join(dp->abort_thread, NULL);
     }
@@ -497,6 +521,7 @@ static void free_process(dp_t *dp) {
     if (dp->ctl && dp->proc_id > 0 && dp->rank < 0 && !atomic_load(&dp->control_lost))
         ctl_heartbeat_clear(dp->ctl, dp->proc_id);
     if (dp->ctl) ctl_close(dp->ctl);
+    for (int i = 0; i < dp->mq_n; i++) free(dp->mq[i]);
     free(dp->head);
     free(dp->local_head);
     free(dp->warm_buf);
@@ -523,6 +548,11 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     dp->pub_epoch = dp->pub_step = -1;
     pthread_mutex_init(&dp->snap_ctl_mu, NULL);
     pthread_mutex_init(&dp->pub_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&dp->pub_cv, &ca);
+    pthread_condattr_destroy(&ca);
     snprintf(dp->job, sizeof dp->job, "%s", o.job);
     snprintf(dp->bind_host, sizeof dp->bind_host, "%s", o.bind_host && *o.bind_host ? o.bind_host : "127.0.0.1");
     const char *node = getenv(DP_ENV_NODE), *proc = getenv(DP_ENV_PROC);
@@ -1229,7 +1259,7 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
         int failed = 0;
         if (!dp->own_published && gen_own_state(payload, h->length)) {
             if (ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0) dp->own_published = 1;
-            else failed = 1;
+            else failed = dp->own_pending = 1;
         }
         char bytes[32];
         snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)h->length);
@@ -1239,10 +1269,15 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
             else failed = 1;
         }
         if (!failed && ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step) != 0) failed = 1;
-        if (failed) note_failure(dp, dp->snap_ctl);
+        if (failed) control_down(dp, dp->snap_ctl); /* owed: the heartbeat thread writes it as soon as it can */
         else ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
         ctl_set_timeout(dp->snap_ctl, saved);
+    } else {
+        if (!dp->own_published && gen_own_state(payload, h->length)) dp->own_pending = 1;
     }
+    pthread_mutex_lock(&dp->pub_mu);
+    if (h->length > dp->gen_bytes_published && h->length > dp->gen_bytes_pending) dp->gen_bytes_pending = h->length;
+    pthread_mutex_unlock(&dp->pub_mu);
     int every = dp->cfg.persist_every;
     if (every > 0 && (h->step + 1) % every == 0) persist_generation(dp, dp->snap_ctl, h, payload);
     pthread_mutex_unlock(&dp->snap_ctl_mu);

@@ -577,8 +577,17 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     }
     int64_t offset;
     if (ctl_clock_offset(dp->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
-    while (read_job(dp, err, errlen) != 0)
+    /* A process the launcher started belongs to a live job: a config or launcher key missing
+     * for a moment is a Redis that came back empty, and the launcher is writing them again. */
+    double republished_by = now_ms() + 5000;
+    int spawned = proc && atol(proc) > 0;
+    while (read_job(dp, err, errlen) != 0) {
+        if (spawned && !ctl_error_transient(dp->ctl) && now_ms() < republished_by) {
+            sleep_ms(100);
+            continue;
+        }
         if (!retry_transient(dp->ctl, deadline)) goto fail;
+    }
     deadline = now_ms() + job_control_outage_ms(&dp->cfg);
     if (!o.spare && o.rank >= dp->cfg.workers) { /* refused now, not later by the collectives */
         snprintf(err, errlen, "--rank %d: job '%s' has %d ranks (0 to %d)", o.rank, dp->job, dp->cfg.workers,

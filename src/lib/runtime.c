@@ -63,7 +63,7 @@ struct dp {
     int pub_rank;
     atomic_int in_pool;       /* a spare in the spare pool */
     char reg_replica[300], reg_host[256], reg_pid[32]; /* the registration's facts */
-    char *mq[256];            /* metrics lines waiting for Redis (rank 0), oldest first */
+    char *mq[8192];           /* metrics lines waiting for Redis (rank 0), oldest first: a minute of short steps */
     int mq_n, mq_dropped, mq_flushing;
     _Atomic double step_ewma; /* a step's usual time, ms (main thread): the training path's Redis bound */
     pthread_cond_t pub_cv;    /* wakes the heartbeat thread: something waits to be republished */
@@ -239,7 +239,7 @@ static int path_timeout_ms(const dp_t *dp) {
     return t < 10 ? 10 : t > cap ? cap : t;
 }
 
-/* Metrics lines that could not be pushed wait here, in order (the oldest are dropped past 256). */
+/* Metrics lines that could not be pushed wait here, in order (the oldest are dropped past 8192). */
 static void mq_push(dp_t *dp, const char *json) {
     pthread_mutex_lock(&dp->pub_mu);
     int cap = (int)(sizeof dp->mq / sizeof dp->mq[0]);
@@ -254,9 +254,16 @@ static void mq_push(dp_t *dp, const char *json) {
     pthread_mutex_unlock(&dp->pub_mu);
 }
 
-/* Sends the queued lines in order on c. 0 when none is left, -1 when Redis failed. */
+/* Sends queued lines in order on c, at most 256 a call (the heartbeat thread sends the rest at
+ * its next beats: its heartbeat must not wait for a long backlog). 0 unless Redis failed. */
 static int mq_flush(dp_t *dp, ctl_t *c) {
-    for (;;) {
+    for (int sent = 0;; sent++) {
+        if (sent == 256) {
+            pthread_mutex_lock(&dp->pub_mu);
+            dp->mq_flushing = 0;
+            pthread_mutex_unlock(&dp->pub_mu);
+            return 0;
+        }
         pthread_mutex_lock(&dp->pub_mu);
         if (dp->mq_n == 0) {
             dp->mq_flushing = 0;

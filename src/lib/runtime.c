@@ -57,6 +57,7 @@ struct dp {
     /* The control plane's outages (issue 27, item 11): training needs Redis only to handle a
      * failure, so while it is away nothing on the training path waits for it. */
     atomic_int ctl_down;      /* a call found Redis unreachable; cleared once everything is republished */
+    atomic_int down_logged;   /* ...and the heartbeat thread confirmed it (said so in the log) */
     _Atomic double down_since; /* when (now_ms) */
     pthread_mutex_t pub_mu;   /* what this process republishes when Redis is back, and the metrics queue */
     long long pub_epoch, pub_step; /* newest local commit (epoch, step; -1 none) and its rank */
@@ -214,29 +215,36 @@ static void set_role_log(dp_t *dp) {
  * meanwhile waits --control-wait for it (wait_for_decision), then the process persists what
  * it committed and stops. */
 
-static void control_down(dp_t *dp, const ctl_t *c) {
-    if (atomic_exchange(&dp->ctl_down, 1)) return;
-    atomic_store(&dp->down_since, now_ms());
-    /* The heartbeat thread tries at once: what was not written (a commit record above all) is
-     * written the moment Redis answers again, not a heartbeat period later. */
-    pthread_mutex_lock(&dp->pub_mu);
-    pthread_cond_broadcast(&dp->pub_cv);
-    pthread_mutex_unlock(&dp->pub_mu);
-    log_msg("the control plane (redis) is unreachable (%s): training goes on; a failure now waits up to %d s for it",
-            ctl_last_error(c), dp->cfg.control_wait);
+/* confirmed: the heartbeat thread's own beat failed (logged); else a call on the training path
+ * did not answer within its bound, which may be a blip of a busy machine: the heartbeat thread
+ * is woken to find out at once, and a blip is over (and republished) within a round trip. */
+static void control_down(dp_t *dp, const ctl_t *c, int confirmed) {
+    if (!atomic_exchange(&dp->ctl_down, 1)) {
+        atomic_store(&dp->down_since, now_ms());
+        /* The heartbeat thread tries at once: what was not written (a commit record above all)
+         * is written the moment Redis answers again, not a heartbeat period later. */
+        pthread_mutex_lock(&dp->pub_mu);
+        pthread_cond_broadcast(&dp->pub_cv);
+        pthread_mutex_unlock(&dp->pub_mu);
+    }
+    if (confirmed && !atomic_exchange(&dp->down_logged, 1))
+        log_msg("the control plane (redis) is unreachable (%s): training goes on; a failure now waits up to %d s for it",
+                ctl_last_error(c), dp->cfg.control_wait);
 }
 
 /* After a failed call on c: was it the server's absence? */
 static void note_failure(dp_t *dp, const ctl_t *c) {
-    if (ctl_error_transient(c)) control_down(dp, c);
+    if (ctl_error_transient(c)) control_down(dp, c, 0);
 }
 
-/* The bound on a Redis call on the training path: about one step (10 ms at least, a quarter
- * of the detect timeout at most; before the first step that quarter). */
+/* The bound on a Redis call on the training path: a third of a step (the step that meets an
+ * outage may pay it on each of the fence check, the commit record and, across ranks, a
+ * collective's partner: about one step in all), 5 ms at least, a quarter of the detect timeout
+ * at most (before the first step, that quarter). */
 static int path_timeout_ms(const dp_t *dp) {
-    int cap = dp->cfg.detect_timeout_ms / 4 > 10 ? dp->cfg.detect_timeout_ms / 4 : 10;
-    int t = dp->step_ewma > 0 ? (int)dp->step_ewma : cap;
-    return t < 10 ? 10 : t > cap ? cap : t;
+    int cap = dp->cfg.detect_timeout_ms / 4 > 5 ? dp->cfg.detect_timeout_ms / 4 : 5;
+    int t = dp->step_ewma > 0 ? (int)(dp->step_ewma / 3) : cap;
+    return t < 5 ? 5 : t > cap ? cap : t;
 }
 
 /* Metrics lines that could not be pushed wait here, in order (the oldest are dropped past 8192). */
@@ -363,11 +371,12 @@ static void *heartbeat_loop(void *arg) {
      * stalled one answers the beat waiting in its socket the moment it runs again. */
     while (!atomic_load(&dp->hb_stop)) {
         int ok = ctl_heartbeat(c, dp->proc_id, dp->cfg.detect_timeout_ms) == 0;
-        if (!ok) control_down(dp, c); /* not answering our heartbeat, whatever the reason */
+        if (!ok) control_down(dp, c, 1); /* not answering our heartbeat, whatever the reason */
         if (ok && atomic_load(&dp->ctl_down)) {
             if (republish(dp, c) == 0) {
-                log_msg("the control plane is back after %.1f s: this process's keys are republished",
-                        (now_ms() - atomic_load(&dp->down_since)) / 1e3);
+                if (atomic_exchange(&dp->down_logged, 0))
+                    log_msg("the control plane is back after %.1f s: this process's keys are republished",
+                            (now_ms() - atomic_load(&dp->down_since)) / 1e3);
                 atomic_store(&dp->ctl_down, 0);
             }
         } else if (ok) {
@@ -1285,7 +1294,7 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
             else failed = 1;
         }
         if (!failed && ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step) != 0) failed = 1;
-        if (failed) control_down(dp, dp->snap_ctl); /* owed: the heartbeat thread writes it as soon as it can */
+        if (failed) control_down(dp, dp->snap_ctl, 0); /* owed: the heartbeat thread writes it as soon as it can */
         else ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
         ctl_set_timeout(dp->snap_ctl, saved);
     } else {

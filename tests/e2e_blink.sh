@@ -78,7 +78,7 @@ fail_in_outage() {
     fi
   fi
   no_leftovers "$out" || bad="$bad; processes left behind"
-  local back; back=$(grep -o 'the control plane is back after [0-9.]* s' "$out.log" | head -1 | grep -o '[0-9.]* s')
+  local back; back=$(grep -o 'deadpool\] the control plane is back after [0-9.]* s' "$out.log" | head -1 | grep -o '[0-9.]* s')
   if [ -z "$bad" ]; then ok "$name (Redis back after ${back:-?}; $(grep -o 'rolling back to step [0-9]*\|the state of step [0-9]*' "$out.log" | head -1))"
   else notok "$name" "$bad" "$(grep -v '^step' "$out.log" | tail -6)"; fi
 }

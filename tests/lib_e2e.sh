@@ -51,3 +51,32 @@ expect_like() {
 }
 
 count_lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
+
+# stall_report OUT FROM_MS TO_MS — "STEPS STALL_OK MAX MEDIAN CALM": the steps whose end falls
+# in the outage (wall ms, + 0.5 s), their longest step against the median step and the longest
+# step while Redis was fine (the machine's own noise); STALL_OK = 1 when the outage's longest
+# step exceeds the calm steps' longest by at most one median step.
+stall_report() {
+  /usr/bin/python3 - "$1" "$2" "$3" <<'EOF'
+import json, sys
+out, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t0 = None
+for l in open(out + "/events.jsonl"):
+    e = json.loads(l)
+    if e.get("event") == "start": t0 = e["t0_ms"]; break
+seen = {}
+for l in open(out + "/metrics.jsonl"):
+    m = json.loads(l); seen[m["step"]] = m  # a line sent twice counts once
+ms = sorted(seen.values(), key=lambda m: m["step"])
+times = sorted(m["step_ms"] for m in ms)
+med = times[len(times) // 2]
+lo, hi = (a - t0) / 1e3, (b - t0) / 1e3 + 0.5
+during = [m for m in ms if lo <= m["t"] <= hi]
+# the steps while Redis was fine (after the first 5, and not just after the outage)
+calm = [m for m in ms[5:] if m["t"] < lo or m["t"] > hi + 1.0]
+mx = max((m["step_ms"] for m in during), default=0.0)
+noise = max((m["step_ms"] for m in calm), default=med)
+ok = len(during) > 0 and mx - med <= med + (noise - med)
+print("%d %d %.1f %.1f %.1f" % (len(during), int(ok), mx, med, noise))
+EOF
+}

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -538,6 +539,49 @@ static void test_roundtrip_latency(void) {
     ctl_close(c);
 }
 
+/* Issue 27, item 12: a failure is classed by hiredis's error code, not by its text: a server
+ * that does not answer (stopped, gone, restarting) is transient and worth retrying; one that
+ * answers with an error is not. And the embedded server restarts on its port, empty. */
+static void test_transient_errors_and_restart(void) {
+    ctl_t *c = connect_job("jobTransient");
+    if (!c) return;
+    CHECK(ctl_set(c, "cnt", "abc") == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_counter_incr(c, "cnt") == -1 && !ctl_error_transient(c), "INCR of a string is refused, not transient: %s",
+          ctl_last_error(c));
+    unsigned long absent0 = ctl_absences(c);
+    ctl_set_timeout(c, 200);
+    CHECK(ctl_timeout(c) == 200, "timeout %d", ctl_timeout(c));
+    kill(g_server.pid, SIGSTOP);
+    char s[32] = "";
+    int rc = ctl_state_get(c, s, sizeof s);
+    CHECK(rc == -1 && ctl_error_transient(c) && ctl_absences(c) > absent0, "a stopped server times out, transient: rc %d '%s'",
+          rc, ctl_last_error(c));
+    kill(g_server.pid, SIGCONT);
+    CHECK(ctl_set(c, "cnt", "7") == 0 && !ctl_error_transient(c), "back: %s", ctl_last_error(c));
+    CHECK(ctl_counter_at_least(c, "cnt", 5) == 0 && ctl_counter_incr(c, "cnt") == 8, "a counter is never lowered");
+    CHECK(ctl_counter_at_least(c, "cnt", 100) == 0 && ctl_counter_incr(c, "cnt") == 101, "but raised");
+    /* killed: started again on its port with its password, empty */
+    int port = g_server.port, pid = g_server.pid;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    char err[512] = "";
+    redis_addr a = server_addr();
+    CHECK(ctl_connect(&a, "jobTransient", 300, err, sizeof err) == NULL && ctl_connect_error_transient(),
+          "no server: connecting fails, transient (%s)", err);
+    CHECK(redis_server_restart(&g_server, 10000, err, sizeof err) == 0 && g_server.port == port && g_server.pid != pid,
+          "restart on port %d: %s", port, err);
+    rc = ctl_get(c, "cnt", s, sizeof s);
+    if (rc != 0 && ctl_error_transient(c)) rc = ctl_get(c, "cnt", s, sizeof s); /* the first call may see the dead socket */
+    CHECK(rc == -1 && !ctl_error_transient(c), "the restarted server answers, empty (no counter): rc %d '%s' %s", rc, s,
+          ctl_last_error(c));
+    a = server_addr();
+    snprintf(a.password, sizeof a.password, "wrong");
+    CHECK(ctl_connect(&a, "jobTransient", 1000, err, sizeof err) == NULL && !ctl_connect_error_transient(),
+          "a refused password is not transient (%s)", err);
+    ctl_job_delete(c);
+    ctl_close(c);
+}
+
 static void test_server_stop(void) {
     if (!g_server_up) return;
     int pid = g_server.pid;
@@ -673,6 +717,7 @@ int main(void) {
     RUN_TEST(test_roundtrip_latency);
     RUN_TEST(test_connect_retried_at_the_client_limit);
     RUN_TEST(test_private_server_on_a_unix_socket);
+    RUN_TEST(test_transient_errors_and_restart);
     RUN_TEST(test_server_stop);
     TEST_MAIN_END();
 }

@@ -605,7 +605,61 @@ static void test_report_parse_refuses(void) {
     CHECK(report_parse(nul, sizeof nul - 1, &r, err, sizeof err) == -1 && strstr(err, "NUL"), "a NUL in the text: %s", err);
 }
 
+/* Issue 27, item 11: "Redis unreachable" is no evidence of a death. While the control plane is
+ * away, and for a detect timeout after it answers again, silence is not judged and nothing is
+ * decided: a failure that is pending then waits. */
+static void test_control_plane_outage(void) {
+    DecideControl dc = {.now_ms = 10000, .reachable = 1, .back_since_ms = 0, .detect_timeout_ms = 2000};
+    CHECK(decide_control_settled(&dc), "never away: silence counts");
+    dc.reachable = 0;
+    CHECK(!decide_control_settled(&dc), "unreachable: a heartbeat that cannot be read is no death");
+    dc.reachable = 1;
+    dc.back_since_ms = 9000;
+    CHECK(!decide_control_settled(&dc), "back 1 s ago (detect 2 s): heartbeats that expired meanwhile are no death yet");
+    dc.back_since_ms = 8000;
+    CHECK(decide_control_settled(&dc), "back a whole detect timeout ago: silence counts again");
+
+    DecideInput *in = base_input();
+    long holders[] = {14}, spares[] = {20};
+    int alive[] = {1};
+    add_failure(in, 2, "crash", 1000, 1005, 1, holders, alive);
+    add_spares(in, 1, spares);
+    in->control_unsettled = 1;
+    decide_outcome o = run(in);
+    CHECK(o == DECIDE_WAIT, "a failure while the control plane is unsettled waits: %s", decide_outcome_name(o));
+    in->nfailed = 0;
+    in->suspicion_due = 1;
+    CHECK(run(in) == DECIDE_WAIT, "so does a failed collective");
+    in->suspicion_due = 0;
+    add_failure(in, 2, "crash", 1000, 1005, 1, holders, alive);
+    in->control_unsettled = 0;
+    CHECK(run(in) == DECIDE_SWAP && g_d.rollback == 9, "settled: the swap is decided");
+}
+
+/* After an outage a rank that died while Redis was away may have committed more than its
+ * records say: its holders' newest generation counts, and the result is what every rank has. */
+static void test_committed_after_outage(void) {
+    long long committed[3] = {41, 40, 17}, held[3] = {-1, -1, 40};
+    int failed[3] = {0, 0, 1};
+    CHECK(decide_committed_min(3, committed, failed, held) == 40, "the dead rank's stale record 17 yields to its holders' 40: %lld",
+          decide_committed_min(3, committed, failed, held));
+    held[2] = 41;
+    CHECK(decide_committed_min(3, committed, failed, held) == 40, "holders ahead of a survivor: the survivor's 40");
+    held[2] = -1;
+    CHECK(decide_committed_min(3, committed, failed, held) == 17, "no holder reported: the record, 17");
+    held[2] = 12;
+    committed[2] = 40;
+    CHECK(decide_committed_min(3, committed, failed, held) == 40, "a holder's report older than the record: the record");
+    held[0] = 99;
+    CHECK(decide_committed_min(3, committed, failed, held) == 40, "only failed ranks' holders count: %lld",
+          decide_committed_min(3, committed, failed, held));
+    committed[1] = -1;
+    CHECK(decide_committed_min(3, committed, failed, held) == -1, "a rank with nothing committed: -1");
+}
+
 int main(void) {
+    RUN_TEST(test_control_plane_outage);
+    RUN_TEST(test_committed_after_outage);
     RUN_TEST(test_resume_choose);
     RUN_TEST(test_nodes_lost);
     RUN_TEST(test_one_failure);

@@ -35,6 +35,7 @@ static const OptSpec OPTIONS[] = {
     {"resume", OPT_STR, S(resume), 0, 0, NULL, "continue from the newest checkpoint in this directory"},
     {"resume-step", OPT_INT, F(resume_step), 0, -1, 1e9, NULL, "(internal) the checkpoint step --resume found"},
     {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left (and a waiting spare, for a launcher that went away)"},
+    {"control-wait", OPT_INT, F(control_wait), 0, 1, 1e6, NULL, "seconds a failure waits for an unreachable control plane (Redis) before the job stops with its committed state on disk; with no failure the job trains on however long Redis is away"},
     {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown|corrupt:RANK@STEP (mid-step STEP, 1-based like the progress line; corrupt: RANK's replica holders damage their copies), or rkill:RANK@EPOCH (dies recovering into EPOCH, 1-based); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used, and at once one for each failed rank that finds no spare (one machine only: across machines spares are spare machines)"},
@@ -63,6 +64,7 @@ void job_config_defaults(JobConfig *c) {
     c->start_timeout_ms = 60000;
     c->detect_timeout_ms = 2000;
     c->spare_wait = 30;
+    c->control_wait = 60;
     c->respawn_spares = 1;
     c->ft = FT_DEADPOOL;
     c->replicas = 1;
@@ -74,10 +76,7 @@ void job_config_defaults(JobConfig *c) {
 }
 
 int job_comm_timeout_ms(const JobConfig *c) { return c->comm_timeout_ms ? c->comm_timeout_ms : c->detect_timeout_ms; }
-int job_control_outage_ms(const JobConfig *c) {
-    int sentinel = c->redis_ha || !strncmp(c->redis, "redis-sentinel://", 17);
-    return c->detect_timeout_ms + (sentinel ? 10000 : 0);
-}
+int job_control_outage_ms(const JobConfig *c) { return c->control_wait > 0 ? c->control_wait * 1000 : 60000; }
 int node_alive_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 16 > 0 ? c->detect_timeout_ms / 16 : 1; }
 
 int job_config_set(JobConfig *c, const char *name, const char *value, char *err, size_t errlen) {

@@ -45,6 +45,7 @@ typedef struct {
     char resume[1024];    /* directory whose newest checkpoint the job continues from ("" = none) */
     int resume_step;      /* that checkpoint's step, -1 = fresh start (set by the launcher) */
     int spare_wait;       /* seconds to wait for a new spare when none is left */
+    int control_wait;     /* seconds a failure waits for an unreachable control plane before the job stops */
     char inject[1024];    /* faults, inject.h's grammar */
     float chaos;          /* probability per step of a random fault (kill or stop) */
     int respawn_spares;   /* the launcher starts a new local spare for each one consumed */
@@ -62,8 +63,9 @@ typedef struct {
 
 /* Effective collective timeout. */
 int job_comm_timeout_ms(const JobConfig *c);
-/* How long the control plane may be unreachable before a process gives up on it (persists and
- * stops): the detect timeout; under Sentinel 10 s more, the time a failover takes. */
+/* How long a failure waits for an unreachable control plane before the job gives up on it (its
+ * processes persist what they committed and stop): --control-wait. Without a failure nothing
+ * waits for the control plane: training goes on however long it is away (issue 27, item 11). */
 int job_control_outage_ms(const JobConfig *c);
 /* Life of a machine's KEY_NODE_ALIVE (a sixteenth of the detect timeout, at least 1 ms): how
  * long a crashed machine goes unnoticed when no peer is in a collective with it. */

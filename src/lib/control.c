@@ -45,6 +45,8 @@ struct ctl {
     int stale;                /* the server answered as a replica: reconnect (through the sentinels) */
     int replicas;             /* ctl_wait_replica: the master's replicas, as ROLE said ... */
     double replicas_checked_ms; /* ... then */
+    int transient;            /* the last failure was the server's absence, not its answer (ctl_error_transient) */
+    unsigned long absences;   /* such failures so far (ctl_absences) */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -376,28 +378,16 @@ static int job_name_valid(const char *job) {
  * reported now rather than at the first command. */
 /* A server at its client limit answers a new connection "-ERR max number of clients reached"
  * and closes it: the connection is tried again (see open_context_retry), it is no bad job. */
-static int limit_reached(const char *msg) { return strstr(msg, "max number of clients reached") != NULL; }
+static int limit_reached(const char *msg) { return strcmp(msg, "ERR max number of clients reached") == 0; }
 
-/* An I/O error a server under load or a flood of other clients can cause (a full accept queue
- * of a unix socket: EAGAIN; a connection dropped at the client limit: reset, EOF). */
-static int transient_io(const redisContext *rc) {
-    /* errno may have moved on since hiredis failed: its message (strerror's) is what it saw */
-    return rc->err == REDIS_ERR_EOF ||
-           (rc->err == REDIS_ERR_IO && (strstr(rc->errstr, strerror(EAGAIN)) || strstr(rc->errstr, strerror(ECONNRESET)) ||
-                                        strstr(rc->errstr, strerror(EPIPE)) || strstr(rc->errstr, strerror(EINTR))));
-}
-
-/* Nobody listens there (yet, or any more: a restart). */
-static int refused_io(const redisContext *rc) {
-    return rc->err == REDIS_ERR_IO && strstr(rc->errstr, strerror(ECONNREFUSED)) != NULL;
-}
+static int error_code_transient(int code);
 
 static int authenticate_and_ping(redisContext *rc, const char *password, char *err, size_t errlen, int *transient) {
     redisReply *r;
     if (password[0]) {
         r = redisCommand(rc, "AUTH %s", password);
         if (!r) {
-            *transient = transient_io(rc);
+            *transient = error_code_transient(rc->err) ? 2 : 0;
             set_err(err, errlen, "redis: AUTH failed: %s", rc->errstr);
             return -1;
         }
@@ -413,7 +403,7 @@ static int authenticate_and_ping(redisContext *rc, const char *password, char *e
     }
     r = redisCommand(rc, "PING");
     if (!r) {
-        *transient = transient_io(rc);
+        *transient = error_code_transient(rc->err) ? 2 : 0;
         set_err(err, errlen, "redis: PING failed: %s", rc->errstr);
         return -1;
     }
@@ -431,8 +421,13 @@ static int authenticate_and_ping(redisContext *rc, const char *password, char *e
     return rc_ok;
 }
 
-/* One connected, authenticated hiredis context with the command timeout set, or NULL
- * (*transient set when trying again soon may well succeed). */
+/* Whether this thread's last failed connection failed for the server's absence (see
+ * ctl_connect_error_transient). */
+static _Thread_local int connect_transient;
+
+/* One connected, authenticated hiredis context with the command timeout set, or NULL;
+ * *transient then says whether trying again soon may work: 1 the server is at its client
+ * limit, 2 it did not answer (gone, reset, silent: hiredis's error code says which). */
 static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *err, size_t errlen, int *transient);
 
 /* Asks the sentinels, in order, for the master's address, connects to it and checks that it
@@ -444,7 +439,7 @@ static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *
     for (int i = 0; i < addr->nsentinels; i++) {
         redisContext *s = dp_redis_connect(addr->sentinel_host[i], addr->sentinel_port[i], tv);
         if (!s || s->err) {
-            if (s && !*transient) *transient = transient_io(s) ? 1 : refused_io(s) ? 2 : 0;
+            if (s && !*transient) *transient = error_code_transient(s->err) ? 2 : 0;
             snprintf(why, sizeof why, "sentinel %s:%d: %s", addr->sentinel_host[i], addr->sentinel_port[i], s ? s->errstr : "out of memory");
             if (s) redisFree(s);
             continue;
@@ -479,6 +474,7 @@ static redisContext *open_context(const redis_addr *addr, int timeout_ms, char *
         redisFree(rc);
     }
     set_err(err, errlen, "redis: master '%s': %s", addr->master, why);
+    if (!*transient) *transient = 2; /* no sentinel named a reachable master: a failover may be under way */
     return NULL;
 }
 
@@ -490,9 +486,7 @@ static redisContext *open_server(const redis_addr *addr, int timeout_ms, char *e
         return NULL;
     }
     if (rc->err) {
-        /* 1: a queue overflowed, the connection was dropped; 2: refused, nobody listens (yet, or
-         * any more: a restart) */
-        *transient = transient_io(rc) ? 1 : refused_io(rc) ? 2 : 0;
+        *transient = error_code_transient(rc->err) ? 2 : 0;
         if (addr->host[0] == '/')
             set_err(err, errlen, "redis: cannot connect to unix socket %s: %s", addr->host, rc->errstr);
         else
@@ -525,6 +519,7 @@ static redisContext *open_context_retry(const redis_addr *addr, int timeout_ms, 
     for (;;) {
         int left = (int)(deadline - now_ms()), transient = 0;
         redisContext *rc = open_context(addr, left > 1 ? left : 1, err, errlen, &transient);
+        connect_transient = rc == NULL && transient != 0;
         if (rc || !transient || (transient == 2 && !outage)) return rc;
         int pause = backoff / 2 + (int)(random() % (backoff / 2 + 1));
         if (now_ms() + pause >= deadline) return NULL;
@@ -582,6 +577,16 @@ static int demoted_error(const char *msg) {
     return !strncmp(msg, "READONLY", 8) || !strncmp(msg, "MASTERDOWN", 10) || !strncmp(msg, "LOADING", 7);
 }
 
+/* hiredis's error codes for a server that did not answer (gone, reset, silent past the timeout),
+ * as opposed to one that answered with an error (REDIS_ERR_PROTOCOL, REDIS_ERR_OOM, a reply). */
+static int error_code_transient(int code) {
+    return code == REDIS_ERR_IO || code == REDIS_ERR_EOF
+#ifdef REDIS_ERR_TIMEOUT
+           || code == REDIS_ERR_TIMEOUT
+#endif
+        ;
+}
+
 static int ensure_connected(ctl_t *c) {
     if (c->stale && c->addr.nsentinels > 0 && c->rc) {
         redisFree(c->rc);
@@ -597,6 +602,9 @@ static int ensure_connected(ctl_t *c) {
     c->rc = open_context_retry(&c->addr, c->timeout_ms, 0, err, sizeof err);
     if (!c->rc) {
         ctl_set_error(c, "%s", err);
+        c->transient = 1;
+        c->absences++; /* connect, AUTH or PING did not complete (a refused AUTH is not transient either, but
+                           * the password is the job's own: a server that restarted without it is still coming up) */
         return -1;
     }
     return 0;
@@ -605,16 +613,20 @@ static int ensure_connected(ctl_t *c) {
 /* Runs one command. Returns the reply (caller frees), or NULL with c->err set on I/O error
  * or when Redis answered with an error. */
 static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
+    c->transient = 0;
     if (ensure_connected(c) != 0) return NULL;
     c->round_trips++;
     redisReply *r = redisvCommand(c->rc, fmt, ap);
     if (!r) {
         ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+        c->transient = error_code_transient(c->rc->err);
+        c->absences += (unsigned long)c->transient;
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
         ctl_set_error(c, "redis: %s", r->str);
         if (demoted_error(r->str)) c->stale = 1;
+        c->transient = c->stale; /* a demoted or loading server: the next connection finds the master */
         freeReplyObject(r);
         return NULL;
     }
@@ -1020,16 +1032,20 @@ int ctl_get_many(ctl_t *c, const char *const *suffixes, int n, char *values, siz
  * leaves the context in error (the next call reconnects). fn, if given, sees each reply. */
 static int read_pipeline(ctl_t *c, int n, const char *what, void (*fn)(int i, const redisReply *r, void *arg), void *arg) {
     int rc = 0;
+    c->transient = 0;
     c->round_trips++;
     for (int i = 0; i < n; i++) {
         void *reply = NULL;
         if (redisGetReply(c->rc, &reply) != REDIS_OK || !reply) {
             ctl_set_error(c, "redis: %s: %s", what, c->rc->errstr[0] ? c->rc->errstr : "no reply");
+            c->transient = error_code_transient(c->rc->err);
+        c->absences += (unsigned long)c->transient;
             return -1;
         }
         redisReply *r = reply;
         if (r->type == REDIS_REPLY_ERROR && rc == 0) {
             ctl_set_error(c, "redis: %s: %s", what, r->str);
+            c->transient = demoted_error(r->str);
             rc = -1;
         }
         if (r->type == REDIS_REPLY_ERROR && demoted_error(r->str)) c->stale = 1;
@@ -1841,6 +1857,51 @@ int redis_file_read(const char *path, char *url, size_t len, char *err, size_t e
     return 0;
 }
 
+/* --- outages (issue 27, items 11 and 12) ------------------------------------------------ */
+
+int ctl_error_transient(const ctl_t *c) { return c ? c->transient : 0; }
+int ctl_connect_error_transient(void) { return connect_transient; }
+unsigned long ctl_absences(const ctl_t *c) { return c ? c->absences : 0; }
+
+void ctl_set_timeout(ctl_t *c, int timeout_ms) {
+    if (!c || timeout_ms <= 0) return;
+    c->timeout_ms = timeout_ms;
+    if (c->rc && c->rc->err == 0) redisSetTimeout(c->rc, ms_to_timeval(timeout_ms));
+}
+
+int ctl_timeout(const ctl_t *c) { return c ? c->timeout_ms : 0; }
+
+int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
+    enum { CHUNK = 256 };
+    for (int base = 0; base < nranks; base += CHUNK) {
+        int n = nranks - base < CHUNK ? nranks - base : CHUNK;
+        char keys[CHUNK][CTL_KEY_MAX];
+        const char *argv[CHUNK + 1];
+        argv[0] = "MGET";
+        for (int i = 0; i < n; i++) {
+            snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
+            argv[i + 1] = keys[i];
+        }
+        c->transient = 0;
+        if (ensure_connected(c) != 0) return -1;
+        c->round_trips++;
+        redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
+        if (!r) {
+            ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+            c->transient = error_code_transient(c->rc->err);
+        c->absences += (unsigned long)c->transient;
+            return -1;
+        }
+        int ok = r->type == REDIS_REPLY_ARRAY && (int)r->elements == n;
+        for (int i = 0; ok && i < n; i++)
+            steps[base + i] = r->element[i]->type == REDIS_REPLY_STRING ? atoll(r->element[i]->str) : -1;
+        if (!ok) ctl_set_error(c, "redis: MGET of committed generations: unexpected reply");
+        freeReplyObject(r);
+        if (!ok) return -1;
+    }
+    return 0;
+}
+
 int redis_url_scrub(char *url) {
     char *scheme_end = strstr(url, "://");
     char *auth = scheme_end ? scheme_end + 3 : url;
@@ -1849,4 +1910,15 @@ int redis_url_scrub(char *url) {
     if (!colon || colon + 1 == at) return 0;
     memset(colon + 1, '*', (size_t)(at - colon - 1));
     return 1;
+}
+
+int ctl_counter_at_least(ctl_t *c, const char *name, long long value) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, name);
+    long long v;
+    return ctl_command_integer(c, &v,
+                               "EVAL %s 1 %s %lld",
+                               "local v = tonumber(redis.call('GET', KEYS[1]) or '0') "
+                               "if v < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return 1 end return 0",
+                               key, value);
 }

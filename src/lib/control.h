@@ -311,6 +311,9 @@ int redis_server_start_replica(redis_server *s, const redis_server *master, cons
 int redis_server_replica_synced(const redis_server *s, int timeout_ms);
 int redis_server_start_sentinel(redis_server *s, const redis_server *master, const char *dir, const char *name,
                                 int timeout_ms, char *err, size_t errlen);
+/* The embedded server s died: a new one on its port with its password (empty: no persistence),
+ * waited for (up to timeout_ms) until it answers. 0, or -1 + err (the port taken meanwhile). */
+int redis_server_restart(redis_server *s, int timeout_ms, char *err, size_t errlen);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL; always reaps the child. */
 void redis_server_stop(redis_server *s, int timeout_ms);
 
@@ -334,5 +337,27 @@ int redis_file_read(const char *path, char *url, size_t len, char *err, size_t e
 /* Overwrites, in place, the password of a redis URL (":PASSWORD@") with '*': for argv, so that
  * /proc/PID/cmdline stops showing it. 1 when there was one, else 0. */
 int redis_url_scrub(char *url);
+
+/* --- outages (issue 27, items 11 and 12) ------------------------------------------------
+ * ctl_error_transient: 1 when the last failed call failed because the server did not answer
+ * (connection refused or reset, end of stream, its timeout: hiredis's REDIS_ERR_IO / EOF /
+ * TIMEOUT, or a server that answered LOADING, READONLY or MASTERDOWN), 0 when it answered with
+ * an error of its own (a wrong type, a refused command): retrying the first may work, the
+ * second will not. Classified by hiredis's error code, never by the message's text.
+ * ctl_set_timeout changes the command timeout of the connection (and of its reconnections);
+ * ctl_timeout says the current one. ctl_committed_get_many: each rank's committed generation
+ * in epoch (-1 when none), one MGET per 256 ranks; 0 / -1. ctl_counter_at_least raises the
+ * job counter dp:{job}:{name} to value if it is lower (a Redis that restarted empty must not
+ * hand out process ids again); 0 / -1. */
+int ctl_error_transient(const ctl_t *c);
+/* The same for this thread's last ctl_connect that returned NULL. */
+int ctl_connect_error_transient(void);
+/* How many calls on c failed so far for the server's absence: a caller that sees it grow knows
+ * the control plane was away (or restarted, empty) even when its own calls all answered. */
+unsigned long ctl_absences(const ctl_t *c);
+void ctl_set_timeout(ctl_t *c, int timeout_ms);
+int ctl_timeout(const ctl_t *c);
+int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps);
+int ctl_counter_at_least(ctl_t *c, const char *name, long long value);
 
 #endif

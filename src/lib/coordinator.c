@@ -68,7 +68,14 @@ struct Coordinator {
     int spares_lost;         /* spares gone (exited, or silent) since the last tick */
     int spares_wanted;       /* spares a failure lacks, for the launcher to start now */
     double last_liveness_ok;      /* when a liveness query last answered */
-    double silence_ignored_until; /* after a Redis outage, heartbeats get time to come back */
+    /* The control plane's outages (issue 27, item 11): "Redis unreachable" is no evidence
+     * that a process died. While it is away, and for a detect timeout after it answers again
+     * (decide_control_settled), no silence is judged and nothing is decided. */
+    int reachable;                /* the last liveness query answered */
+    double back_since;            /* when it answered again after an outage (0: never away) */
+    double unreachable_since;     /* the outage in progress began (0: none) */
+    long outage_epoch;            /* an outage happened in this epoch (-1: none): commit records may be stale */
+    unsigned long absences;       /* ctl_absences of the connection as last seen */
     DecideInput in;          /* the inputs of the next decision (large: kept off the stack) */
     Decision decision;
     /* Redis round trips the coordinator made for the failure being handled, from its detection
@@ -86,6 +93,8 @@ Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms, 
     job_config_resume_command(cfg, c->resume, sizeof c->resume);
     c->t0_wall_ms = t0_wall_ms;
     c->rollback = cfg->resume_step;
+    c->reachable = 1;
+    c->outage_epoch = -1;
     snprintf(c->my_node, sizeof c->my_node, "%s", node);
     return c;
 }
@@ -435,19 +444,67 @@ static void watch_machines(Coordinator *c) {
     }
 }
 
+/* The control plane answers again after an outage: what the coordinator owns there is written
+ * again (Redis may be back empty, or be a replica that missed the last writes): the epoch
+ * counter, the rank owners, the fence of a closed epoch. The processes republish their own. */
+static void republish(Coordinator *c) {
+    long e = ctl_epoch(c->ctl);
+    if (e >= 0 && e < c->epoch) ctl_epoch_set(c->ctl, c->epoch);
+    if (c->have_members)
+        for (int r = 0; r < c->cfg->workers; r++) ctl_set_rank_owner(c->ctl, r, c->procs[r]);
+    if (c->fenced) fence_epoch(c->ctl, c->epoch);
+    ctl_wait_replica(c->ctl, 1000);
+}
+
+int coord_control_settled(const Coordinator *c) {
+    DecideControl dc = {.now_ms = now_ms(), .reachable = c->reachable, .back_since_ms = c->back_since,
+                        .detect_timeout_ms = c->cfg->detect_timeout_ms};
+    return decide_control_settled(&dc);
+}
+
+double coord_unreachable_since(const Coordinator *c) { return c->reachable ? 0 : c->unreachable_since; }
+
+int coord_is_member(const Coordinator *c, pid_t pid) {
+    for (int r = 0; c->have_members && r < c->cfg->workers; r++)
+        if (c->pids[r] == pid) return 1;
+    return 0;
+}
+
 static void check_liveness(Coordinator *c) {
     int alive[RECOVERY_MAX_RANKS];
     if (c->cfg->nnodes > 0) watch_machines(c);
-    if (ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) != 0) return;
-    /* Our last view of Redis is older than half a heartbeat's life (Redis stalled or
-     * restarted, or this query itself waited that long): keys may have expired while nobody
-     * could refresh them, which says nothing about the processes. Give them one detect
-     * timeout to heartbeat again before silence counts. */
     double now = now_ms();
-    if (c->last_liveness_ok > 0 && now - c->last_liveness_ok > c->cfg->detect_timeout_ms / 2)
-        c->silence_ignored_until = now + c->cfg->detect_timeout_ms;
+    if (ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) != 0) {
+        if (c->reachable) {
+            c->unreachable_since = now;
+            log_msg("the control plane (redis) is unreachable (%s): no failure is judged or decided until it is back",
+                    ctl_last_error(c->ctl));
+        }
+        c->reachable = 0;
+        c->outage_epoch = c->epoch;
+        c->absences = ctl_absences(c->ctl);
+        return;
+    }
+    /* Back after an outage, or our last view of Redis is older than half a heartbeat's life
+     * (Redis stalled or restarted, or this query itself waited that long): keys may have
+     * expired while nobody could refresh them, which says nothing about the processes. They
+     * get one detect timeout to heartbeat again and republish before silence counts. */
+    /* A call on the shared connection failed for Redis's absence since we last looked (a
+     * restart that was over before this query, say): an outage too. */
+    int absent = ctl_absences(c->ctl) != c->absences;
+    c->absences = ctl_absences(c->ctl);
+    if (!c->reachable || absent || (c->last_liveness_ok > 0 && now - c->last_liveness_ok > c->cfg->detect_timeout_ms / 2)) {
+        if (!c->reachable || absent)
+            log_msg("the control plane is back after %.1f s: the processes get %d ms to republish",
+                    c->reachable ? 0.0 : (now - c->unreachable_since) / 1e3, c->cfg->detect_timeout_ms);
+        c->back_since = now;
+        c->outage_epoch = c->epoch;
+        c->reachable = 1;
+        c->unreachable_since = 0;
+        republish(c);
+    }
     c->last_liveness_ok = now;
-    if (now < c->silence_ignored_until) return;
+    if (!coord_control_settled(c)) return;
     for (int r = 0; r < c->cfg->workers; r++)
         if (!alive[r] && !c->departed[r] && !pending_has(c, r)) {
             silent_members(c, alive);
@@ -521,6 +578,48 @@ static void gather_stateless(Coordinator *c, DecideInput *in) {
     free(present);
 }
 
+/* The newest generation of `rank` that all its live holders reported holding in this epoch
+ * when they republished after an outage (their proc hash's `held`: "R:STEP:EPOCH,..."), -1
+ * when none did. */
+static long long held_by_holders(Coordinator *c, int rank) {
+    DecideFailure f = {.rank = rank};
+    gather_holders(c, &f);
+    long long min = -1;
+    for (int h = 0; h < f.nholders; h++) {
+        char held[4096];
+        if (!f.holder_alive[h] || ctl_proc_get(c->ctl, f.holder_proc[h], "held", held, sizeof held) != 0) continue;
+        for (char *p = held; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+            int r;
+            long long st, ep;
+            if (sscanf(p, "%d:%lld:%lld", &r, &st, &ep) == 3 && r == rank && ep == c->epoch && (min < 0 || st < min)) min = st;
+        }
+    }
+    return min;
+}
+
+/* committed_min after an outage in this epoch (decide_committed_min): a rank that died while
+ * Redis was away may have committed more than its records say; its holders know. */
+static long long committed_after_outage(Coordinator *c) {
+    int world = c->cfg->workers;
+    long long *committed = malloc(sizeof *committed * (size_t)world), *held = malloc(sizeof *held * (size_t)world);
+    int *failed = calloc((size_t)world, sizeof *failed);
+    long long min = -2;
+    if (committed && held && failed && ctl_committed_get_many(c->ctl, c->epoch, world, committed) == 0) {
+        for (int r = 0; r < world; r++) held[r] = -1;
+        for (int i = 0; i < c->npending; i++) {
+            int r = c->pending[i].rank;
+            failed[r] = 1;
+            held[r] = held_by_holders(c, r);
+        }
+        min = decide_committed_min(world, committed, failed, held);
+        log_msg("after the control plane's outage: the newest generation every rank can restore is step %lld", min + 1);
+    }
+    free(committed);
+    free(held);
+    free(failed);
+    return min;
+}
+
 /* Everything decide_next needs, from the coordinator's state and the job's Redis keys. */
 static void gather_input(Coordinator *c, int suspicion_due) {
     DecideInput *in = &c->in;
@@ -534,7 +633,9 @@ static void gather_input(Coordinator *c, int suspicion_due) {
     in->resume = c->resume;
     in->spare_wait = c->cfg->spare_wait;
     in->restore_point = c->rollback;
-    in->committed_min = ctl_committed_min(c->ctl, c->epoch, c->cfg->workers);
+    in->control_unsettled = !coord_control_settled(c);
+    in->committed_min = c->outage_epoch == c->epoch ? committed_after_outage(c) : ctl_committed_min(c->ctl, c->epoch, c->cfg->workers);
+    if (in->committed_min == -2) in->control_unsettled = 1; /* not read: decided at a later tick, not from nothing */
     in->checkpoint_step = -1;
     in->nspares = 0;
     for (int i = 0; i < c->npending; i++) {
@@ -639,7 +740,7 @@ static void close_epoch(Coordinator *c) {
     if (closed != 0) {
         /* Redis trouble: the fence alone is what makes the epoch closed; try it on its own. */
         log_msg("closing epoch %ld: %s", c->epoch, ctl_last_error(c->ctl));
-        fence_epoch(c->ctl, c->epoch);
+        if (fence_epoch(c->ctl, c->epoch) != 0 && ctl_error_transient(c->ctl)) return; /* not closed: tried again */
         ctl_notify_many(c->ctl, c->procs, c->cfg->workers, "abort", c->epoch + 1);
     }
     c->fenced = 1;
@@ -757,13 +858,20 @@ static coord_state tick(Coordinator *c, int *spares_used) {
     /* A failed collective with no failed member, for long enough: rebuild the communicator. */
     int suspicion_due = c->npending == 0 && c->suspicion_ms > 0 && now - c->suspicion_ms > 1.5 * c->cfg->detect_timeout_ms;
     if (c->npending == 0 && !suspicion_due) return COORD_RUNNING;
+    /* With the control plane away nothing can be closed or published: the failure waits for it
+     * (the launcher bounds the wait: --control-wait). */
+    if (!c->reachable) return COORD_RUNNING;
     rtt_start_counting(c);
     /* Close the epoch at once, then batch failures that come close together into one decision. */
     close_epoch(c);
+    if (!c->fenced) return COORD_RUNNING; /* Redis failed again: the next tick closes it */
     /* Across machines a batch lasts longer and ends with a probe: processes killed together
      * close their ports only after their memory is torn down, tens of ms for a large one. */
     int batch = c->cfg->nnodes > 0 ? BATCH_MACHINES_MS : BATCH_MS;
     if (c->npending > 0 && now - c->first_pending_ms < batch) return COORD_RUNNING;
+    /* Back from an outage: the processes republish (their commit records above all) before
+     * anything is decided. */
+    if (!coord_control_settled(c)) return COORD_RUNNING;
     if (c->npending > 0 && c->cfg->nnodes > 0 && !c->batch_probed) {
         c->batch_probed = 1;
         c->probe_due = now;

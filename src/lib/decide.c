@@ -87,6 +87,9 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
     }
     /* Nothing failed: only a failed collective that lasted long enough leads anywhere. */
     if (in->nfailed == 0 && !in->suspicion_due) return DECIDE_WAIT;
+    /* The control plane is away or just back: the commit records may be stale, and nothing
+     * published now would reach anyone. The failures wait (bounded by --control-wait). */
+    if (in->control_unsettled) return DECIDE_WAIT;
 
     memset(out, 0, sizeof *out);
     out->epoch = in->epoch + 1;
@@ -225,4 +228,20 @@ int64_t resume_choose(const char *const *inventories, int n, int world, char *wh
     }
     free(have);
     return best;
+}
+
+int decide_control_settled(const DecideControl *c) {
+    if (!c->reachable) return 0;
+    return c->back_since_ms <= 0 || c->now_ms - c->back_since_ms >= c->detect_timeout_ms;
+}
+
+long long decide_committed_min(int world, const long long *committed, const int *failed, const long long *held) {
+    long long min = -1;
+    for (int r = 0; r < world; r++) {
+        long long v = committed[r];
+        if (failed[r] && held[r] > v) v = held[r];
+        if (v < 0) return -1;
+        if (r == 0 || v < min) min = v;
+    }
+    return world > 0 ? min : -1;
 }

@@ -51,6 +51,10 @@ typedef struct {
     int64_t checkpoint_step;        /* newest complete checkpoint in `out`, -1 = none */
     const char *resume;             /* the command that resumes the job (for messages) */
     int spare_wait;                 /* --spare-wait, seconds (for messages) */
+    /* 1 while the control plane is unreachable, or came back less than a detect timeout ago
+     * (decide_control_settled says 0): the processes may not have republished their commit
+     * records and heartbeats yet, so nothing is decided (DECIDE_WAIT), failures wait. */
+    int control_unsettled;
 } DecideInput;
 
 typedef enum {
@@ -90,6 +94,32 @@ int decide_nodes_lost(int world, const int *node, const int *alive, const int *n
  * step is complete; otherwise it names the newest step's missing ranks (an older step was
  * chosen, or none), or says that no machine has a checkpoint. */
 int64_t resume_choose(const char *const *inventories, int n, int world, char *why, size_t whylen);
+
+/* --- the control plane's outages (issue 27, item 11) -----------------------------------
+ * "Redis unreachable" is no evidence that a process died: heartbeats that could not be read,
+ * or that expired while nobody could renew them, say nothing. The coordinator's view of the
+ * control plane: */
+typedef struct {
+    double now_ms;               /* monotonic */
+    int reachable;               /* the last query answered */
+    double back_since_ms;        /* when it answered again after its last outage (0 = never away) */
+    int detect_timeout_ms;
+} DecideControl;
+
+/* 1 when silence may be read as a death and a decision may be taken: the control plane answers
+ * and its last outage ended at least a detect timeout ago (every process had a whole heartbeat
+ * life to beat again and republish what it owns). 0 otherwise. */
+int decide_control_settled(const DecideControl *c);
+
+/* The newest generation every rank can restore, after an outage: committed[r] is rank r's
+ * commit record in Redis (-1 none), exact for the members that live (they republished it);
+ * a failed rank's record may be older than what it really committed (written while Redis was
+ * away, its records never arrived), so for failed[r] != 0 held[r], the newest generation the
+ * rank's live holders all have in this epoch (-1 unknown), counts when it is newer. Every rank
+ * commits k + 1 only after every rank committed k, so the result is in every survivor's
+ * buffers and in every failed rank's holders. The minimum over the ranks, -1 when some rank
+ * has nothing. */
+long long decide_committed_min(int world, const long long *committed, const int *failed, const long long *held);
 
 /* "wait", "swap", "rebuild", "no_spare", "state_lost", "no_ft", "invalid". */
 const char *decide_outcome_name(decide_outcome o);

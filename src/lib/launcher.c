@@ -89,6 +89,8 @@ typedef struct {
     int lock_fd;            /* flock on OUT/.lock, held while the job runs */
     int redis_lost;         /* the control plane is gone: workers persist and stop by themselves */
     double redis_failing_since; /* first failed drain of a run of failures, 0 = reachable */
+    int64_t redis_failing_wall; /* ...its wall time */
+    char secret[REPLICA_SECRET_HEX_LEN + 1]; /* the job's secret, republished if Redis comes back empty */
     Coordinator *coord;
     NetNs netns;            /* --inject netdown: one rank runs behind a link we can cut */
     long netdown_epoch;     /* the link went down in this epoch; -1 = up */
@@ -206,6 +208,9 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     L->addr = addr;
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
     if (!L->ctl) return -1;
+    /* Every call of the supervising loop is bounded by a second: a stalled Redis does not hold
+     * up the reaping of children, and an outage is measured to about that. */
+    ctl_set_timeout(L->ctl, 1000);
     int64_t offset;
     if (ctl_clock_offset(L->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
     /* A Redis shared between jobs: sweep what launchers killed with -9 left behind. */
@@ -283,6 +288,7 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     }
     int published = ctl_config_set(L->ctl, "secret", secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
                     ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0;
+    memcpy(L->secret, secret, sizeof L->secret);
     explicit_bzero(secret, sizeof secret);
     if (!published) {
         snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
@@ -411,6 +417,11 @@ static void add_child(Launcher *L, pid_t pid, long proc, int rank) {
 static int start_process(Launcher *L, int rank) {
     if (L->nchildren >= MAX_CHILDREN) return -1;
     long proc = ctl_new_proc_id(L->ctl);
+    /* Redis away for a moment is no reason to start nothing (item 12): retried, bounded. */
+    for (double until = now_ms() + job_control_outage_ms(L->cfg); proc <= 0 && ctl_error_transient(L->ctl) && now_ms() < until;) {
+        sleep_ms(200);
+        proc = ctl_new_proc_id(L->ctl);
+    }
     if (proc <= 0) return -1;
     pid_t pid = spawn_process(L, rank, proc);
     if (pid < 0) return -1;
@@ -723,6 +734,29 @@ static void on_report(const char *text, void *arg) {
     }
 }
 
+/* The control plane answers again after an outage: what the launcher owns there is written
+ * again, for a Redis that came back empty (restarted without persistence) or older (a replica
+ * promoted before it had the last writes): its key, the job's config, secret, start time and
+ * state, and the process counter (an id is never handed out twice). The coordinator and
+ * every process republish theirs. */
+static void republish_job(Launcher *L) {
+    if (!L->coordinating || !L->secret[0]) return;
+    char text[JOB_CONFIG_TEXT_MAX], t0[32];
+    if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) return;
+    snprintf(t0, sizeof t0, "%lld", (long long)L->t0_wall_ms);
+    L->beat_ms = 0;
+    launcher_beat(L);
+    long long max_proc = 0;
+    for (int i = 0; i < L->nchildren; i++)
+        if (L->children[i].proc > max_proc) max_proc = L->children[i].proc;
+    int ok = L->beat_ms && ctl_config_set(L->ctl, "secret", L->secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
+             ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0 &&
+             ctl_counter_at_least(L->ctl, "procs", max_proc + 1000) == 0; /* spares joined by hand drew ids too */
+    ctl_wait_replica(L->ctl, 1000);
+    log_msg("the control plane answers again: the job's keys are %s", ok ? "republished" : "not all republished (tried again)");
+    if (!ok) L->redis_failing_since = L->redis_failing_since ? L->redis_failing_since : now_ms();
+}
+
 static void control_plane_lost(Launcher *L, const char *why) {
     L->redis_lost = 1;
     log_msg("the control plane is lost (%s): no failure can be handled any more; the workers keep their "
@@ -736,14 +770,27 @@ static void drain_outputs(Launcher *L) {
     }
     while (n >= 0 && (n = ctl_drain(L->ctl, "events", 256, on_event, L)) > 0) {
     }
-    /* Redis unreachable for longer than a failure takes to detect (under Sentinel: than a
-     * failover takes): the control plane is lost (the embedded server's exit says so at once;
-     * an external one only through this). */
+    /* Redis unreachable: training goes on (it needs Redis only to handle a failure). A failure
+     * meanwhile waits --control-wait for it; after that the control plane is lost: the workers
+     * keep their committed state on disk and stop. Back: the job's keys are republished. */
     if (n < 0 && !L->redis_lost) {
-        if (L->redis_failing_since == 0) L->redis_failing_since = now_ms();
-        else if (now_ms() - L->redis_failing_since > job_control_outage_ms(L->cfg)) control_plane_lost(L, ctl_last_error(L->ctl));
-    } else if (n >= 0) {
+        if (L->redis_failing_since == 0) {
+            L->redis_failing_since = now_ms();
+            L->redis_failing_wall = wall_ms();
+        }
+        char kind[16];
+        int64_t t_fail = 0;
+        if (L->coord && coord_unhandled_failure(L->coord, kind, sizeof kind, &t_fail) >= 0) {
+            int64_t since = t_fail > L->redis_failing_wall ? t_fail : L->redis_failing_wall;
+            if (wall_ms() - since > job_control_outage_ms(L->cfg)) {
+                char why[700];
+                snprintf(why, sizeof why, "a failure waited %d s for it: %s", L->cfg->control_wait, ctl_last_error(L->ctl));
+                control_plane_lost(L, why);
+            }
+        }
+    } else if (n >= 0 && L->redis_failing_since) {
         L->redis_failing_since = 0;
+        republish_job(L);
     }
     while (ctl_drain(L->ctl, "metrics", 256, on_metric, L) > 0) {
     }
@@ -795,16 +842,31 @@ static int reap_children(Launcher *L) {
             continue;
         }
         if (!c && pid == L->server.pid) { /* the embedded redis-server died */
-            char how[64], why[128];
+            char how[64], why[1200], err[1024];
             describe_exit(status, how, sizeof how);
             snprintf(why, sizeof why, "the embedded redis-server, pid %d, %s", (int)pid, how);
             L->server.pid = 0;
-            control_plane_lost(L, why);
+            /* Started again on the same port with the same password, empty: everybody
+             * reconnects and republishes what it owns there; training does not wait for it. */
+            if (!stop_signal && !L->job_done && redis_server_restart(&L->server, 5000, err, sizeof err) == 0) {
+                log_msg("%s: started again on 127.0.0.1:%d (pid %d); the job's keys are republished", why, L->server.port,
+                        L->server.pid);
+                if (!L->redis_failing_since) {
+                    L->redis_failing_since = now_ms();
+                    L->redis_failing_wall = wall_ms();
+                }
+            } else {
+                if (L->server.pid == 0 && !stop_signal && !L->job_done) log_msg("restarting it: %s", err);
+                control_plane_lost(L, why);
+            }
         }
         if (!c) continue;
         c->exited = 1;
         c->status = status;
         if (L->cfg->nnodes > 0) report_exit(L, c); /* for whichever launcher coordinates, now or later */
+        /* A member that finished says so here too: its job_done may not have reached Redis (the
+         * control plane away at the end), and its silence must not read as a crash. */
+        if (!stop_signal && WIFEXITED(status) && WEXITSTATUS(status) == 0 && L->coord) coord_child_exited(L->coord, pid, status);
         if (stop_signal || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) continue;
         char how[64];
         describe_exit(status, how, sizeof how);
@@ -1492,6 +1554,9 @@ coordinator_end:;
 
     const char *state = stop_signal ? "stopping" : L.failed || L.redis_lost ? "failed" : "done";
     if (L.redis_lost) {
+        /* Spares have nothing to keep and no reason to leave by themselves: they go now. */
+        for (int i = 0; i < L.nchildren; i++)
+            if (!L.children[i].exited && L.coord && !coord_is_member(L.coord, L.children[i].pid)) kill(L.children[i].pid, SIGTERM);
         /* The workers see the loss within the detect timeout, write their committed state
          * and leave; give them that long (plus a blocked collective's timeout), then stop them. */
         stop_children(&L, 3 * cfg->detect_timeout_ms + job_comm_timeout_ms(cfg) + 20000);
@@ -1557,6 +1622,7 @@ out:
     }
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);
+    explicit_bzero(L.secret, sizeof L.secret);
     stop_ha(&L);
     run_dir_remove(L.run_dir);
     if (L.events) fclose(L.events);

@@ -1868,3 +1868,19 @@ replica_status replica_get_into(ReplicaConn *c, const char *job, int rank, int64
     *payload = buf;
     return REPLICA_OK;
 }
+
+int replica_server_newest(ReplicaServer *s, int rank, int64_t *step, int64_t *epoch) {
+    int found = -1;
+    if (!s || rank < 0 || rank >= s->world) return -1;
+    pthread_mutex_lock(&s->mu);
+    Owner *o = owner_find(s, rank, 0);
+    for (int i = 0; o && i < 2; i++) {
+        const Slot *sl = &o->slot[i];
+        if (!sl->valid || (found == 0 && sl->h.step <= *step)) continue;
+        *step = sl->h.step;
+        *epoch = sl->h.epoch;
+        found = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}

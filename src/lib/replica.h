@@ -90,6 +90,11 @@ void replica_server_stop(ReplicaServer *s);
  * when the stored bytes of every such generation failed their re-verification (a memory
  * fault: those generations are dropped). GET answers the same way. */
 replica_status replica_server_lookup(ReplicaServer *s, int rank, int64_t max_step, SnapHeader *h, void **payload);
+/* The step and epoch of the newest generation of `rank` this holder has verified on arrival
+ * (not read again). 0, or -1 when it holds none. After a control-plane outage a process
+ * publishes it, so that a coordinator can roll a rank that died meanwhile back to what its
+ * holders really have (its own commit records may not have reached Redis). */
+int replica_server_newest(ReplicaServer *s, int rank, int64_t *step, int64_t *epoch);
 /* Fault injection (--inject corrupt:RANK@STEP): from now on every generation of `rank` this
  * holder has or gets turns bad when it is read, as a memory fault would make it (its CRC no
  * longer matches: GET answers REPLICA_CORRUPT). */

@@ -54,8 +54,24 @@ struct dp {
     atomic_int hb_stop;
     atomic_int job_over;      /* the launcher set the job's state to stopping/done/failed */
     atomic_int abort_step;    /* the coordinator closed our epoch: abandon the step in flight */
-    atomic_int control_lost;  /* redis unreachable for longer than the detect timeout */
+    atomic_int control_lost;  /* a failure waited --control-wait for an unreachable redis: persist and stop */
     atomic_long cur_epoch;
+    /* The control plane's outages (issue 27, item 11): training needs Redis only to handle a
+     * failure, so while it is away nothing on the training path waits for it. */
+    atomic_int ctl_down;      /* a call found Redis unreachable; cleared once everything is republished */
+    atomic_int down_logged;   /* ...and the heartbeat thread confirmed it (said so in the log) */
+    _Atomic double down_since; /* when (now_ms) */
+    pthread_mutex_t pub_mu;   /* what this process republishes when Redis is back, and the metrics queue */
+    long long pub_epoch, pub_step; /* newest local commit (epoch, step; -1 none) and its rank */
+    int pub_rank;
+    atomic_int in_pool;       /* a spare in the spare pool */
+    char reg_replica[300], reg_host[256], reg_pid[32]; /* the registration's facts */
+    char *mq[8192];           /* metrics lines waiting for Redis (rank 0), oldest first: a minute of short steps */
+    int mq_n, mq_dropped, mq_flushing;
+    _Atomic double step_ewma; /* a step's usual time, ms (main thread): the training path's Redis bound */
+    pthread_cond_t pub_cv;    /* wakes the heartbeat thread: something waits to be republished */
+    int own_pending;          /* KEY_OWN_STATE not written yet (Redis was away at the commit) */
+    size_t gen_bytes_pending; /* ...KEY_GEN_BYTES likewise (0: none) */
     char err[1024];           /* dp_last_error */
     /* membership */
     dp_callbacks cb;
@@ -114,6 +130,21 @@ struct dp {
 };
 
 /* --- small helpers ------------------------------------------------------------------- */
+
+/* dp_init's last failure was the control plane's absence, not a bad job (item 12): the
+ * process exits as failed (DP_EXIT_FAILED), and the job replaces it, instead of tearing down. */
+static atomic_int init_transient;
+
+/* While starting: a Redis call on c failed; 1 when it was the server's absence and the bound
+ * (deadline, now_ms) is not reached, after a pause: try again. */
+static int retry_transient(const ctl_t *c, double deadline) {
+    if (!ctl_error_transient(c) || now_ms() > deadline) {
+        if (ctl_error_transient(c)) atomic_store(&init_transient, 1);
+        return 0;
+    }
+    sleep_ms(200);
+    return 1;
+}
 
 static void end_epoch_comms(dp_t *dp);
 
@@ -175,6 +206,144 @@ static void set_role_log(dp_t *dp) {
     log_set_role(role);
 }
 
+/* --- the control plane's outages (issue 27, item 11) ------------------------------------
+ * Training needs Redis only to handle a failure. A call that finds it unreachable (its
+ * server's absence: ctl_error_transient) marks the control plane down; from then on nothing on
+ * the training path asks it (the fence check, rank 0's metrics line, the snapshot thread's
+ * commit record), so a stall, a restart or a failover costs the step in flight at most the
+ * path's bound, about one step. The heartbeat thread keeps trying; once it reaches Redis it
+ * republishes whatever this process owns there (republish: Redis may have come back empty,
+ * or as a replica that missed the last writes) and only then clears the mark. A failure
+ * meanwhile waits --control-wait for it (wait_for_decision), then the process persists what
+ * it committed and stops. */
+
+/* confirmed: the heartbeat thread's own beat failed (logged); else a call on the training path
+ * did not answer within its bound, which may be a blip of a busy machine: the heartbeat thread
+ * is woken to find out at once, and a blip is over (and republished) within a round trip. */
+static void control_down(dp_t *dp, const ctl_t *c, int confirmed) {
+    if (!atomic_exchange(&dp->ctl_down, 1)) {
+        atomic_store(&dp->down_since, now_ms());
+        /* The heartbeat thread tries at once: what was not written (a commit record above all)
+         * is written the moment Redis answers again, not a heartbeat period later. */
+        pthread_mutex_lock(&dp->pub_mu);
+        pthread_cond_broadcast(&dp->pub_cv);
+        pthread_mutex_unlock(&dp->pub_mu);
+    }
+    if (confirmed && !atomic_exchange(&dp->down_logged, 1))
+        log_msg("the control plane (redis) is unreachable (%s): training goes on; a failure now waits up to %d s for it",
+                ctl_last_error(c), dp->cfg.control_wait);
+}
+
+/* After a failed call on c: was it the server's absence? */
+static void note_failure(dp_t *dp, const ctl_t *c) {
+    if (ctl_error_transient(c)) control_down(dp, c, 0);
+}
+
+/* The bound on a Redis call on the training path: a third of a step (the step that meets an
+ * outage may pay it on each of the fence check, the commit record and, across ranks, a
+ * collective's partner: about one step in all), 5 ms at least, a quarter of the detect timeout
+ * at most (before the first step, that quarter). */
+static int path_timeout_ms(const dp_t *dp) {
+    int cap = dp->cfg.detect_timeout_ms / 4 > 5 ? dp->cfg.detect_timeout_ms / 4 : 5;
+    int t = dp->step_ewma > 0 ? (int)(dp->step_ewma / 3) : cap;
+    return t < 5 ? 5 : t > cap ? cap : t;
+}
+
+/* Metrics lines that could not be pushed wait here, in order (the oldest are dropped past 8192). */
+static void mq_push(dp_t *dp, const char *json) {
+    pthread_mutex_lock(&dp->pub_mu);
+    int cap = (int)(sizeof dp->mq / sizeof dp->mq[0]);
+    if (dp->mq_n == cap) {
+        free(dp->mq[0]);
+        memmove(dp->mq, dp->mq + 1, sizeof dp->mq[0] * (size_t)(cap - 1));
+        dp->mq_n--;
+        dp->mq_dropped++;
+    }
+    char *copy = strdup(json);
+    if (copy) dp->mq[dp->mq_n++] = copy;
+    pthread_mutex_unlock(&dp->pub_mu);
+}
+
+/* Sends queued lines in order on c, at most 256 a call (the heartbeat thread sends the rest at
+ * its next beats: its heartbeat must not wait for a long backlog). 0 unless Redis failed. */
+static int mq_flush(dp_t *dp, ctl_t *c) {
+    for (int sent = 0;; sent++) {
+        if (sent == 256) {
+            pthread_mutex_lock(&dp->pub_mu);
+            dp->mq_flushing = 0;
+            pthread_mutex_unlock(&dp->pub_mu);
+            return 0;
+        }
+        pthread_mutex_lock(&dp->pub_mu);
+        if (dp->mq_n == 0) {
+            dp->mq_flushing = 0;
+            pthread_mutex_unlock(&dp->pub_mu);
+            return 0;
+        }
+        dp->mq_flushing = 1; /* rank 0 queues behind us meanwhile: the lines stay in order */
+        const char *json = dp->mq[0];
+        pthread_mutex_unlock(&dp->pub_mu);
+        int ok = ctl_push_metric(c, json) == 0;
+        pthread_mutex_lock(&dp->pub_mu);
+        if (ok) {
+            free(dp->mq[0]);
+            memmove(dp->mq, dp->mq + 1, sizeof dp->mq[0] * (size_t)(dp->mq_n - 1));
+            dp->mq_n--;
+        } else {
+            dp->mq_flushing = 0;
+        }
+        pthread_mutex_unlock(&dp->pub_mu);
+        if (!ok) return -1;
+    }
+}
+
+/* Everything this process owns in Redis, written again: its registration, its rank (while
+ * Redis has no newer epoch than ours: a replaced process must not claim its old rank back),
+ * its newest commit record and what it published about its state, its place in the spare
+ * pool, the newest generation it holds of every other rank (`held`: what a rank that died
+ * meanwhile can be restored from, its own commit records may never have arrived), and the
+ * metrics lines that waited. 0 when all of it reached Redis. */
+static int republish(dp_t *dp, ctl_t *c) {
+    int bad = 0;
+    long cur = atomic_load(&dp->cur_epoch), e = ctl_epoch(c);
+    if (e < 0) return -1;
+    if (dp->reg_replica[0])
+        bad |= ctl_proc_set(c, dp->proc_id, "replica", dp->reg_replica) | ctl_proc_set(c, dp->proc_id, "host", dp->reg_host) |
+               ctl_proc_set(c, dp->proc_id, "node", dp->node) | ctl_proc_set(c, dp->proc_id, "pid", dp->reg_pid);
+    pthread_mutex_lock(&dp->pub_mu);
+    long long pe = dp->pub_epoch, ps = dp->pub_step;
+    int rank = dp->pub_rank;
+    pthread_mutex_unlock(&dp->pub_mu);
+    char k[48];
+    if (rank >= 0 && e <= cur) {
+        bad |= ctl_set_rank_owner(c, rank, dp->proc_id);
+        if (pe == cur && ps >= 0) bad |= ctl_committed_set(c, pe, rank, ps);
+        if (dp->own_published || dp->own_pending) bad |= ctl_set(c, key(k, sizeof k, KEY_OWN_STATE, rank, 0), "1");
+        pthread_mutex_lock(&dp->pub_mu);
+        size_t gb = dp->gen_bytes_pending > dp->gen_bytes_published ? dp->gen_bytes_pending : dp->gen_bytes_published;
+        pthread_mutex_unlock(&dp->pub_mu);
+        char bytes[32];
+        snprintf(bytes, sizeof bytes, "%zu", gb);
+        if (gb) bad |= ctl_set(c, key(k, sizeof k, KEY_GEN_BYTES, rank, 0), bytes);
+    }
+    if (atomic_load(&dp->in_pool)) bad |= ctl_spare_add(c, dp->proc_id);
+    size_t cap = (size_t)dp->cfg.workers * 48 + 1, used = 0;
+    char *held = malloc(cap);
+    if (held) {
+        held[0] = 0;
+        for (int r = 0; r < dp->cfg.workers; r++) {
+            int64_t st, ep;
+            if (r != rank && replica_server_newest(dp->replicas, r, &st, &ep) == 0)
+                used += (size_t)snprintf(held + used, cap - used, "%s%d:%lld:%lld", used ? "," : "", r, (long long)st, (long long)ep);
+        }
+        bad |= ctl_proc_set(c, dp->proc_id, "held", held);
+        free(held);
+    }
+    bad |= mq_flush(dp, c);
+    if (!bad) ctl_wait_replica(c, 1000);
+    return bad ? -1 : 0;
+}
+
 /* --- threads: heartbeat, abort watch ------------------------------------------------- */
 
 /* Waits on the process's "abort" list; a value e+1 with e >= our epoch raises abort_step. */
@@ -199,30 +368,34 @@ static void *heartbeat_loop(void *arg) {
     char err[256];
     ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
     if (!c) { log_msg("heartbeat: %s", err); return NULL; }
-    int period = dp->cfg.detect_timeout_ms / 4, failing = 0;
-    double last_ok = now_ms();
+    int period = dp->cfg.detect_timeout_ms / 4;
+    /* The beat keeps its generous timeout (2 s): a slow Redis still gets the heartbeat, and a
+     * stalled one answers the beat waiting in its socket the moment it runs again. */
     while (!atomic_load(&dp->hb_stop)) {
         int ok = ctl_heartbeat(c, dp->proc_id, dp->cfg.detect_timeout_ms) == 0;
-        if (!ok && !failing) log_msg("heartbeat failed: %s", ctl_last_error(c));
-        if (ok && failing) log_msg("heartbeat restored");
-        failing = !ok;
-        /* Unreachable for longer than a failure takes to detect (this call failed, or answered
-         * only after such a gap: a stalled Redis): nothing could be detected, decided or fenced
-         * meanwhile, and every process sees the same gap. Stop the loop and keep what is
-         * committed (dp_recover). A process that was itself stopped finds a newer epoch
-         * instead: it has been replaced, and leaves fenced. */
-        double gap = now_ms() - last_ok;
-        if (ok) last_ok = now_ms();
-        if (gap > job_control_outage_ms(&dp->cfg) && !atomic_load(&dp->control_lost) &&
-            !(ok && ctl_epoch(c) > atomic_load(&dp->cur_epoch))) {
-            log_msg("the control plane (redis) was unreachable for %d ms: stopping with the committed state", (int)gap);
-            atomic_store(&dp->control_lost, 1);
-            atomic_store(&dp->abort_step, 1);
+        if (!ok) control_down(dp, c, 1); /* not answering our heartbeat, whatever the reason */
+        if (ok && atomic_load(&dp->ctl_down)) {
+            if (republish(dp, c) == 0) {
+                if (atomic_exchange(&dp->down_logged, 0))
+                    log_msg("the control plane is back after %.1f s: this process's keys are republished",
+                            (now_ms() - atomic_load(&dp->down_since)) / 1e3);
+                atomic_store(&dp->ctl_down, 0);
+            }
+        } else if (ok) {
+            mq_flush(dp, c); /* lines a failed push left behind */
         }
         char state[32];
-        if (ctl_state_get(c, state, sizeof state) == 0 && strcmp(state, "running") != 0)
+        if (ok && ctl_state_get(c, state, sizeof state) == 0 && strcmp(state, "running") != 0)
             atomic_store(&dp->job_over, 1);
-        sleep_ms(period > 0 ? period : 1);
+        /* The next beat after a period, or at once when a call elsewhere found Redis away. */
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        long long ns = until.tv_nsec + (long long)(period > 0 ? period : 1) * 1000000LL;
+        until.tv_sec += (time_t)(ns / 1000000000LL);
+        until.tv_nsec = (long)(ns % 1000000000LL);
+        pthread_mutex_lock(&dp->pub_mu);
+        if (!atomic_load(&dp->hb_stop)) pthread_cond_timedwait(&dp->pub_cv, &dp->pub_mu, &until);
+        pthread_mutex_unlock(&dp->pub_mu);
     }
     ctl_close(c);
     return NULL;
@@ -259,11 +432,29 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
     return 0;
 }
 
-/* Claims the requested rank, or the first free one. Returns the rank, -1 if none is free. */
+/* Claims rank r for us: 1 claimed, 0 taken, -1 Redis failed (a transient error is retried
+ * within --control-wait; a claim whose answer was lost finds its own proc id there). */
+static int claim_one(dp_t *dp, int r) {
+    for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;) {
+        int got = ctl_claim_rank(dp->ctl, r, dp->proc_id);
+        if (got == 0 && ctl_rank_owner(dp->ctl, r) == dp->proc_id) return 1;
+        if (got >= 0) return got;
+        if (!retry_transient(dp->ctl, deadline)) return -1;
+    }
+}
+
+/* Claims the requested rank, or the first free one. Returns the rank, -1 if none is free,
+ * -2 when Redis failed. */
 static int claim_rank(dp_t *dp, int wanted) {
-    if (wanted >= 0) return ctl_claim_rank(dp->ctl, wanted, dp->proc_id) == 1 ? wanted : -1;
-    for (int r = 0; r < dp->cfg.workers; r++)
-        if (ctl_claim_rank(dp->ctl, r, dp->proc_id) == 1) return r;
+    if (wanted >= 0) {
+        int got = claim_one(dp, wanted);
+        return got == 1 ? wanted : got < 0 ? -2 : -1;
+    }
+    for (int r = 0; r < dp->cfg.workers; r++) {
+        int got = claim_one(dp, r);
+        if (got == 1) return r;
+        if (got < 0) return -2;
+    }
     return -1;
 }
 
@@ -274,9 +465,15 @@ static int claim_rank(dp_t *dp, int wanted) {
 static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     char secret[REPLICA_SECRET_HEX_LEN + 2];
     unsigned char key[REPLICA_KEY_BYTES];
-    int keyed = ctl_config_get(dp->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, key) == 0 &&
-                comm_key_derive(secret, dp->comm_key) == 0;
+    int got;
+    for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;)
+        if ((got = ctl_config_get(dp->ctl, "secret", secret, sizeof secret)) == 0 || !retry_transient(dp->ctl, deadline)) break;
+    int keyed = got == 0 && replica_key_derive(secret, key) == 0 && comm_key_derive(secret, dp->comm_key) == 0;
     explicit_bzero(secret, sizeof secret);
+    if (!keyed && got != 0 && ctl_error_transient(dp->ctl)) {
+        snprintf(err, errlen, "reading the job's secret: %s", ctl_last_error(dp->ctl));
+        return -1;
+    }
     if (!keyed) {
         snprintf(err, errlen, "job '%s' has no valid replica channel secret in redis (published by an older "
                  "deadpool?)", dp->job);
@@ -285,16 +482,20 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, dp->cfg.workers, dp->proc_id, key, err, errlen);
     explicit_bzero(key, sizeof key);
     if (!dp->replicas) return -1;
-    char addr[300], host[256] = "", pid[32];
-    snprintf(addr, sizeof addr, "%s:%d", dp->bind_host, replica_server_port(dp->replicas));
-    snprintf(pid, sizeof pid, "%d", (int)getpid());
-    gethostname(host, sizeof host - 1);
-    if (ctl_proc_set(dp->ctl, dp->proc_id, "replica", addr) != 0 || ctl_proc_set(dp->ctl, dp->proc_id, "host", host) != 0 ||
-        ctl_proc_set(dp->ctl, dp->proc_id, "node", dp->node) != 0 || ctl_proc_set(dp->ctl, dp->proc_id, "pid", pid) != 0) {
-        snprintf(err, errlen, "registering the replica server failed: %s", ctl_last_error(dp->ctl));
-        return -1;
+    char *addr = dp->reg_replica, *host = dp->reg_host, *pid = dp->reg_pid;
+    snprintf(addr, sizeof dp->reg_replica, "%s:%d", dp->bind_host, replica_server_port(dp->replicas));
+    snprintf(pid, sizeof dp->reg_pid, "%d", (int)getpid());
+    gethostname(host, sizeof dp->reg_host - 1);
+    for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;) { /* a transient error is retried */
+        if (ctl_proc_set(dp->ctl, dp->proc_id, "replica", addr) == 0 && ctl_proc_set(dp->ctl, dp->proc_id, "host", host) == 0 &&
+            ctl_proc_set(dp->ctl, dp->proc_id, "node", dp->node) == 0 && ctl_proc_set(dp->ctl, dp->proc_id, "pid", pid) == 0)
+            return 0;
+        if (!ctl_error_transient(dp->ctl) || now_ms() > deadline) break;
+        sleep_ms(200);
     }
-    return 0;
+    snprintf(err, errlen, "registering the replica server failed: %s", ctl_last_error(dp->ctl));
+    init_transient = ctl_error_transient(dp->ctl);
+    return -1;
 }
 
 int node_id_default(char *buf, size_t len) {
@@ -326,6 +527,9 @@ static void options_from_env(dp_options *o) {
 static void free_process(dp_t *dp) {
     if (dp->hb_thread) {
         atomic_store(&dp->hb_stop, 1);
+        pthread_mutex_lock(&dp->pub_mu);
+        pthread_cond_broadcast(&dp->pub_cv);
+        pthread_mutex_unlock(&dp->pub_mu);
         pthread_join(dp->hb_thread, NULL);
         if (dp->abort_thread) pthread_join(dp->abort_thread, NULL);
     }
@@ -336,6 +540,7 @@ static void free_process(dp_t *dp) {
     if (dp->ctl && dp->proc_id > 0 && dp->rank < 0 && !atomic_load(&dp->control_lost))
         ctl_heartbeat_clear(dp->ctl, dp->proc_id);
     if (dp->ctl) ctl_close(dp->ctl);
+    for (int i = 0; i < dp->mq_n; i++) free(dp->mq[i]);
     free(dp->head);
     free(dp->local_head);
     free(dp->warm_buf);
@@ -360,7 +565,15 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     dp_t *dp = calloc(1, sizeof *dp);
     if (!dp) { snprintf(err, errlen, "out of memory"); return NULL; }
     dp->rank = -1;
+    dp->pub_rank = -1;
+    dp->pub_epoch = dp->pub_step = -1;
     pthread_mutex_init(&dp->snap_ctl_mu, NULL);
+    pthread_mutex_init(&dp->pub_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&dp->pub_cv, &ca);
+    pthread_condattr_destroy(&ca);
     snprintf(dp->job, sizeof dp->job, "%s", o.job);
     snprintf(dp->bind_host, sizeof dp->bind_host, "%s", o.bind_host && *o.bind_host ? o.bind_host : "127.0.0.1");
     const char *node = getenv(DP_ENV_NODE), *proc = getenv(DP_ENV_PROC);
@@ -372,11 +585,31 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     }
     log_set_role(o.spare ? "spare" : "rank");
     if (redis_addr_parse(o.redis_url, &dp->addr, err, errlen) != 0) goto fail;
-    dp->ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen);
-    if (!dp->ctl) goto fail;
+    /* Every Redis call of the start is retried while it fails for the server's absence (a
+     * restart, a stall, a failover), within --control-wait (60 s until the job's own is read):
+     * such an error says nothing about the job, and a bad job stops it (item 12). */
+    double deadline = now_ms() + job_control_outage_ms(&dp->cfg);
+    while (!(dp->ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen))) {
+        if (!ctl_connect_error_transient() || now_ms() > deadline) {
+            if (ctl_connect_error_transient()) atomic_store(&init_transient, 1);
+            goto fail;
+        }
+        sleep_ms(200);
+    }
     int64_t offset;
     if (ctl_clock_offset(dp->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
-    if (read_job(dp, err, errlen) != 0) goto fail;
+    /* A process the launcher started belongs to a live job: a config or launcher key missing
+     * for a moment is a Redis that came back empty, and the launcher is writing them again. */
+    double republished_by = now_ms() + 5000;
+    int spawned = proc && atol(proc) > 0;
+    while (read_job(dp, err, errlen) != 0) {
+        if (spawned && !ctl_error_transient(dp->ctl) && now_ms() < republished_by) {
+            sleep_ms(100);
+            continue;
+        }
+        if (!retry_transient(dp->ctl, deadline)) goto fail;
+    }
+    deadline = now_ms() + job_control_outage_ms(&dp->cfg);
     if (!o.spare && o.rank >= dp->cfg.workers) { /* refused now, not later by the collectives */
         snprintf(err, errlen, "--rank %d: job '%s' has %d ranks (0 to %d)", o.rank, dp->job, dp->cfg.workers,
                  dp->cfg.workers - 1);
@@ -385,6 +618,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     /* A launcher draws its processes' ids, so that it can report their exits by id. Read once:
      * a process this one starts must not take the same id. */
     dp->proc_id = proc && atol(proc) > 0 ? atol(proc) : ctl_new_proc_id(dp->ctl);
+    while (dp->proc_id < 0 && retry_transient(dp->ctl, deadline)) dp->proc_id = ctl_new_proc_id(dp->ctl);
     unsetenv(DP_ENV_PROC);
     if (dp->proc_id < 0) { snprintf(err, errlen, "registration failed: %s", ctl_last_error(dp->ctl)); goto fail; }
     if (start_replica_server(dp, err, errlen) != 0) goto fail;
@@ -392,7 +626,12 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     pthread_create(&dp->hb_thread, NULL, heartbeat_loop, dp);
     pthread_create(&dp->abort_thread, NULL, abort_watch_loop, dp);
     dp->rank = o.spare ? -1 : claim_rank(dp, o.rank);
+    if (dp->rank == -2) {
+        snprintf(err, errlen, "claiming a rank failed: %s", ctl_last_error(dp->ctl));
+        goto fail;
+    }
     if (!o.spare && o.rank >= 0 && dp->rank < 0) log_msg("rank %d is taken; joining as a spare", o.rank);
+    dp->pub_rank = dp->rank;
     dp->role = dp->rank >= 0 ? DP_ROLE_INITIAL : DP_ROLE_SPARE;
     ctl_wait_replica(dp->ctl, 1000); /* the registration (replica address, machine, rank) on a replica */
     dp->next_step = dp->cfg.resume_step + 1;
@@ -1032,18 +1271,43 @@ static void persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const vo
 static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
     dp_t *dp = arg;
     pthread_mutex_lock(&dp->snap_ctl_mu);
-    /* Before the commit is published: a coordinator that counts this generation as committed
-     * must also see that the rank has state of its own (decide.h, stateless). */
-    char k[48];
-    if (!dp->own_published && gen_own_state(payload, h->length) &&
-        ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0)
-        dp->own_published = 1;
-    char bytes[32];
-    snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)h->length);
-    if (h->length > dp->gen_bytes_published && ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
-        dp->gen_bytes_published = h->length; /* what a waiting spare sizes its buffer for */
-    ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step);
-    ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
+    pthread_mutex_lock(&dp->pub_mu); /* what republish writes again when Redis was away */
+    if (h->epoch > dp->pub_epoch || (h->epoch == dp->pub_epoch && h->step > dp->pub_step)) {
+        dp->pub_epoch = h->epoch;
+        dp->pub_step = h->step;
+    }
+    pthread_mutex_unlock(&dp->pub_mu);
+    /* The next step's reduction waits for this callback: with the control plane away it
+     * writes nothing (republish does, once Redis is back), and otherwise each call is bounded
+     * by about a step, so that a stall that begins now costs at most that. */
+    if (!atomic_load(&dp->ctl_down)) {
+        int saved = ctl_timeout(dp->snap_ctl);
+        ctl_set_timeout(dp->snap_ctl, path_timeout_ms(dp));
+        /* Before the commit is published: a coordinator that counts this generation as committed
+         * must also see that the rank has state of its own (decide.h, stateless). */
+        char k[48];
+        int failed = 0;
+        if (!dp->own_published && gen_own_state(payload, h->length)) {
+            if (ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0) dp->own_published = 1;
+            else failed = dp->own_pending = 1;
+        }
+        char bytes[32];
+        snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)h->length);
+        if (!failed && h->length > dp->gen_bytes_published) {
+            if (ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
+                dp->gen_bytes_published = h->length; /* what a waiting spare sizes its buffer for */
+            else failed = 1;
+        }
+        if (!failed && ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step) != 0) failed = 1;
+        if (failed) control_down(dp, dp->snap_ctl, 0); /* owed: the heartbeat thread writes it as soon as it can */
+        else ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
+        ctl_set_timeout(dp->snap_ctl, saved);
+    } else {
+        if (!dp->own_published && gen_own_state(payload, h->length)) dp->own_pending = 1;
+    }
+    pthread_mutex_lock(&dp->pub_mu);
+    if (h->length > dp->gen_bytes_published && h->length > dp->gen_bytes_pending) dp->gen_bytes_pending = h->length;
+    pthread_mutex_unlock(&dp->pub_mu);
     int every = dp->cfg.persist_every;
     if (every > 0 && (h->step + 1) % every == 0) persist_generation(dp, dp->snap_ctl, h, payload);
     pthread_mutex_unlock(&dp->snap_ctl_mu);
@@ -1466,6 +1730,9 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     dp->persist_answered = 0;
     int was_member = dp->rank >= 0;
     dp->rank = decision_rank_of(d, dp->proc_id);
+    pthread_mutex_lock(&dp->pub_mu);
+    dp->pub_rank = dp->rank;
+    pthread_mutex_unlock(&dp->pub_mu);
     dp->role = was_member && dp->role != DP_ROLE_SPARE ? DP_ROLE_SURVIVOR : DP_ROLE_RECOVERED;
     set_role_log(dp);
     replica_server_set_min_epoch(dp->replicas, d->epoch);
@@ -1505,10 +1772,26 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
 /* Waits (bounded) for a decision newer than our epoch. The decision's epoch, 0 when the job
  * ended, -1 on timeout. */
 static long wait_for_decision(dp_t *dp, int timeout_ms) {
-    double deadline = now_ms() + timeout_ms;
+    double start = now_ms(), deadline = start + timeout_ms;
     while (now_ms() < deadline) {
         if (atomic_load(&dp->job_over) || atomic_load(&dp->control_lost)) return 0;
+        /* A failure needs the control plane: it waits --control-wait for it (the heartbeat
+         * thread sees it come back and republishes), then the process keeps what it committed
+         * on disk and stops (dp_recover). */
+        if (atomic_load(&dp->ctl_down)) {
+            double away = atomic_load(&dp->down_since);
+            if (now_ms() - (away > start ? away : start) > job_control_outage_ms(&dp->cfg)) {
+                log_msg("the control plane (redis) has been unreachable for %d s while a failure waits for it: stopping "
+                        "with the committed state", dp->cfg.control_wait);
+                atomic_store(&dp->control_lost, 1);
+                return 0;
+            }
+            sleep_ms(50);
+            deadline += 50; /* the decision's own bound starts when the control plane is back */
+            continue;
+        }
         long e = ctl_epoch(dp->ctl);
+        if (e < 0) note_failure(dp, dp->ctl);
         if (e > dp->epoch) return e;
         if (dp->rank >= 0) answer_persist_request(dp);
         if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* Redis unreachable */
@@ -1577,10 +1860,12 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
  * that names it. */
 static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     warm_restore_buffer(dp); /* before entering the pool: a decision may name us at once */
-    if (ctl_spare_add(dp->ctl, dp->proc_id) != 0) {
-        snprintf(err, errlen, "cannot join the spare pool: %s", ctl_last_error(dp->ctl));
-        return DP_ERR;
-    }
+    for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg); ctl_spare_add(dp->ctl, dp->proc_id) != 0;)
+        if (!retry_transient(dp->ctl, deadline)) {
+            snprintf(err, errlen, "cannot join the spare pool: %s", ctl_last_error(dp->ctl));
+            return DP_ERR;
+        }
+    atomic_store(&dp->in_pool, 1);
     ctl_wait_replica(dp->ctl, 1000);
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
     long seen = ctl_epoch(dp->ctl);
@@ -1615,6 +1900,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             seen = e;
             if (decision_read(dp->ctl, e, d) == 0 && decision_rank_of(d, dp->proc_id) >= 0) {
                 log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
+                atomic_store(&dp->in_pool, 0);
                 ctl_spare_remove(dp->ctl, dp->proc_id);
                 warm_grow_finish(dp, 1); /* started long before, if at all: what is left is cheaper than faulting */
                 dp_status st = follow_decisions(dp, d, err, errlen);
@@ -1630,6 +1916,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             rejoin = 0;
         }
     }
+    atomic_store(&dp->in_pool, 0);
     ctl_spare_remove(dp->ctl, dp->proc_id);
     release_warm_buffer(dp);
     return DP_STOPPED;
@@ -1651,10 +1938,14 @@ dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen) {
 
 static dp_status comm_failed(dp_t *dp, const char *what) {
     log_msg("step %lld: %s", (long long)dp->cur_step + 1, what);
-    Report r = {.kind = REPORT_COMM_FAILURE, .epoch = dp->epoch, .rank = dp->rank, .step = (long long)dp->cur_step + 1,
-                .t_wall_ms = wall_ms()};
-    snprintf(r.text, sizeof r.text, "%s", what);
-    report_send(dp->ctl, dp->t0_wall_ms, &r);
+    /* With the control plane away the report could not arrive: the coordinator finds the
+     * failure through the exit or the silence, once Redis is back. */
+    if (!atomic_load(&dp->ctl_down)) {
+        Report r = {.kind = REPORT_COMM_FAILURE, .epoch = dp->epoch, .rank = dp->rank,
+                    .step = (long long)dp->cur_step + 1, .t_wall_ms = wall_ms()};
+        snprintf(r.text, sizeof r.text, "%s", what);
+        report_send(dp->ctl, dp->t0_wall_ms, &r);
+    }
     snprintf(dp->err, sizeof dp->err, "%s", what);
     return DP_FAILED;
 }
@@ -1678,28 +1969,58 @@ dp_status dp_step_before_reduce(dp_t *dp, int64_t step) {
     return DP_OK;
 }
 
+/* The fence check, bounded by about a step. While the control plane is away it is skipped:
+ * nobody can close the epoch then (the coordinator closes it through the same Redis, and
+ * decides nothing until the processes have republished after its return), and the abort
+ * watcher still ends the step when a close reaches it. */
 dp_status dp_step_before_update(dp_t *dp) {
-    if (epoch_fenced(dp->ctl, dp->epoch) == 1) return epoch_closed(dp);
+    if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
+    if (atomic_load(&dp->ctl_down)) return DP_OK;
+    int saved = ctl_timeout(dp->ctl);
+    ctl_set_timeout(dp->ctl, path_timeout_ms(dp));
+    char k[64], v[8];
+    int fenced = ctl_get(dp->ctl, key(k, sizeof k, KEY_FENCED, dp->epoch, 0), v, sizeof v) == 0;
+    if (!fenced) note_failure(dp, dp->ctl);
+    ctl_set_timeout(dp->ctl, saved);
+    if (fenced) return epoch_closed(dp);
     return DP_OK;
 }
 
-/* committed: newest step (1-based) that every rank can restore, 0 if none. */
-static long long committed_step(dp_t *dp) {
+/* committed: newest step (1-based) that every rank can restore, 0 if none; with the control
+ * plane away, this rank's own newest commit. */
+static long long committed_step(dp_t *dp, int ask) {
     if (!dp->snap) return dp->last_disk_step;
-    long long c = ctl_committed_min(dp->ctl, dp->epoch, dp->cfg.workers);
+    long long c = ask ? ctl_committed_min(dp->ctl, dp->epoch, dp->cfg.workers) : -2;
+    if (c == -2 && ask) note_failure(dp, dp->ctl);
+    if (c == -2) c = snapshot_committed(dp->snap);
     return c >= 0 ? c + 1 : 0;
 }
 
+/* Rank 0's metrics line: pushed at once, bounded by about a step; queued behind lines that
+ * wait for Redis (the heartbeat thread sends them, in order, when it is back). */
 static void push_metrics(dp_t *dp, int64_t step, const dp_metrics *m, double step_ms) {
+    pthread_mutex_lock(&dp->pub_mu);
+    int direct = !atomic_load(&dp->ctl_down) && dp->mq_n == 0 && !dp->mq_flushing;
+    pthread_mutex_unlock(&dp->pub_mu);
+    int saved = ctl_timeout(dp->ctl);
+    if (direct) ctl_set_timeout(dp->ctl, path_timeout_ms(dp));
+    long long committed = committed_step(dp, direct);
+    if (atomic_load(&dp->ctl_down)) direct = 0;
     char json[640];
     double tokens = m ? m->tokens : 0.0;
     snprintf(json, sizeof json,
              "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_ms\":%.3f,"
              "\"tokens_per_s\":%.1f,\"epoch\":%ld,\"committed_step\":%lld,\"snapshot_wait_ms\":%.3f,\"t\":%.3f}",
              (long long)step + 1, m ? m->loss : 0.0, m ? m->lr : 0.0, m ? m->grad_norm : 0.0, step_ms,
-             step_ms > 0 ? tokens / (step_ms / 1e3) : 0.0, dp->epoch, committed_step(dp), dp->snapshot_wait_ms,
+             step_ms > 0 ? tokens / (step_ms / 1e3) : 0.0, dp->epoch, committed, dp->snapshot_wait_ms,
              (double)(wall_ms() - dp->t0_wall_ms) / 1e3);
-    ctl_push_metric(dp->ctl, json);
+    if (!direct) {
+        mq_push(dp, json);
+    } else if (ctl_push_metric(dp->ctl, json) != 0) {
+        note_failure(dp, dp->ctl);
+        mq_push(dp, json);
+    }
+    ctl_set_timeout(dp->ctl, saved);
 }
 
 /* Rank 0 of a new epoch, after its first step: one `recovered` event with the timeline. */
@@ -1831,6 +2152,8 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
     }
     dp->next_step = step + 1;
     double t = now_ms();
+    if (!dp->first_commit_pending) /* the usual step time: the bound on the training path's Redis calls */
+        dp->step_ewma = dp->step_ewma > 0 ? 0.9 * dp->step_ewma + 0.1 * (t - dp->step_t0) : t - dp->step_t0;
     if (dp->rank == 0) {
         push_metrics(dp, step, m, t - dp->step_t0);
         if (dp->first_commit_pending && dp->epoch > 0) report_recovery(dp);
@@ -1861,6 +2184,20 @@ static void persist_without_control(dp_t *dp) {
         SnapRegion all = {payload, h.length};
         if (checkpoint_write_shard(dp->cfg.out, &h, &all, 1, err, sizeof err) != 0) log_msg("persist: %s", err);
         free(payload);
+        /* A rank that died meanwhile writes nothing: its holders write its state of the same
+         * step from their replicas (verified again as they are read). */
+        for (int r = 0; r < dp->cfg.workers; r++) {
+            char name[32], path[4200];
+            snprintf(name, sizeof name, "rank_%05d.state", r);
+            checkpoint_path(path, sizeof path, dp->cfg.out, g[i], name);
+            if (r == dp->rank || access(path, F_OK) == 0 ||
+                replica_server_lookup(dp->replicas, r, g[i], &h, &payload) != REPLICA_OK)
+                continue;
+            SnapRegion held = {payload, h.length};
+            if (h.step == g[i] && checkpoint_write_shard(dp->cfg.out, &h, &held, 1, err, sizeof err) != 0)
+                log_msg("persist rank %d: %s", r, err);
+            free(payload);
+        }
     }
     if (dp->rank != 0) return;
     double deadline = now_ms() + 2.0 * dp->cfg.detect_timeout_ms + 10000;
@@ -2052,11 +2389,11 @@ static void report_snapshot_stats(dp_t *dp) {
 }
 
 int dp_finish(dp_t *dp, dp_status how) {
-    if (!dp) return DP_EXIT_BAD_JOB;
+    if (!dp) return atomic_load(&init_transient) ? DP_EXIT_FAILED : DP_EXIT_BAD_JOB;
     int rc = how == DP_OK ? DP_EXIT_DONE
            : how == DP_STOPPED ? DP_EXIT_STOPPED
            : how == DP_FENCED ? DP_EXIT_FENCED
-           : !dp->joined ? DP_EXIT_BAD_JOB
+           : !dp->joined && !atomic_load(&init_transient) ? DP_EXIT_BAD_JOB
            : how == DP_ERR && dp->next_step >= dp->cfg.steps ? DP_EXIT_OUTPUT /* trained, then failed to write */
            : DP_EXIT_FAILED;
     if (dp->snap) {
@@ -2066,7 +2403,19 @@ int dp_finish(dp_t *dp, dp_status how) {
         if (rc == DP_EXIT_DONE) comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg));
         snapshot_destroy(dp->snap);
     }
-    /* Rank 0 says the job is done once every rank is: the launcher ends the job on it. */
+    /* Rank 0 says the job is done once every rank is: the launcher ends the job on it. That
+     * and the metrics lines still queued need the control plane: with it away, rank 0 waits
+     * for it (--control-wait at most: after that the launcher sees every rank exit 0). */
+    if (rc == DP_EXIT_DONE && dp->rank == 0) {
+        double until = now_ms() + job_control_outage_ms(&dp->cfg);
+        for (;;) {
+            pthread_mutex_lock(&dp->pub_mu);
+            int queued = dp->mq_n;
+            pthread_mutex_unlock(&dp->pub_mu);
+            if ((!atomic_load(&dp->ctl_down) && !queued) || now_ms() > until) break;
+            sleep_ms(50);
+        }
+    }
     if (rc == DP_EXIT_DONE && dp->rank == 0) {
         Report r = {.kind = REPORT_JOB_DONE, .epoch = dp->epoch, .rank = 0, .step = (long long)dp->next_step,
                     .t_wall_ms = wall_ms()};

@@ -5,19 +5,12 @@
 
 #include <string.h>
 
+#include "secret.h"
+
 static const unsigned char kMagic[4] = {'D', 'P', 'C', '1'};
 
 int comm_key_derive(const char *secret_hex, unsigned char key[COMM_KEY_BYTES]) {
-    unsigned char bin[crypto_kdf_KEYBYTES];
-    size_t got = 0;
-    const char *end = NULL;
-    if (!secret_hex || !key || sodium_init() < 0) return -1;
-    int rc = sodium_hex2bin(bin, sizeof bin, secret_hex, strlen(secret_hex), NULL, &got, &end) == 0 &&
-                     got == sizeof bin && end && *end == '\0'
-                 ? crypto_kdf_derive_from_key(key, COMM_KEY_BYTES, 1, "DPcomm01", bin)
-                 : -1;
-    sodium_memzero(bin, sizeof bin);
-    return rc == 0 ? 0 : -1;
+    return job_key_derive(secret_hex, "DPcomm01", key, COMM_KEY_BYTES);
 }
 
 const char *comm_hs_result_str(int r) {

@@ -139,6 +139,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "secret.h"
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -346,16 +348,7 @@ int replica_secret_new(char *hex, size_t len) {
 }
 
 int replica_key_derive(const char *secret_hex, unsigned char key[REPLICA_KEY_BYTES]) {
-    unsigned char bin[crypto_kdf_KEYBYTES];
-    size_t got = 0;
-    const char *end = NULL;
-    if (!secret_hex || !key || sodium_init() < 0) return -1;
-    int rc = sodium_hex2bin(bin, sizeof bin, secret_hex, strlen(secret_hex), NULL, &got, &end) == 0 &&
-                     got == sizeof bin && end && *end == '\0'
-                 ? crypto_kdf_derive_from_key(key, REPLICA_KEY_BYTES, 1, "DPrepl01", bin)
-                 : -1;
-    sodium_memzero(bin, sizeof bin);
-    return rc == 0 ? 0 : -1;
+    return job_key_derive(secret_hex, "DPrepl01", key, REPLICA_KEY_BYTES);
 }
 
 /* The longest input of a handshake MAC: label, both nonces, the holder's identity. */

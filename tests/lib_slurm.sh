@@ -22,11 +22,14 @@
 #   host's private directory (so only that host reaches them, and a host_kill leaves them on
 #   its disk). proctrack/linuxproc, task/none, no cgroups, SlurmUser=root, select/linear (whole
 #   nodes), short timeouts, ReturnToService=2 (a node that comes back is usable again).
+# - A node-local disk: SLURM_LOCAL ($HOSTS_BASE/local) is, in every host, its own private
+#   directory ${HOST_DIR[i]}/local (like a cluster node's /tmp): the same path on every node, no
+#   file shared. The root namespace sees host i's at ${HOST_DISK[i]}/local.
 # Logs, as the root namespace sees them: ${HOST_DISK[0]}/slurm/slurmctld.log,
 # ${HOST_DISK[i]}/slurm/slurmd.log, ${HOST_DISK[i]}/munge/log/munged.log.
 set -u
 
-SLURM_NODES=0; SLURM_DIR=; SLURM_CTLD_PID=; SLURMD_PID=(); MUNGED_PID=()
+SLURM_NODES=0; SLURM_DIR=; SLURM_LOCAL=; SLURM_CTLD_PID=; SLURMD_PID=(); MUNGED_PID=()
 
 # slurm_available — 0 if slurmctld, slurmd, munged and the client commands are installed.
 slurm_available() {
@@ -45,6 +48,8 @@ slurm_exec() { host_exec 0 env SLURM_CONF="$SLURM_DIR/slurm.conf" timeout -k 2 3
 _slurm_munge_up() {
   local i=$1 d="${HOST_DIR[$1]}/munge" k
   mkdir -p /run/munge # the mount point (what the munge package's service would create)
+  mkdir -p "${HOST_DISK[$i]}/local"
+  host_exec "$i" mount --bind "${HOST_DIR[$i]}/local" "$SLURM_LOCAL" || return 1
   host_exec "$i" sh -c 'set -e; d=$1; key=$2
     mkdir -p "$d/etc" "$d/lib" "$d/log" "$d/run"
     cp "$key" "$d/etc/munge.key"
@@ -87,7 +92,8 @@ slurm_create() {
   local n=${1:-4} i k
   SLURM_NODES=$n
   SLURM_DIR="$HOSTS_BASE/slurm"
-  mkdir -p "$SLURM_DIR" "${HOST_DISK[0]}/slurm/state"
+  SLURM_LOCAL="$HOSTS_BASE/local"
+  mkdir -p "$SLURM_DIR" "$SLURM_LOCAL" "${HOST_DISK[0]}/slurm/state"
   head -c 128 /dev/urandom >"$SLURM_DIR/munge.key"; chmod 0400 "$SLURM_DIR/munge.key"
   for ((i = 1; i <= n; i++)); do ln -sfn "${HOST_DIR[$i]}/slurm" "$SLURM_DIR/node$i"; done
   local nodes=""

@@ -29,6 +29,7 @@
 #include "netns.h"
 #include "replica.h"
 #include "runtime.h"
+#include "slurm.h"
 #include "util.h"
 
 #define MAX_CHILDREN 4096
@@ -174,6 +175,24 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
         char shown[4200];
         redis_addr_format(&addr, shown, sizeof shown);
         log_msg("control plane: %s", shown);
+    } else if (L->cfg->slurm && L->cfg->slurm_env) { /* the job brings it: on its first nodes */
+        redis_server sentinels[3];
+        if (slurm_control_plane(L->cfg->slurm_env, L->job, getenv(SLURM_SECRET_ENV), &L->server, &L->ha[0], sentinels,
+                                L->ha_dir, sizeof L->ha_dir, &addr, err, errlen) != 0)
+            return -1;
+        memcpy(&L->ha[1], sentinels, sizeof sentinels);
+        signal(SIGUSR1, on_stop_signal); /* the servers started ignoring it (launcher_run) */
+        unsetenv(SLURM_SECRET_ENV); /* the processes get the password, not the secret */
+        char here[96] = "";
+        const char *parts[] = {L->server.pid ? "the master" : NULL, L->ha[0].pid ? "the replica" : NULL,
+                               L->ha[1].pid || L->ha[2].pid || L->ha[3].pid ? "a sentinel" : NULL};
+        for (int i = 0; i < 3; i++)
+            if (parts[i]) snprintf(here + strlen(here), sizeof here - strlen(here), "%s%s", here[0] ? ", " : "", parts[i]);
+        log_msg("control plane: Redis master on %s, replica on %s, sentinels on %s:%d %s:%d %s:%d (this node runs %s)",
+                L->cfg->slurm_env->hosts[0], L->cfg->slurm_env->hosts[L->cfg->slurm_env->nhosts > 1],
+                addr.sentinel_host[0], addr.sentinel_port[0], addr.sentinel_host[1], addr.sentinel_port[1],
+                addr.sentinel_host[2], addr.sentinel_port[2], here[0] ? here : "none of it");
+        if (sentinel_wait_ready(&addr, L->cfg->start_timeout_ms, err, errlen) != 0) return -1;
     } else {
             if (redis_server_start(&L->server, 5000, err, errlen) != 0) return -1;
         memset(&addr, 0, sizeof addr);
@@ -374,6 +393,9 @@ static pid_t spawn_process(Launcher *L, int rank, long proc) {
     setpgid(0, 0);
     if (setpriority(PRIO_PROCESS, 0, 0) != 0) { /* keep the inherited one */ }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* Slurm's signal (--signal=USR1@T, scancel --signal=USR1) reaches every process of the
+     * step: the launcher keeps the work (keep_on_stop); the processes must live on for it. */
+    if (L->cfg->slurm) signal(SIGUSR1, SIG_IGN);
     if (in_ns) setenv("DEADPOOL_NETDOWN_IF", L->netns.ns_if, 1);
     execvp(argv[0], argv);
     fprintf(stderr, "[deadpool] cannot run %s: %s\n", argv[0], strerror(errno));
@@ -777,7 +799,7 @@ static int reap_children(Launcher *L) {
     int status;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         Child *c = find_child(L, pid);
-        if (!c && L->cfg->redis_ha && pid > 0) { /* Sentinel fails over: the job goes on */
+        if (!c && (L->cfg->redis_ha || L->cfg->slurm) && pid > 0) { /* Sentinel fails over: the job goes on */
             for (int i = -1; i < 4; i++) {
                 redis_server *s = i < 0 ? &L->server : &L->ha[i];
                 if (s->pid != pid) continue;
@@ -1058,6 +1080,16 @@ static void supervise(Launcher *L) {
 /* Registers this machine in the job: the order of joining gives its index (0 creates the
  * job and coordinates it). 0 / -1 + err. */
 static int join_as_node(Launcher *L, char *err, size_t errlen) {
+    /* Under Slurm the step's last --spare-nodes nodes are the spare machines: they join once
+     * the others have (machines run ranks in the order they join). */
+    if (L->cfg->slurm && L->cfg->slurm_env && L->cfg->slurm_env->node >= L->cfg->nnodes) {
+        static char ids[DP_MAX_RANKS][128];
+        static int idx[DP_MAX_RANKS];
+        double deadline = now_ms() + L->cfg->start_timeout_ms;
+        while (ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, DP_MAX_RANKS) < L->cfg->nnodes && now_ms() < deadline &&
+               !stop_signal)
+            sleep_ms(50);
+    }
     int r = ctl_node_join(L->ctl, L->node_id, &L->node_index);
     if (r < 0) { snprintf(err, errlen, "registering this machine failed: %s", ctl_last_error(L->ctl)); return -1; }
     if (r == 0) {
@@ -1317,6 +1349,10 @@ int launcher_run(const JobConfig *cfg) {
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
+    /* Under Slurm, USR1 is the job's "time is nearly up" (sbatch/srun --signal=USR1@T): like
+     * SIGTERM it keeps the work. Ignored until the control plane's servers have started (they
+     * inherit the ignoring: Slurm sends it to every process of the step). */
+    if (cfg->slurm) signal(SIGUSR1, cfg->redis[0] ? on_stop_signal : SIG_IGN);
     log_set_role("deadpool");
     if (cfg->nnodes > 0) snprintf(L.job, sizeof L.job, "%s", cfg->job);
     else make_job_id(L.job, sizeof L.job);
@@ -1379,6 +1415,22 @@ int launcher_run(const JobConfig *cfg) {
         }
         if (L.coordinating) goto coordinator_end; /* took over, and coordinated the job to its end */
     follower_end:
+        if (stop_signal && !L.job_done && !L.failed && cfg->ft == FT_DEADPOOL) {
+            /* Stopped by a signal that every machine got (Slurm's): the coordinating machine
+             * has this machine's ranks write the newest committed step first (keep_on_stop).
+             * Bounded like it: 30 s, or a second signal. */
+            sig_atomic_t first = stop_signal;
+            stop_signal = 0;
+            double deadline = now_ms() + 30000;
+            char state[32];
+            while (!stop_signal && now_ms() < deadline && reap_children(&L) > 0 &&
+                   !(ctl_state_get(L.ctl, state, sizeof state) == 0 && state[0] && strcmp(state, "running") != 0)) {
+                node_beat(&L);
+                drain_outputs(&L);
+                sleep_ms(50);
+            }
+            stop_signal = first;
+        }
         if (!L.job_done) /* the job failed, stopped, or lost its coordinator: nothing to finish */
             for (int i = 0; i < L.nchildren; i++)
                 if (!L.children[i].exited) kill(L.children[i].pid, SIGTERM);
@@ -1501,6 +1553,8 @@ out:
     if (L.ctl && cfg->redis[0] && L.coordinating) {
         if (cfg->nnodes > 0) wait_other_nodes(&L, 15000);
         ctl_job_delete(L.ctl);
+    } else if (L.ctl && cfg->slurm && !cfg->redis[0] && (L.server.pid || L.ha[0].pid || L.ha[1].pid || L.ha[2].pid || L.ha[3].pid)) {
+        wait_other_nodes(&L, 15000); /* this node serves the job's control plane: until the others have left */
     }
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);

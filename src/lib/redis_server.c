@@ -75,11 +75,11 @@ static int make_password(char out[65], char *err, size_t errlen) {
 /* A pipe whose read end already holds the whole configuration, write end closed. Writing it
  * before fork means the write can neither block nor raise SIGPIPE if the child dies early
  * (the config is far below the pipe capacity); redis reads its stdin up to EOF. */
-static int config_pipe(int port, const char *password, const char *extra, char *err, size_t errlen) {
+static int config_pipe(const char *host, int port, const char *password, const char *extra, char *err, size_t errlen) {
     char conf[1024];
     int n = snprintf(conf, sizeof conf,
                      "port %d\n"
-                     "bind 127.0.0.1\n"
+                     "bind %s\n"
                      "requirepass %s\n"
                      "save \"\"\n"
                      "appendonly no\n"
@@ -88,7 +88,7 @@ static int config_pipe(int port, const char *password, const char *extra, char *
                      "loglevel warning\n"
                      "logfile \"\"\n"
                      "repl-diskless-sync-delay 0\n%s",
-                     port, password, extra ? extra : "");
+                     port, host, password, extra ? extra : "");
     if (n < 0 || (size_t)n >= sizeof conf) {
         set_err(err, errlen, "redis-server: configuration too long");
         return -1;
@@ -153,9 +153,9 @@ static int child_exited(pid_t pid, int *status) {
 }
 
 /* One AUTH + PING attempt. 1 on PONG, 0 when not ready yet. */
-static int answers_ping(int port, const char *password) {
+static int answers_ping(const char *host, int port, const char *password) {
     struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
-    redisContext *rc = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisContext *rc = redisConnectWithTimeout(host, port, tv);
     if (!rc) return 0;
     int ok = 0;
     if (rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
@@ -182,7 +182,7 @@ typedef enum { WAIT_READY, WAIT_EXITED, WAIT_FAILED } wait_result;
 
 /* Polls until the server answers PING, exits, or the deadline passes. On WAIT_EXITED the
  * child has been reaped and *status holds its wait status. */
-static wait_result wait_until_ready(pid_t pid, int port, const char *password, double deadline,
+static wait_result wait_until_ready(pid_t pid, const char *host, int port, const char *password, double deadline,
                                     int *status, char *err, size_t errlen) {
     for (;;) {
         int exited = child_exited(pid, status);
@@ -192,9 +192,9 @@ static wait_result wait_until_ready(pid_t pid, int port, const char *password, d
             kill_and_reap(pid);
             return WAIT_FAILED;
         }
-        if (answers_ping(port, password)) return WAIT_READY;
+        if (answers_ping(host, port, password)) return WAIT_READY;
         if (now_ms() >= deadline) {
-            set_err(err, errlen, "redis-server: no answer to PING on 127.0.0.1:%d within the timeout", port);
+            set_err(err, errlen, "redis-server: no answer to PING on %s:%d within the timeout", host, port);
             kill_and_reap(pid);
             return WAIT_FAILED;
         }
@@ -218,7 +218,7 @@ static void describe_exit(int status, int port, char *err, size_t errlen) {
 
 /* Writes a sentinel's configuration file (0600, in a 0700 directory of its own): the
  * master's password is in it. 0 / -1. */
-static int write_sentinel_conf(const char *path, int port, const char *password, const redis_server *master,
+static int write_sentinel_conf(const char *path, const char *host, int port, const char *password, const redis_server *master,
                                const char *name, char *err, size_t errlen) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
@@ -233,11 +233,12 @@ static int write_sentinel_conf(const char *path, int port, const char *password,
     if (slash) *slash = 0;
     /* Fail over one second after the master stops answering: well inside the time the
      * processes wait for the control plane before they give up (job_control_outage_ms). */
-    fprintf(f, "port %d\nbind 127.0.0.1\nrequirepass %s\ndaemonize no\nloglevel warning\nlogfile \"\"\ndir %s\n"
-               "sentinel monitor %s 127.0.0.1 %d 2\nsentinel auth-pass %s %s\n"
+    fprintf(f, "port %d\nbind %s\nrequirepass %s\ndaemonize no\nloglevel warning\nlogfile \"\"\ndir %s\n"
+               "sentinel monitor %s %s %d 2\nsentinel auth-pass %s %s\n"
                "sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 3000\n"
                "sentinel parallel-syncs %s 1\n",
-            port, password, dir, name, master->port, name, password, name, name, name);
+            port, host, password, dir, name, master->host[0] ? master->host : "127.0.0.1", master->port, name, password, name,
+            name, name);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
         set_err(err, errlen, "redis-sentinel: writing %s failed", path);
@@ -247,22 +248,27 @@ static int write_sentinel_conf(const char *path, int port, const char *password,
 }
 
 static int start_server(redis_server *s, const redis_server *master, const char *dir, const char *name,
-                        int timeout_ms, char *err, size_t errlen);
+                        int timeout_ms, char *err, size_t errlen, const char *host, int fixed_port, const char *password);
 
 int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen) {
-    return start_server(s, NULL, NULL, NULL, timeout_ms, err, errlen);
+    return start_server(s, NULL, NULL, NULL, timeout_ms, err, errlen, NULL, 0, NULL);
+}
+
+int redis_server_start_on(redis_server *s, const char *host, int port, const char *password, const redis_server *master,
+                          const char *dir, const char *name, int timeout_ms, char *err, size_t errlen) {
+    return start_server(s, master, dir, name, timeout_ms, err, errlen, host, port, password);
 }
 
 int redis_server_start_replica(redis_server *s, const redis_server *master, const char *dir, int timeout_ms, char *err,
                                size_t errlen) {
-    return start_server(s, master, dir, NULL, timeout_ms, err, errlen);
+    return start_server(s, master, dir, NULL, timeout_ms, err, errlen, NULL, 0, NULL);
 }
 
 int redis_server_replica_synced(const redis_server *s, int timeout_ms) {
     double deadline = now_ms() + timeout_ms;
     while (now_ms() < deadline) {
         struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
-        redisContext *rc = redisConnectWithTimeout("127.0.0.1", s->port, tv);
+        redisContext *rc = redisConnectWithTimeout(s->host[0] ? s->host : "127.0.0.1", s->port, tv);
         int up = 0;
         if (rc && rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
             redisReply *r = redisCommand(rc, "AUTH %s", s->password);
@@ -280,13 +286,13 @@ int redis_server_replica_synced(const redis_server *s, int timeout_ms) {
 
 int redis_server_start_sentinel(redis_server *s, const redis_server *master, const char *dir, const char *name,
                                 int timeout_ms, char *err, size_t errlen) {
-    return start_server(s, master, dir, name, timeout_ms, err, errlen);
+    return start_server(s, master, dir, name, timeout_ms, err, errlen, NULL, 0, NULL);
 }
 
 /* master NULL: a master; name NULL: master's replica, its synchronisation file in dir; else a
  * sentinel named `name` with its configuration file in dir. */
 static int start_server(redis_server *s, const redis_server *master, const char *dir, const char *name,
-                        int timeout_ms, char *err, size_t errlen) {
+                        int timeout_ms, char *err, size_t errlen, const char *host, int fixed_port, const char *password) {
     const char *sentinel_dir = name ? dir : NULL;
     if (!s) {
         set_err(err, errlen, "redis_server_start: no server struct");
@@ -298,23 +304,26 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         return -1;
     }
     double deadline = now_ms() + timeout_ms;
+    snprintf(s->host, sizeof s->host, "%s", host ? host : "127.0.0.1");
     /* A replica and the sentinels share the master's password: the job has one secret. */
-    if (master) snprintf(s->password, sizeof s->password, "%s", master->password);
+    if (password) snprintf(s->password, sizeof s->password, "%s", password);
+    else if (master) snprintf(s->password, sizeof s->password, "%s", master->password);
     else if (make_password(s->password, err, errlen) != 0) return -1;
+    const char *mhost = master && master->host[0] ? master->host : "127.0.0.1";
 
-    for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
-        int port = pick_free_port(err, errlen);
+    for (int attempt = 0; attempt < (fixed_port ? 1 : START_ATTEMPTS); attempt++) {
+        int port = fixed_port ? fixed_port : pick_free_port(err, errlen);
         if (port < 0) break;
         char extra[512] = "", conf_path[4200] = "";
         /* The copy a replica receives passes through a file: in the private directory. */
         if (master && !sentinel_dir)
-            snprintf(extra, sizeof extra, "replicaof 127.0.0.1 %d\nmasterauth %s\nreplica-read-only yes\ndir %s\n",
-                     master->port, master->password, dir);
+            snprintf(extra, sizeof extra, "replicaof %s %d\nmasterauth %s\nreplica-read-only yes\ndir %s\n", mhost,
+                     master->port, s->password, dir);
         if (sentinel_dir) {
             snprintf(conf_path, sizeof conf_path, "%s/sentinel-%d.conf", sentinel_dir, port);
-            if (write_sentinel_conf(conf_path, port, s->password, master, name, err, errlen) != 0) break;
+            if (write_sentinel_conf(conf_path, s->host, port, s->password, master, name, err, errlen) != 0) break;
         }
-        int config_fd = config_pipe(port, s->password, extra, err, errlen);
+        int config_fd = config_pipe(s->host, port, s->password, extra, err, errlen);
         memset(extra, 0, sizeof extra);
         if (config_fd < 0) break;
         pid_t parent = getpid();
@@ -328,7 +337,7 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         close(config_fd);
 
         int status = 0;
-        wait_result w = wait_until_ready(pid, port, s->password, deadline, &status, err, errlen);
+        wait_result w = wait_until_ready(pid, s->host, port, s->password, deadline, &status, err, errlen);
         if (w == WAIT_READY) {
             s->pid = (int)pid;
             s->port = port;

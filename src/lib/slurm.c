@@ -6,6 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sodium.h>
+#include <sys/socket.h>
+
 #include "util.h"
 
 /* A decimal integer in [lo, hi] from the whole of text. 0 / -1. */
@@ -184,4 +190,104 @@ int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *
 #undef SAY
     c->slurm = 1;
     return 0;
+}
+
+int slurm_plane_port(const char *job) {
+    unsigned long long id = strtoull(job, NULL, 10);
+    return 20000 + (int)(id % 5000) * 8;
+}
+
+/* The IPv4 address of a node name (its first). 0 / -1 + err. */
+static int node_address(const char *name, char *out, size_t len, char *err, size_t errlen) {
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int r = getaddrinfo(name, NULL, &hints, &res);
+    if (r != 0 || !res) {
+        set_err(err, errlen, "node '%s' of SLURM_STEP_NODELIST has no IPv4 address: %s", name, gai_strerror(r));
+        return -1;
+    }
+    inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, out, (socklen_t)len);
+    freeaddrinfo(res);
+    return 0;
+}
+
+int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, redis_server *master,
+                        redis_server *replica, redis_server sentinels[3], char *dir, size_t dirlen, redis_addr *addr,
+                        char *err, size_t errlen) {
+    memset(master, 0, sizeof *master);
+    memset(replica, 0, sizeof *replica);
+    memset(sentinels, 0, 3 * sizeof *sentinels);
+    memset(addr, 0, sizeof *addr);
+    if (!secret || strlen(secret) < 16) {
+        set_err(err, errlen, "under Slurm without --redis the job's nodes start its control plane, and they need a "
+                "secret they share: the batch script draws it before srun, e.g. `export %s=$(head -c 32 /dev/urandom | "
+                "od -An -tx1 | tr -d ' \\n')` (srun passes it to every node; never on a command line)%s",
+                SLURM_SECRET_ENV, secret ? ": the one set is shorter than 16 characters" : "");
+        return -1;
+    }
+    /* the password: 64 hex characters of BLAKE2b(secret, keyed by nothing, "deadpool-redis" + job) */
+    unsigned char h[32];
+    crypto_generichash_state st;
+    if (sodium_init() < 0 || crypto_generichash_init(&st, NULL, 0, sizeof h) != 0) {
+        set_err(err, errlen, "libsodium did not initialise");
+        return -1;
+    }
+    crypto_generichash_update(&st, (const unsigned char *)"deadpool-redis:", 15);
+    crypto_generichash_update(&st, (const unsigned char *)job, strlen(job));
+    crypto_generichash_update(&st, (const unsigned char *)":", 1);
+    crypto_generichash_update(&st, (const unsigned char *)secret, strlen(secret));
+    crypto_generichash_final(&st, h, sizeof h);
+    char password[65];
+    sodium_bin2hex(password, sizeof password, h, sizeof h);
+    sodium_memzero(h, sizeof h);
+    int port = slurm_plane_port(job), n = s->nhosts, me = s->node;
+    char mine[64], where[3][64];
+    if (node_address(s->hosts[me], mine, sizeof mine, err, errlen) != 0) return -1;
+    redis_server m = {0};
+    if (node_address(s->hosts[0], m.host, sizeof m.host, err, errlen) != 0) return -1;
+    m.port = port;
+    snprintf(m.password, sizeof m.password, "%s", password);
+    for (int i = 0; i < 3; i++)
+        if (node_address(s->hosts[i % n], where[i], sizeof where[i], err, errlen) != 0) return -1;
+    int need_dir = (n > 1 && me == 1) || me < 3 || (n == 1);
+    if (need_dir && !dir[0]) {
+        snprintf(dir, dirlen, "/tmp/deadpool-plane-XXXXXX");
+        if (!mkdtemp(dir)) { /* 0700: the sentinels' files hold the password */
+            set_err(err, errlen, "cannot create a directory for the control plane's files: %s", strerror(errno));
+            dir[0] = 0;
+            return -1;
+        }
+    }
+    char why[512];
+    if (me == 0 && redis_server_start_on(master, mine, port, password, NULL, NULL, NULL, 10000, why, sizeof why) != 0) {
+        set_err(err, errlen, "the Redis master on %s:%d: %s", mine, port, why);
+        goto fail;
+    }
+    if (me == (n > 1 ? 1 : 0) &&
+        redis_server_start_on(replica, mine, port + 1, password, &m, dir, NULL, 10000, why, sizeof why) != 0) {
+        set_err(err, errlen, "the Redis replica on %s:%d: %s", mine, port + 1, why);
+        goto fail;
+    }
+    for (int i = 0; i < 3; i++)
+        if (i % n == me && redis_server_start_on(&sentinels[i], mine, port + 2 + i, password, &m, dir,
+                                                 SLURM_SENTINEL_MASTER, 10000, why, sizeof why) != 0) {
+            set_err(err, errlen, "sentinel %d on %s:%d: %s", i, mine, port + 2 + i, why);
+            goto fail;
+        }
+    addr->nsentinels = 3;
+    snprintf(addr->master, sizeof addr->master, "%s", SLURM_SENTINEL_MASTER);
+    snprintf(addr->password, sizeof addr->password, "%s", password);
+    for (int i = 0; i < 3; i++) {
+        snprintf(addr->sentinel_host[i], sizeof addr->sentinel_host[i], "%s", where[i]);
+        addr->sentinel_port[i] = port + 2 + i;
+    }
+    snprintf(addr->host, sizeof addr->host, "%s", where[0]);
+    addr->port = port + 2;
+    sodium_memzero(password, sizeof password);
+    return 0;
+fail:
+    sodium_memzero(password, sizeof password);
+    redis_server_stop(master, 3000);
+    redis_server_stop(replica, 3000);
+    for (int i = 0; i < 3; i++) redis_server_stop(&sentinels[i], 3000);
+    return -1;
 }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "control.h"
 
 #define SLURM_HOST_MAX 64 /* a node name's room, its terminating 0 included */
 
@@ -43,5 +44,23 @@ typedef struct {
  * spare, this is node 0"). 0 / -1 + err (one launcher per node, --spare-nodes too large). */
 int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *said, size_t saidlen, char *err,
                 size_t errlen);
+
+/* The environment variable with the secret every node of the job shares (the batch script
+ * draws it: srun hands it to every task); the control plane's password is derived from it. */
+#define SLURM_SECRET_ENV "DEADPOOL_JOB_SECRET"
+#define SLURM_SENTINEL_MASTER "deadpool" /* the name the sentinels monitor the master under */
+
+/* Without --redis, a Slurm job brings its control plane: the step's node 0 runs the Redis
+ * master, node 1 a replica, nodes 0, 1 and 2 a sentinel each (fewer nodes: several on one),
+ * on ports derived from the job id (slurm_plane_port); every node knows where from the node
+ * list alone. The password is derived from SLURM_SECRET_ENV and the job id (BLAKE2b). This
+ * node's share is started into master / replica / sentinels[3] (pid 0 = not here; their files
+ * in dir, a private directory made here when needed) and *addr is the sentinels' address. 0 /
+ * -1 + err. */
+int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, redis_server *master,
+                        redis_server *replica, redis_server sentinels[3], char *dir, size_t dirlen, redis_addr *addr,
+                        char *err, size_t errlen);
+/* The first of the job's ports: master P, replica P+1, sentinels P+2..P+4. */
+int slurm_plane_port(const char *job);
 
 #endif

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# e2e_slurm.sh — DeadPool under a real Slurm (Debian's slurm-wlm 22.05 + munge) on simulated
+# machines (tests/lib_slurm.sh on tests/lib_hosts.sh): host 0 runs slurmctld, hosts 1..4 are
+# node1..node4. Every job is examples/slurm/deadpool.sbatch as the README shows it (2 nodes x
+# 2 ranks + 1 spare node, no --nnodes, --job or --redis: the control plane comes with the job),
+# with the tiny model and few steps. Each case must end with the model byte-identical to the
+# one-machine run of the same configuration. Needs root: without namespaces (or without the
+# Slurm packages) every case is reported as skipped.
+source "$(dirname "$0")/lib_e2e.sh"
+source "$(dirname "$0")/lib_hosts.sh"
+source "$(dirname "$0")/lib_slurm.sh"
+
+CASES="slurm_job_identical slurm_node_crash_spare_node_takes_over slurm_redis_master_node_crash \
+slurm_signal_then_requeue_resumes"
+if ! hosts_available; then
+  for c in $CASES; do echo "ok - $c # SKIP no network namespaces (needs root)"; done
+  exit 0
+fi
+if ! slurm_available; then
+  for c in $CASES; do echo "ok - $c # SKIP no slurmctld/slurmd/munge (scripts/install-deps.sh --test)"; done
+  exit 0
+fi
+hosts_create 5 || { notok "hosts_create" "cannot build the simulated machines"; exit 1; }
+slurm_create 4 || { notok "slurm_create" "the Slurm cluster did not come up"; exit 1; }
+trap 'slurm_destroy; _hosts_on_exit' EXIT
+
+STEPS=${SLURM_E2E_STEPS:-150}
+SCRIPT="$ROOT/examples/slurm/deadpool.sbatch"
+# The one-machine reference: the same world (4 ranks), model, seed and steps.
+run_job "$WORK/ref" 300 --workers 4 --spares 0 --model tiny --steps "$STEPS" --seed 7
+REF="$WORK/ref/model.bin"
+[ -s "$REF" ] || { notok "reference_run" "$(tail -3 "$WORK/ref.log")"; exit 1; }
+
+# submit — sbatch of the README's script (its parameters: this build, the tiny model, few
+# steps, the nodes' local disk); prints the job id.
+submit() {
+  slurm_exec sbatch --parsable --export="ALL,DEADPOOL=$DP,MODEL=tiny,STEPS=$STEPS,LOCAL=$SLURM_LOCAL,SLURM_LABELIO=1" \
+    -o "$SLURM_DIR/job-%j.out" "$SCRIPT"
+}
+out_of() { echo "$SLURM_DIR/job-$1.out"; }
+# model J HOST — that node's model.bin of job J, as the root namespace sees its disk.
+model() { echo "${HOST_DISK[$2]}/local/deadpool-$1/model.bin"; }
+# ranks_hosts J — the hosts (1..4) whose launcher ran ranks at the end of job J (a model there).
+model_hosts() { local h; for h in 1 2 3 4; do cmp -s "$REF" "$(model "$1" "$h")" && echo "$h"; done; }
+# wait_step J N — until job J's output shows step N (90 s bound).
+wait_step() {
+  local k
+  for k in $(seq 900); do
+    [ "$(grep -oE '\] step +[0-9]+/|^[0-9]+: step +[0-9]+/' "$(out_of "$1")" 2>/dev/null | grep -oE '[0-9]+/' | tr -d / | sort -n | tail -1)" -ge "$2" ] 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# 1. The README's script as it is: the job ends with the one-machine model on both nodes that
+#    ran ranks, the spare node's launcher leaves with it.
+J=$(submit); [ -n "${SLURM_E2E_SHOW:-}" ] && trap "cat $SLURM_DIR/job-*.out >&2; slurm_destroy; _hosts_on_exit" EXIT
+if slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180 && [ "$(slurm_job_state "$J")" = COMPLETED ] \
+   && [ "$(model_hosts "$J" | wc -l)" -eq 2 ] && grep -q 'spare machine 0' "$(out_of "$J")" \
+   && grep -q 'under Slurm: --job' "$(out_of "$J")"; then
+  ok "slurm_job_identical (job $J, models on hosts $(model_hosts "$J" | tr '\n' ' '))"
+else notok "slurm_job_identical" "job $J: $(slurm_job_state "$J")" "$(tail -20 "$(out_of "$J")")"; fi

@@ -60,3 +60,43 @@ if slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180 && [
    && grep -q 'under Slurm: --job' "$(out_of "$J")"; then
   ok "slurm_job_identical (job $J, models on hosts $(model_hosts "$J" | tr '\n' ' '))"
 else notok "slurm_job_identical" "job $J: $(slurm_job_state "$J")" "$(tail -20 "$(out_of "$J")")"; fi
+
+# host_of_node J PATTERN — the host whose launcher in job J printed PATTERN (from srun's labels:
+# task k runs on the k-th node of the job's node list).
+nodelist_of() { slurm_exec scontrol show job "$1" 2>/dev/null | grep -oE ' NodeList=[^ ]+' | cut -d= -f2; }
+host_of_task() { # J TASK
+  local list names
+  list=$(nodelist_of "$1")
+  names=$(slurm_exec scontrol show hostnames "$list" 2>/dev/null | sed -n "$(( $2 + 1 ))p")
+  echo "${names#node}"
+}
+task_of() { grep -E "^[0-9]+: .*$2" "$(out_of "$1")" | head -1 | cut -d: -f1; }
+# crash_case NAME WHICH — a node crashes mid-run (host_kill: its slurmd and every process on it):
+# WHICH is "ranks" (a node with ranks that does not run the Redis master) or "master" (the node
+# that runs the Redis master, and ranks). The spare node takes its ranks; Slurm keeps the other
+# nodes' tasks (both print their end); the model is byte-identical on both nodes with ranks.
+crash_case() {
+  local name=$1 which=$2 J t h victim survivors="" s
+  J=$(submit)
+  if ! wait_step "$J" 20; then notok "$name" "job $J did not reach step 20" "$(tail -5 "$(out_of "$J")")"; return; fi
+  if [ "$which" = master ]; then t=$(task_of "$J" "this node runs the master")
+  else t=$(task_of "$J" "machine [0-9]+ of 2 .*ranks" | head -1)
+       for s in $(grep -E "^[0-9]+: .*machine [0-9]+ of 2 " "$(out_of "$J")" | cut -d: -f1); do
+         grep -qE "^$s: .*this node runs the master" "$(out_of "$J")" || t=$s
+       done
+  fi
+  victim=$(host_of_task "$J" "$t")
+  host_kill "$victim"
+  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180
+  for s in 0 1 2; do [ "$s" != "$t" ] && survivors="$survivors $s"; done
+  local ends=0 models
+  for s in $survivors; do grep -qE "^$s: \[deadpool\] done" "$(out_of "$J")" && ends=$((ends + 1)); done
+  models=$(model_hosts "$J" | grep -vx "$victim" | wc -l)
+  host_restart "$victim" && slurm_node_up "$victim" >/dev/null
+  if [ "$ends" -eq 2 ] && [ "$models" -eq 2 ] && grep -q 'recovery of' "$(out_of "$J")"; then
+    ok "$name (job $J, node$victim crashed: task $t; $(grep -oE 'resumed after [0-9]+ ms' "$(out_of "$J")" | head -1))"
+  else notok "$name" "job $J $(slurm_job_state "$J"): node$victim (task $t) crashed; $ends surviving tasks ended, $models models identical" \
+    "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -25)"; fi
+}
+crash_case slurm_node_crash_spare_node_takes_over ranks
+crash_case slurm_redis_master_node_crash master

@@ -76,7 +76,7 @@ void job_config_defaults(JobConfig *c) {
 
 int job_comm_timeout_ms(const JobConfig *c) { return c->comm_timeout_ms ? c->comm_timeout_ms : c->detect_timeout_ms; }
 int job_control_outage_ms(const JobConfig *c) {
-    int sentinel = c->redis_ha || !strncmp(c->redis, "redis-sentinel://", 17);
+    int sentinel = c->redis_ha || !strncmp(c->redis, "redis-sentinel://", 17) || (c->slurm && !c->redis[0]);
     return c->detect_timeout_ms + (sentinel ? 10000 : 0);
 }
 int node_alive_ttl_ms(const JobConfig *c) { return c->detect_timeout_ms / 16 > 0 ? c->detect_timeout_ms / 16 : 1; }

@@ -107,6 +107,10 @@ int coord_take_over(Coordinator *c) {
     }
     c->fenced = epoch_fenced(c->ctl, e) == 1;
     if (c->fenced) c->suspicion_ms = now_ms();
+    /* Under Sentinel the coordinator may have been lost with the master (one machine): the
+     * processes' heartbeats expired while the sentinels failed over, which says nothing about
+     * them. They get one detect timeout to beat again, as after an outage (check_liveness). */
+    if (ctl_replicated(c->ctl)) c->silence_ignored_until = now_ms() + c->cfg->detect_timeout_ms;
     char key[32], last[32];
     if (ctl_get(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last, sizeof last) == 0) c->last_step = atoi(last);
     log_msg("coordinating job %s from epoch %ld (restore point step %lld%s)", ctl_job(c->ctl), e, c->rollback + 1,
@@ -746,6 +750,9 @@ static coord_state tick(Coordinator *c, int *spares_used) {
      * close their ports only after their memory is torn down, tens of ms for a large one. */
     int batch = c->cfg->nnodes > 0 ? BATCH_MACHINES_MS : BATCH_MS;
     if (c->npending > 0 && now - c->first_pending_ms < batch) return COORD_RUNNING;
+    /* After an outage (or a takeover under Sentinel) the holders' heartbeats are coming back:
+     * deciding now would take live holders for dead ones. */
+    if (c->npending > 0 && now < c->silence_ignored_until) return COORD_RUNNING;
     if (c->npending > 0 && c->cfg->nnodes > 0 && !c->batch_probed) {
         c->batch_probed = 1;
         c->probe_due = now;

@@ -189,7 +189,8 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
         for (int i = 0; i < 3; i++)
             if (parts[i]) snprintf(here + strlen(here), sizeof here - strlen(here), "%s%s", here[0] ? ", " : "", parts[i]);
         log_msg("control plane: Redis master on %s, replica on %s, sentinels on %s:%d %s:%d %s:%d (this node runs %s)",
-                L->cfg->slurm_env->hosts[0], L->cfg->slurm_env->hosts[L->cfg->slurm_env->nhosts > 1],
+                L->cfg->slurm_env->hosts[slurm_plane_master(L->cfg->slurm_env)],
+                L->cfg->slurm_env->hosts[slurm_plane_replica(L->cfg->slurm_env)],
                 addr.sentinel_host[0], addr.sentinel_port[0], addr.sentinel_host[1], addr.sentinel_port[1],
                 addr.sentinel_host[2], addr.sentinel_port[2], here[0] ? here : "none of it");
         if (sentinel_wait_ready(&addr, L->cfg->start_timeout_ms, err, errlen) != 0) return -1;
@@ -1080,9 +1081,10 @@ static void supervise(Launcher *L) {
 /* Registers this machine in the job: the order of joining gives its index (0 creates the
  * job and coordinates it). 0 / -1 + err. */
 static int join_as_node(Launcher *L, char *err, size_t errlen) {
-    /* Under Slurm the step's last --spare-nodes nodes are the spare machines: they join once
-     * the others have (machines run ranks in the order they join). */
-    if (L->cfg->slurm && L->cfg->slurm_env && L->cfg->slurm_env->node >= L->cfg->nnodes) {
+    /* Under Slurm the step's first nodes beyond --nnodes are the spare machines (node 0, the
+     * batch script's, first: its loss ends a Slurm job anyway): they join once the others have
+     * (machines run ranks in the order they join). */
+    if (L->cfg->slurm && L->cfg->slurm_env && L->cfg->slurm_env->node < L->cfg->slurm_env->nnodes - L->cfg->nnodes) {
         static char ids[DP_MAX_RANKS][128];
         static int idx[DP_MAX_RANKS];
         double deadline = now_ms() + L->cfg->start_timeout_ms;
@@ -1110,6 +1112,19 @@ static int join_as_node(Launcher *L, char *err, size_t errlen) {
     }
     node_beat(L);
     return 0;
+}
+
+/* The first machine takes the coordinator's lease before it publishes the job: once the job is
+ * "running", the other machines try to take a lease nobody holds (lease_tick). Held for 10 s
+ * (publishing may take longer than a lease lives), then renewed as usual. 0 / -1 + err. */
+static int take_first_lease(Launcher *L, char *err, size_t errlen) {
+    if (L->cfg->nnodes == 0) return 0;
+    int ttl = lease_ttl_ms(L->cfg) > 10000 ? lease_ttl_ms(L->cfg) : 10000;
+    if (ctl_lease_acquire(L->ctl, "machine0", ttl, L->lease, sizeof L->lease) > 0) return 0;
+    L->lease[0] = 0;
+    snprintf(err, errlen, "the coordinator's lease of job %s is taken: is another first machine running it? (%s)", L->job,
+             ctl_last_error(L->ctl));
+    return -1;
 }
 
 /* A machine other than the first: the job as its first machine published it, which must
@@ -1385,7 +1400,8 @@ int launcher_run(const JobConfig *cfg) {
         join_as_node(&L, err, sizeof err) != 0 ||
         (resuming && publish_inventory(&L, err, sizeof err) != 0) ||
         (L.coordinating && resuming && choose_resume_step(&L, err, sizeof err) != 0) ||
-        (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0
+        (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || take_first_lease(&L, err, sizeof err) != 0 ||
+                              publish_job(&L, err, sizeof err) != 0
                         : follow_job(&L, err, sizeof err) != 0) ||
         (resuming && serve_resumed_states(&L, err, sizeof err) != 0)) {
         log_msg("%s", err);
@@ -1475,7 +1491,8 @@ int launcher_run(const JobConfig *cfg) {
         log_msg("resuming from the checkpoint of step %d in %s", L.run_cfg.resume_step + 1, cfg->resume);
         event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", L.run_cfg.resume_step + 1);
     }
-    if (cfg->nnodes > 0 && ctl_lease_acquire(L.ctl, "machine0", lease_ttl_ms(cfg), L.lease, sizeof L.lease) <= 0) {
+    if (cfg->nnodes > 0 && !(L.lease[0] && ctl_lease_renew(L.ctl, L.lease, lease_ttl_ms(cfg)) == 1) &&
+        ctl_lease_acquire(L.ctl, "machine0", lease_ttl_ms(cfg), L.lease, sizeof L.lease) <= 0) {
         log_msg("the coordinator's lease of job %s is taken: is another first machine running it?", L.job);
         L.failed = 1;
     } else if (become_coordinator(&L, 1) != 0 || spawn_all(&L) != 0) {

@@ -192,6 +192,9 @@ int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *
     return 0;
 }
 
+int slurm_plane_master(const SlurmEnv *s) { return s->nhosts > 1 ? 1 : 0; }
+int slurm_plane_replica(const SlurmEnv *s) { return s->nhosts > 2 ? 2 : 0; }
+
 int slurm_plane_port(const char *job) {
     unsigned long long id = strtoull(job, NULL, 10);
     return 20000 + (int)(id % 5000) * 8;
@@ -243,12 +246,13 @@ int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, 
     char mine[64], where[3][64];
     if (node_address(s->hosts[me], mine, sizeof mine, err, errlen) != 0) return -1;
     redis_server m = {0};
-    if (node_address(s->hosts[0], m.host, sizeof m.host, err, errlen) != 0) return -1;
+    int at_master = slurm_plane_master(s), at_replica = slurm_plane_replica(s);
+    if (node_address(s->hosts[at_master], m.host, sizeof m.host, err, errlen) != 0) return -1;
     m.port = port;
     snprintf(m.password, sizeof m.password, "%s", password);
     for (int i = 0; i < 3; i++)
         if (node_address(s->hosts[i % n], where[i], sizeof where[i], err, errlen) != 0) return -1;
-    int need_dir = (n > 1 && me == 1) || me < 3 || (n == 1);
+    int need_dir = me == at_replica || me < 3;
     if (need_dir && !dir[0]) {
         snprintf(dir, dirlen, "/tmp/deadpool-plane-XXXXXX");
         if (!mkdtemp(dir)) { /* 0700: the sentinels' files hold the password */
@@ -258,12 +262,11 @@ int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, 
         }
     }
     char why[512];
-    if (me == 0 && redis_server_start_on(master, mine, port, password, NULL, NULL, NULL, 10000, why, sizeof why) != 0) {
+    if (me == at_master && redis_server_start_on(master, mine, port, password, NULL, NULL, NULL, 10000, why, sizeof why) != 0) {
         set_err(err, errlen, "the Redis master on %s:%d: %s", mine, port, why);
         goto fail;
     }
-    if (me == (n > 1 ? 1 : 0) &&
-        redis_server_start_on(replica, mine, port + 1, password, &m, dir, NULL, 10000, why, sizeof why) != 0) {
+    if (me == at_replica && redis_server_start_on(replica, mine, port + 1, password, &m, dir, NULL, 10000, why, sizeof why) != 0) {
         set_err(err, errlen, "the Redis replica on %s:%d: %s", mine, port + 1, why);
         goto fail;
     }

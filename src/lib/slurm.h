@@ -39,7 +39,8 @@ typedef struct {
 } SlurmGiven;
 
 /* Fills what the command line left open from Slurm: --nnodes (the step's nodes less
- * --spare-nodes), --nproc-per-node (1), --job (the job id), and c->slurm. `said` gets the
+ * --spare-nodes: the step's first --spare-nodes nodes are spare machines, node 0 (the batch
+ * script's) first), --nproc-per-node (1), --job (the job id), and c->slurm. `said` gets the
  * start line's list of what came from Slurm ("job 42, 3 nodes (node[1-3]): 2 with ranks + 1
  * spare, this is node 0"). 0 / -1 + err (one launcher per node, --spare-nodes too large). */
 int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *said, size_t saidlen, char *err,
@@ -50,16 +51,20 @@ int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *
 #define SLURM_SECRET_ENV "DEADPOOL_JOB_SECRET"
 #define SLURM_SENTINEL_MASTER "deadpool" /* the name the sentinels monitor the master under */
 
-/* Without --redis, a Slurm job brings its control plane: the step's node 0 runs the Redis
- * master, node 1 a replica, nodes 0, 1 and 2 a sentinel each (fewer nodes: several on one),
- * on ports derived from the job id (slurm_plane_port); every node knows where from the node
- * list alone. The password is derived from SLURM_SECRET_ENV and the job id (BLAKE2b). This
+/* Without --redis, a Slurm job brings its control plane: the step's node 1 runs the Redis
+ * master, node 2 a replica, nodes 0, 1 and 2 a sentinel each (fewer nodes: node 0 takes what
+ * is left), on ports derived from the job id (slurm_plane_port); every node knows where from
+ * the node list alone. Node 0 runs the batch script and srun: its loss ends the job whatever
+ * DeadPool does, so it holds neither the master nor the replica (and is the spare node). The password is derived from SLURM_SECRET_ENV and the job id (BLAKE2b). This
  * node's share is started into master / replica / sentinels[3] (pid 0 = not here; their files
  * in dir, a private directory made here when needed) and *addr is the sentinels' address. 0 /
  * -1 + err. */
 int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, redis_server *master,
                         redis_server *replica, redis_server sentinels[3], char *dir, size_t dirlen, redis_addr *addr,
                         char *err, size_t errlen);
+/* Where the master and the replica run: indexes into s->hosts. */
+int slurm_plane_master(const SlurmEnv *s);
+int slurm_plane_replica(const SlurmEnv *s);
 /* The first of the job's ports: master P, replica P+1, sentinels P+2..P+4. */
 int slurm_plane_port(const char *job);
 

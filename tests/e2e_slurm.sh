@@ -100,3 +100,31 @@ crash_case() {
 }
 crash_case slurm_node_crash_spare_node_takes_over ranks
 crash_case slurm_redis_master_node_crash master
+
+# 4. scancel with the job's signal (USR1, as --signal=USR1@60 sends it before the time limit):
+#    every node writes the newest committed step to its own --out and the job ends; `scontrol
+#    requeue` runs it again (SLURM_RESTART_COUNT 1, the same job id) on other nodes (node1
+#    drained: node2..node4, node4 with an empty disk): it resumes from those local checkpoints,
+#    ranks whose state is on another node fetch it, and it ends byte-identical.
+J=$(submit)
+kept="" resumed="" st1="" models=0 nodes2=""
+if wait_step "$J" 70; then
+  slurm_exec scancel --signal=USR1 "$J"
+  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 90
+  st1=$(slurm_job_state "$J")
+  cp "$(out_of "$J")" "$WORK/first-$J.out"
+  kept=$(grep -oE 'step [0-9]+ is on disk' "$WORK/first-$J.out" | grep -oE '[0-9]+' | head -1)
+  slurm_exec scontrol update nodename=node1 state=drain reason=e2e_slurm
+  slurm_exec scontrol requeue "$J" >/dev/null
+  slurm_wait_state "$J" "RUNNING|COMPLETED" 60
+  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 180
+  nodes2=$(grep -oE 'requeued\), --nnodes 2 \(3 node\(s\) [a-z0-9.]+' "$(out_of "$J")" | head -1 | awk '{print $NF}')
+  slurm_exec scontrol update nodename=node1 state=resume
+  resumed=$(grep -oE 'resuming from the checkpoint of step [0-9]+' "$(out_of "$J")" | grep -oE '[0-9]+' | head -1)
+  models=$(model_hosts "$J" | wc -l)
+fi
+if [ -n "$kept" ] && [ "$kept" -gt 50 ] && [ "$resumed" = "$kept" ] && [ "$models" -ge 2 ] && [ "$nodes2" = "node2..node4" ] \
+   && [ "$(slurm_job_state "$J")" = COMPLETED ] && grep -q 'requeued (SLURM_RESTART_COUNT 1)' "$(out_of "$J")"; then
+  ok "slurm_signal_then_requeue_resumes (job $J: step $kept kept on USR1, resumed from it on $nodes2 after the requeue)"
+else notok "slurm_signal_then_requeue_resumes" "job $J: first run $st1, kept step '${kept}', resumed from '${resumed}', $models identical models, now $(slurm_job_state "$J") on '$nodes2'" \
+  "$(grep -vE '^[0-9]+: step' "$WORK/first-$J.out" 2>/dev/null | tail -12)" "--- requeued:" "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)"; fi

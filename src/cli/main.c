@@ -67,6 +67,29 @@ static int program_append(JobConfig *cfg, const char *arg) {
     return 0;
 }
 
+/* Sets a trainer option of the job's program: replaces its value where the program has it
+ * already (resuming, the checkpoint's program has the first run's options: the program must
+ * not depend on whether this machine had a checkpoint), else appends it. 0 / -1. */
+static int program_set_option(JobConfig *cfg, const char *flag, const char *value) {
+    char *p = cfg->program;
+    while (p && *p) {
+        char *end = strchr(p, DP_ARG_SEP);
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (end && len == strlen(flag) && !strncmp(p, flag, len)) {
+            char *v = end + 1, *vend = strchr(v, DP_ARG_SEP);
+            char rest[sizeof cfg->program];
+            snprintf(rest, sizeof rest, "%s", vend ? vend : "");
+            size_t at = (size_t)(v - cfg->program);
+            if (at + strlen(value) + strlen(rest) + 1 > sizeof cfg->program || strchr(value, DP_ARG_SEP) || strchr(value, '\n'))
+                return program_append(cfg, flag) != 0 || program_append(cfg, value) != 0 ? -1 : 0;
+            snprintf(v, sizeof cfg->program - at, "%s%s", value, rest);
+            return 0;
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return program_append(cfg, flag) != 0 || program_append(cfg, value) != 0 ? -1 : 0;
+}
+
 /* 1 if program (DP_ARG_SEP-joined) is the built-in trainer, with or without arguments. */
 static int is_builtin(const char *program) {
     size_t n = strlen(DP_BUILTIN_PROGRAM);
@@ -245,7 +268,7 @@ static int cmd_run(int argc, char **argv) {
             char flag[80];
             snprintf(flag, sizeof flag, "--%s", name);
             if (train_options_set(&topt, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
-            if (program_append(&cfg, flag) != 0 || program_append(&cfg, value) != 0) return 2;
+            if (program_set_option(&cfg, flag, value) != 0) return 2;
         } else {
             fprintf(stderr, "deadpool: unknown option --%s (see deadpool run --help)\n", name);
             return 2;

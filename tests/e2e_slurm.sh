@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib_hosts.sh"
 source "$(dirname "$0")/lib_slurm.sh"
 
 CASES="slurm_job_identical slurm_node_crash_spare_node_takes_over slurm_redis_master_node_crash \
-slurm_signal_then_requeue_resumes"
+slurm_signal_then_requeue_resumes slurm_requeue_before_a_checkpoint_starts_fresh"
 if ! hosts_available; then
   for c in $CASES; do echo "ok - $c # SKIP no network namespaces (needs root)"; done
   exit 0
@@ -52,13 +52,17 @@ wait_step() {
   return 1
 }
 
+T0=0
+took() { local d=$(( SECONDS - T0 )); T0=$SECONDS; echo "${d} s"; }
+echo "# cluster and reference run: $(took)"
+
 # 1. The README's script as it is: the job ends with the one-machine model on both nodes that
 #    ran ranks, the spare node's launcher leaves with it.
 J=$(submit); [ -n "${SLURM_E2E_SHOW:-}" ] && trap "cat $SLURM_DIR/job-*.out >&2; slurm_destroy; _hosts_on_exit" EXIT
 if slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180 && [ "$(slurm_job_state "$J")" = COMPLETED ] \
    && [ "$(model_hosts "$J" | wc -l)" -eq 2 ] && grep -q 'spare machine 0' "$(out_of "$J")" \
    && grep -q 'under Slurm: --job' "$(out_of "$J")"; then
-  ok "slurm_job_identical (job $J, models on hosts $(model_hosts "$J" | tr '\n' ' '))"
+  ok "slurm_job_identical (job $J, models on hosts $(model_hosts "$J" | tr '\n' ' '| sed 's/ $//'); $(took))"
 else notok "slurm_job_identical" "job $J: $(slurm_job_state "$J")" "$(tail -20 "$(out_of "$J")")"; fi
 
 # host_of_node J PATTERN — the host whose launcher in job J printed PATTERN (from srun's labels:
@@ -94,7 +98,7 @@ crash_case() {
   models=$(model_hosts "$J" | grep -vx "$victim" | wc -l)
   host_restart "$victim" && slurm_node_up "$victim" >/dev/null
   if [ "$ends" -eq 2 ] && [ "$models" -eq 2 ] && grep -q 'recovery of' "$(out_of "$J")"; then
-    ok "$name (job $J, node$victim crashed: task $t; $(grep -oE 'resumed after [0-9]+ ms' "$(out_of "$J")" | head -1))"
+    ok "$name (job $J, node$victim crashed: task $t; $(grep -oE 'resumed after [0-9]+ ms' "$(out_of "$J")" | head -1); $(took))"
   else notok "$name" "job $J $(slurm_job_state "$J"): node$victim (task $t) crashed; $ends surviving tasks ended, $models models identical" \
     "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -25)"; fi
 }
@@ -107,6 +111,7 @@ crash_case slurm_redis_master_node_crash master
 #    drained: node2..node4, node4 with an empty disk): it resumes from those local checkpoints,
 #    ranks whose state is on another node fetch it, and it ends byte-identical.
 J=$(submit)
+slurm_wait_state "$J" RUNNING 90; echo "# job $J running: $(took)"
 kept="" resumed="" st1="" models=0 nodes2=""
 if wait_step "$J" 70; then
   slurm_exec scancel --signal=USR1 "$J"
@@ -116,6 +121,9 @@ if wait_step "$J" 70; then
   kept=$(grep -oE 'step [0-9]+ is on disk' "$WORK/first-$J.out" | grep -oE '[0-9]+' | head -1)
   slurm_exec scontrol update nodename=node1 state=drain reason=e2e_slurm
   slurm_exec scontrol requeue "$J" >/dev/null
+  # Slurm holds a requeued job back (Reason=BeginTime, about two minutes): not here
+  slurm_exec scontrol update jobid="$J" starttime=now
+  echo "# job $J: stopped by USR1 and requeued: $(took)"
   slurm_wait_state "$J" "RUNNING|COMPLETED" 60
   slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 180
   nodes2=$(grep -oE 'requeued\), --nnodes 2 \(3 node\(s\) [a-z0-9.]+' "$(out_of "$J")" | head -1 | awk '{print $NF}')
@@ -125,6 +133,26 @@ if wait_step "$J" 70; then
 fi
 if [ -n "$kept" ] && [ "$kept" -gt 50 ] && [ "$resumed" = "$kept" ] && [ "$models" -ge 2 ] && [ "$nodes2" = "node2..node4" ] \
    && [ "$(slurm_job_state "$J")" = COMPLETED ] && grep -q 'requeued (SLURM_RESTART_COUNT 1)' "$(out_of "$J")"; then
-  ok "slurm_signal_then_requeue_resumes (job $J: step $kept kept on USR1, resumed from it on $nodes2 after the requeue)"
+  ok "slurm_signal_then_requeue_resumes (job $J: step $kept kept on USR1, resumed from it on $nodes2 after the requeue; $(took))"
 else notok "slurm_signal_then_requeue_resumes" "job $J: first run $st1, kept step '${kept}', resumed from '${resumed}', $models identical models, now $(slurm_job_state "$J") on '$nodes2'" \
   "$(grep -vE '^[0-9]+: step' "$WORK/first-$J.out" 2>/dev/null | tail -12)" "--- requeued:" "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)"; fi
+
+# 5. `scontrol requeue` of a running job before its first checkpoint (Slurm kills every task:
+#    SIGTERM, SIGKILL after KillWait): no node has a complete checkpoint, so the requeued run
+#    (the same job id) starts from step 1, deliberately and saying so, and ends byte-identical.
+J=$(submit)
+fresh="" models=0
+if wait_step "$J" 10; then
+  slurm_exec scontrol requeue "$J" >/dev/null
+  slurm_wait_state "$J" "PENDING" 60
+  cp "$(out_of "$J")" "$WORK/first-$J.out" 2>/dev/null
+  slurm_exec scontrol update jobid="$J" starttime=now
+  slurm_wait_state "$J" "RUNNING|COMPLETED" 60
+  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 180
+  fresh=$(grep -c "requeued job $J: no complete checkpoint .*starting from step 1" "$(out_of "$J")")
+  models=$(model_hosts "$J" | wc -l)
+fi
+if [ "${fresh:-0}" -ge 1 ] && [ "$models" -ge 2 ] && [ "$(slurm_job_state "$J")" = COMPLETED ]; then
+  ok "slurm_requeue_before_a_checkpoint_starts_fresh (job $J; $(took))"
+else notok "slurm_requeue_before_a_checkpoint_starts_fresh" "job $J: fresh '$fresh', $models identical models, now $(slurm_job_state "$J")" \
+  "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)"; fi

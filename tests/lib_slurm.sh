@@ -77,7 +77,9 @@ slurm_node_up() {
   SLURMD_PID[$i]=$HOST_SPAWN_PID
   for k in $(seq 300); do
     st=$(slurm_exec sinfo -h -n "node$i" -o %T 2>/dev/null)
-    case "$st" in idle*|alloc*|mix*|completing*) return 0 ;; esac
+    case "$st" in idle|allocated|mixed) return 0 ;; esac # a '*' says it does not answer (yet)
+    # a node seen down before its slurmd registered again stays down until told otherwise
+    [ $((k % 20)) -eq 19 ] && case "$st" in down*|idle\*|*drain*) slurm_exec scontrol update nodename="node$i" state=resume >/dev/null 2>&1 ;; esac
     kill -0 "${SLURMD_PID[$i]}" 2>/dev/null || break
     sleep 0.1
   done

@@ -1226,6 +1226,15 @@ static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
     }
     for (int i = 0; i < n; i++) inv[i] = values + (size_t)i * INVENTORY_MAX;
     int64_t step = resume_choose(inv, n, L->cfg->workers, why, sizeof why);
+    if (step < 0 && L->cfg->slurm_env && L->cfg->slurm_env->restart_count > 0) {
+        /* A requeued Slurm job resumes when its nodes have a complete checkpoint, and starts
+         * afresh, deliberately and saying so, when they have none (it was requeued before its
+         * first one). */
+        log_msg("requeued job %s: no complete checkpoint across the %d machines (%s): starting from step 1", L->job, n, why);
+        L->run_cfg.resume_step = -1;
+        free(fields); free(values); free(inv);
+        return 0;
+    }
     if (step < 0) { snprintf(err, errlen, "--resume: no complete checkpoint across the %d machines: %s", n, why); goto fail; }
     if (why[0]) log_msg("--resume: %s; resuming from step %lld instead", why, (long long)step + 1);
     L->run_cfg.resume_step = (int)step;

@@ -24,6 +24,8 @@ static void usage(FILE *f) {
             "       deadpool run [options] -- PROGRAM [ARGS...]                          (your training program)\n"
             "       deadpool run --nnodes N --nproc-per-node P --redis URL --job ID [--bind ADDR] [options]\n"
             "                    (the same command on every machine; machines beyond N are spare machines)\n"
+            "       srun --ntasks-per-node=1 deadpool run [--spare-nodes K] [--nproc-per-node P] [options]\n"
+            "                    (under Slurm: --nnodes, --job and the control plane come from the allocation)\n"
             "       deadpool worker --redis URL --job ID [--spare] [--rank R] [--bind HOST]\n"
             "       deadpool report DIR [--output FILE]                                 (DIR/report.html of a job)\n"
             "       deadpool run --help     (every option with its default)\n");

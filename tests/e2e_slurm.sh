@@ -10,8 +10,13 @@ source "$(dirname "$0")/lib_e2e.sh"
 source "$(dirname "$0")/lib_hosts.sh"
 source "$(dirname "$0")/lib_slurm.sh"
 
-CASES="slurm_job_identical slurm_node_crash_spare_node_takes_over slurm_redis_master_node_crash \
+CASES="slurm_readme_shows_the_script slurm_job_identical slurm_node_crash_spare_node_takes_over slurm_redis_master_node_crash \
 slurm_signal_then_requeue_resumes slurm_requeue_before_a_checkpoint_starts_fresh"
+# The README's Slurm section shows the very script every case below submits.
+readme=$(awk '/^### Under Slurm/ {f = 1} f && /^```bash/ {g = 1; next} g && /^```/ {exit} g' "$ROOT/README.md")
+if [ -n "$readme" ] && [ "$readme" = "$(cat "$ROOT/examples/slurm/deadpool.sbatch")" ]; then ok "slurm_readme_shows_the_script"
+else notok "slurm_readme_shows_the_script" "README.md's 'Under Slurm' script differs from examples/slurm/deadpool.sbatch"; fi
+CASES=${CASES#slurm_readme_shows_the_script }
 if ! hosts_available; then
   for c in $CASES; do echo "ok - $c # SKIP no network namespaces (needs root)"; done
   exit 0

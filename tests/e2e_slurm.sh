@@ -57,9 +57,8 @@ wait_step() {
   return 1
 }
 
-T0=0
-took() { local d=$(( SECONDS - T0 )); T0=$SECONDS; echo "${d} s"; }
-echo "# cluster and reference run: $(took)"
+took() { echo "at ${SECONDS} s"; } # since the test began
+echo "# cluster and reference run done: $(took)"
 
 # 1. The README's script as it is: the job ends with the one-machine model on both nodes that
 #    ran ranks, the spare node's launcher leaves with it.
@@ -102,6 +101,7 @@ crash_case() {
   for s in $survivors; do grep -qE "^$s: \[deadpool\] done" "$(out_of "$J")" && ends=$((ends + 1)); done
   models=$(model_hosts "$J" | grep -vx "$victim" | wc -l)
   host_restart "$victim" && slurm_node_up "$victim" >/dev/null
+  slurm_wait_idle 60
   if [ "$ends" -eq 2 ] && [ "$models" -eq 2 ] && grep -q 'recovery of' "$(out_of "$J")"; then
     ok "$name (job $J, node$victim crashed: task $t; $(grep -oE 'resumed after [0-9]+ ms' "$(out_of "$J")" | head -1); $(took))"
   else notok "$name" "job $J $(slurm_job_state "$J"): node$victim (task $t) crashed; $ends surviving tasks ended, $models models identical" \
@@ -116,8 +116,10 @@ crash_case slurm_redis_master_node_crash master
 #    drained: node2..node4, node4 with an empty disk): it resumes from those local checkpoints,
 #    ranks whose state is on another node fetch it, and it ends byte-identical.
 J=$(submit)
-slurm_wait_state "$J" RUNNING 90; echo "# job $J running: $(took)"
-kept="" resumed="" st1="" models=0 nodes2=""
+sleep 3; [ -n "${SLURM_E2E_DEBUG:-}" ] && slurm_exec scontrol show job "$J" | grep -E "JobState|Time=" >&2
+slurm_wait_state "$J" RUNNING 90
+echo "# job $J running: $(took)$(slurm_exec squeue -h -j "$J" -o ' (%r)' 2>/dev/null)"
+kept="" resumed="" st1="" models=0 nodes2="" rq=""
 if wait_step "$J" 70; then
   slurm_exec scancel --signal=USR1 "$J"
   slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 90
@@ -125,7 +127,8 @@ if wait_step "$J" 70; then
   cp "$(out_of "$J")" "$WORK/first-$J.out"
   kept=$(grep -oE 'step [0-9]+ is on disk' "$WORK/first-$J.out" | grep -oE '[0-9]+' | head -1)
   slurm_exec scontrol update nodename=node1 state=drain reason=e2e_slurm
-  slurm_exec scontrol requeue "$J" >/dev/null
+  # (refused while the job's nodes are still completing it: retried, 20 s at most)
+  for _ in $(seq 40); do rq=$(slurm_exec scontrol requeue "$J" 2>&1) && break; sleep 0.5; done
   # Slurm holds a requeued job back (Reason=BeginTime, about two minutes): not here
   slurm_exec scontrol update jobid="$J" starttime=now
   echo "# job $J: stopped by USR1 and requeued: $(took)"
@@ -139,7 +142,7 @@ fi
 if [ -n "$kept" ] && [ "$kept" -gt 50 ] && [ "$resumed" = "$kept" ] && [ "$models" -ge 2 ] && [ "$nodes2" = "node2..node4" ] \
    && [ "$(slurm_job_state "$J")" = COMPLETED ] && grep -q 'requeued (SLURM_RESTART_COUNT 1)' "$(out_of "$J")"; then
   ok "slurm_signal_then_requeue_resumes (job $J: step $kept kept on USR1, resumed from it on $nodes2 after the requeue; $(took))"
-else notok "slurm_signal_then_requeue_resumes" "job $J: first run $st1, kept step '${kept}', resumed from '${resumed}', $models identical models, now $(slurm_job_state "$J") on '$nodes2'" \
+else notok "slurm_signal_then_requeue_resumes" "job $J: first run $st1, kept step '${kept}', resumed from '${resumed}', $models identical models, now $(slurm_job_state "$J") on '$nodes2'; requeue: '$rq'" \
   "$(grep -vE '^[0-9]+: step' "$WORK/first-$J.out" 2>/dev/null | tail -12)" "--- requeued:" "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)"; fi
 
 # 5. `scontrol requeue` of a running job before its first checkpoint (Slurm kills every task:

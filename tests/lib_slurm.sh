@@ -171,6 +171,17 @@ slurm_wait_state() {
   return 1
 }
 
+# slurm_wait_idle [TIMEOUT_S=60] — until every node is idle (no job completing on any): what
+# a job that needs them all may count on. 1 after the timeout.
+slurm_wait_idle() {
+  local limit=${1:-60} k
+  for ((k = 0; k < limit * 5; k++)); do
+    [ -z "$(slurm_exec sinfo -h -o %T 2>/dev/null | grep -vx idle)" ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
 # slurm_destroy — stops the daemons (TERM, then KILL after 10 s) of the hosts still up.
 slurm_destroy() {
   local i p

@@ -230,6 +230,10 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deadpool: --resume: %s\n", err);
         return 2;
     }
+    if (!slurm.in_step) { /* a checkpoint of a Slurm job, resumed by hand: the command line says where */
+        cfg.slurm = 0;
+        cfg.spare_nodes = 0;
+    }
     int builtin = is_builtin(cfg.program);
     TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
     train_options_defaults(&topt);

@@ -37,9 +37,10 @@ REF="$WORK/ref/model.bin"
 [ -s "$REF" ] || { notok "reference_run" "$(tail -3 "$WORK/ref.log")"; exit 1; }
 
 # submit — sbatch of the README's script (its parameters: this build, the tiny model, few
-# steps, the nodes' local disk); prints the job id.
+# steps, the nodes' local disk, also as TMPDIR: what a crashed node leaves there stays on its
+# disk); prints the job id.
 submit() {
-  slurm_exec sbatch --parsable --export="ALL,DEADPOOL=$DP,MODEL=tiny,STEPS=$STEPS,LOCAL=$SLURM_LOCAL,SLURM_LABELIO=1" \
+  slurm_exec sbatch --parsable --export="ALL,DEADPOOL=$DP,MODEL=tiny,STEPS=$STEPS,LOCAL=$SLURM_LOCAL,TMPDIR=$SLURM_LOCAL,SLURM_LABELIO=1" \
     -o "$SLURM_DIR/job-%j.out" "$SCRIPT"
 }
 out_of() { echo "$SLURM_DIR/job-$1.out"; }
@@ -127,8 +128,12 @@ if wait_step "$J" 70; then
   cp "$(out_of "$J")" "$WORK/first-$J.out"
   kept=$(grep -oE 'step [0-9]+ is on disk' "$WORK/first-$J.out" | grep -oE '[0-9]+' | head -1)
   slurm_exec scontrol update nodename=node1 state=drain reason=e2e_slurm
-  # (refused while the job's nodes are still completing it: retried, 20 s at most)
-  for _ in $(seq 40); do rq=$(slurm_exec scontrol requeue "$J" 2>&1) && break; sleep 0.5; done
+  # (refused, or without effect, while the job's nodes are still completing it: retried until
+  # the job is pending again, 30 s at most)
+  for _ in $(seq 15); do
+    rq=$(slurm_exec scontrol requeue "$J" 2>&1)
+    slurm_wait_state "$J" "PENDING|RUNNING|CONFIGURING" 2 && break
+  done
   # Slurm holds a requeued job back (Reason=BeginTime, about two minutes): not here
   slurm_exec scontrol update jobid="$J" starttime=now
   echo "# job $J: stopped by USR1 and requeued: $(took)"

@@ -765,11 +765,12 @@ static coord_state tick(Coordinator *c, int *spares_used) {
      * close their ports only after their memory is torn down, tens of ms for a large one. */
     int batch = c->cfg->nnodes > 0 ? BATCH_MACHINES_MS : BATCH_MS;
     if (c->npending > 0 && now - c->first_pending_ms < batch) return COORD_RUNNING;
-    /* After a takeover under Sentinel the holders' heartbeats may be coming back: deciding
-     * before every other member and spare beats again would take live ones for dead. */
-    if (c->npending > 0 && now < c->decide_after) {
+    /* After a Redis outage (a Sentinel failover) or a takeover under Sentinel the holders'
+     * heartbeats may be coming back: deciding before every other member and spare beats
+     * again would take live ones for dead (waits at most the detect timeout). */
+    if (c->npending > 0 && (now < c->decide_after || now < c->silence_ignored_until)) {
         if (!others_beat(c)) return COORD_RUNNING;
-        c->decide_after = 0;
+        c->decide_after = c->silence_ignored_until = 0;
     }
     if (c->npending > 0 && c->cfg->nnodes > 0 && !c->batch_probed) {
         c->batch_probed = 1;

@@ -65,7 +65,7 @@ typedef struct {
     char url[600];          /* redis URL without the password */
     redis_server server;    /* embedded server; pid 0 when --redis was given */
     redis_server ha[4];     /* --redis-ha: the replica and three sentinels (the master is `server`) */
-    char ha_dir[64];        /* --redis-ha: the sentinels' private directory ("" = none) */
+    char ha_dir[512];       /* --redis-ha: the sentinels' private directory ("" = none) */
     ctl_t *ctl;
     int64_t t0_wall_ms;
     FILE *events, *metrics;

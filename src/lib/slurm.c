@@ -254,7 +254,9 @@ int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, 
         if (node_address(s->hosts[i % n], where[i], sizeof where[i], err, errlen) != 0) return -1;
     int need_dir = me == at_replica || me < 3;
     if (need_dir && !dir[0]) {
-        snprintf(dir, dirlen, "/tmp/deadpool-plane-XXXXXX");
+        const char *tmp = getenv("TMPDIR"); /* a node's own, where the cluster sets one per job */
+        if (!tmp || !*tmp || (size_t)snprintf(dir, dirlen, "%s/deadpool-plane-XXXXXX", tmp) >= dirlen)
+            snprintf(dir, dirlen, "/tmp/deadpool-plane-XXXXXX");
         if (!mkdtemp(dir)) { /* 0700: the sentinels' files hold the password */
             set_err(err, errlen, "cannot create a directory for the control plane's files: %s", strerror(errno));
             dir[0] = 0;

@@ -36,7 +36,8 @@ LIB_INC  = -Isrc/lib -Isrc/common
 GPT2_INC = -Isrc/gpt2 -Isrc/common
 # What a training process needs is the library; what only the `deadpool` program runs is not
 # (an application links no HTTP server and no launcher).
-TOOL_SRC = src/lib/launcher.c src/lib/coordinator.c src/lib/decide.c src/lib/redis_server.c src/lib/metrics_http.c
+TOOL_SRC = src/lib/launcher.c src/lib/coordinator.c src/lib/decide.c src/lib/redis_server.c src/lib/metrics_http.c \
+           src/lib/slurm.c
 TOOL_OBJ = $(patsubst src/%.c,$(BUILD)/%.o,$(TOOL_SRC))
 LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(filter-out $(TOOL_SRC),$(wildcard src/lib/*.c)) $(wildcard src/common/*.c)) \
            $(patsubst src/%.cc,$(BUILD)/%.o,$(wildcard src/lib/*.cc))
@@ -53,11 +54,12 @@ all: $(BIN) $(BUILD)/libdeadpool.so $(EXAMPLES)
 $(BIN): $(CLI_OBJ) $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+# Archives are written afresh: `ar r` would keep a member whose source moved elsewhere.
 $(BUILD)/libdeadpool.a: $(LIB_OBJ)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/libdptool.a: $(TOOL_OBJ)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 # --no-undefined: the library must not reach into the tool's objects.
 $(BUILD)/libdeadpool.so: $(LIB_OBJ) src/lib/libdeadpool.map

@@ -10,6 +10,7 @@
 #include "optimizer.h"
 #include "recovery.h"
 #include "runtime.h"
+#include "slurm.h"
 #include "train_options.h"
 
 static void test_roundtrip(void) {
@@ -256,7 +257,93 @@ static void test_holder_order(void) {
     CHECK(o[0] == 3 && o[1] == 0 && o[2] == 1, "ring of rank 2: %d %d %d", o[0], o[1], o[2]);
 }
 
+/* Slurm hostlists: ranges, lists, zero padding, several bracket groups; malformed ones named. */
+static void test_slurm_hostlist(void) {
+    static char h[DP_MAX_RANKS][SLURM_HOST_MAX];
+    char err[512];
+    int n = slurm_hostlist_expand("node[1-3,5]", h, DP_MAX_RANKS, err, sizeof err);
+    CHECK(n == 4 && !strcmp(h[0], "node1") && !strcmp(h[2], "node3") && !strcmp(h[3], "node5"), "node[1-3,5]: %d %s", n, err);
+    n = slurm_hostlist_expand("a[08-10]x,b,c[1]", h, DP_MAX_RANKS, err, sizeof err);
+    CHECK(n == 5 && !strcmp(h[0], "a08x") && !strcmp(h[1], "a09x") && !strcmp(h[2], "a10x") && !strcmp(h[3], "b") &&
+              !strcmp(h[4], "c1"), "padding, suffix, plain names: %d %s %s", n, n > 0 ? h[0] : "", err);
+    n = slurm_hostlist_expand("r[1-2]n[1-2]", h, DP_MAX_RANKS, err, sizeof err);
+    CHECK(n == 4 && !strcmp(h[0], "r1n1") && !strcmp(h[1], "r1n2") && !strcmp(h[2], "r2n1") && !strcmp(h[3], "r2n2"),
+          "two groups: %d %s", n, err);
+    n = slurm_hostlist_expand("node7", h, DP_MAX_RANKS, err, sizeof err);
+    CHECK(n == 1 && !strcmp(h[0], "node7"), "one name: %d", n);
+    const char *bad[] = {"node[1-3", "node1-3]", "node[3-1]", "node[]", "node[a-b]", "node[1,]", "a,,b", "a,", "", "n[[1]]",
+                         "node[1-2000]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = 0;
+        n = slurm_hostlist_expand(bad[i], h, DP_MAX_RANKS, err, sizeof err);
+        CHECK(n < 0 && strstr(err, "hostlist"), "'%s' is refused with a reason: %d '%s'", bad[i], n, err);
+    }
+}
+
+/* A fake environment for slurm_env_read. */
+static const char *const *fake_env;
+static const char *fake_get(const char *name) {
+    for (int i = 0; fake_env[i]; i += 2)
+        if (!strcmp(fake_env[i], name)) return fake_env[i + 1];
+    return NULL;
+}
+
+/* Slurm's environment fills what the command line left open; explicit options win. */
+static void test_slurm_env(void) {
+    static SlurmEnv s;
+    char err[512], said[1024];
+    const char *none[] = {"HOME", "/root", NULL};
+    fake_env = none;
+    CHECK(slurm_env_read(&s, fake_get, err, sizeof err) == 0 && !s.in_step, "not under Slurm");
+    const char *env[] = {"SLURM_JOB_ID", "42", "SLURM_NODEID", "2", "SLURM_STEP_NUM_NODES", "3", "SLURM_STEP_NODELIST",
+                         "node[1-2,4]", "SLURM_STEP_NUM_TASKS", "3", "SLURM_RESTART_COUNT", "1", NULL};
+    fake_env = env;
+    CHECK(slurm_env_read(&s, fake_get, err, sizeof err) == 0 && s.in_step && s.nnodes == 3 && s.node == 2 &&
+              s.restart_count == 1 && s.nhosts == 3 && !strcmp(s.hosts[2], "node4") && !strcmp(s.job_id, "42"),
+          "a step: %s", err);
+    JobConfig c;
+    job_config_defaults(&c);
+    c.spare_nodes = 1;
+    SlurmGiven given = {0};
+    CHECK(slurm_apply(&c, &s, &given, said, sizeof said, err, sizeof err) == 0 && c.nnodes == 2 && c.nproc_per_node == 1 &&
+              !strcmp(c.job, "42") && c.slurm == 1, "applied: %s", err);
+    CHECK(strstr(said, "--job 42") && strstr(said, "--nnodes 2") && strstr(said, "node 2 (node4)"), "said: %s", said);
+    c.workers = c.nnodes * c.nproc_per_node;
+    c.spares = 0;
+    CHECK(job_config_validate(&c, err, sizeof err) == 0, "valid without --redis under Slurm: %s", err);
+    /* explicit options win */
+    job_config_defaults(&c);
+    snprintf(c.job, sizeof c.job, "mine");
+    c.nnodes = 3;
+    c.nproc_per_node = 2;
+    SlurmGiven all = {.nnodes = 1, .nproc_per_node = 1, .job = 1};
+    CHECK(slurm_apply(&c, &s, &all, said, sizeof said, err, sizeof err) == 0 && c.nnodes == 3 && c.nproc_per_node == 2 &&
+              !strcmp(c.job, "mine") && !strstr(said, "--job"), "explicit: %s", said);
+    /* too many spare nodes; more than one task per node */
+    job_config_defaults(&c);
+    c.spare_nodes = 3;
+    CHECK(slurm_apply(&c, &s, &given, said, sizeof said, err, sizeof err) != 0 && strstr(err, "--spare-nodes"), "%s", err);
+    s.ntasks = 6;
+    job_config_defaults(&c);
+    CHECK(slurm_apply(&c, &s, &given, said, sizeof said, err, sizeof err) != 0 && strstr(err, "--ntasks-per-node=1"), "%s", err);
+    /* broken variables are named */
+    const char *bad[] = {"SLURM_JOB_ID", "42", "SLURM_NODEID", "3", "SLURM_STEP_NUM_NODES", "3", "SLURM_STEP_NODELIST",
+                         "node[1-3]", NULL};
+    fake_env = bad;
+    CHECK(slurm_env_read(&s, fake_get, err, sizeof err) != 0 && strstr(err, "SLURM_NODEID"), "%s", err);
+    const char *bad2[] = {"SLURM_JOB_ID", "42", "SLURM_NODEID", "0", "SLURM_NNODES", "2", "SLURM_JOB_NODELIST",
+                          "node[1-3]", NULL};
+    fake_env = bad2;
+    CHECK(slurm_env_read(&s, fake_get, err, sizeof err) != 0 && strstr(err, "names 3 nodes"), "%s", err);
+    /* --spare-nodes outside Slurm is refused */
+    job_config_defaults(&c);
+    c.spare_nodes = 1;
+    CHECK(job_config_validate(&c, err, sizeof err) != 0 && strstr(err, "--spare-nodes"), "%s", err);
+}
+
 int main(void) {
+    RUN_TEST(test_slurm_hostlist);
+    RUN_TEST(test_slurm_env);
     RUN_TEST(test_node_options);
     RUN_TEST(test_holder_offsets);
     RUN_TEST(test_holder_order);

@@ -12,6 +12,7 @@
 #include "launcher.h"
 #include "report.h"
 #include "runtime.h"
+#include "slurm.h"
 #include "train_options.h"
 #include "trainer.h"
 #include "util.h"
@@ -23,6 +24,8 @@ static void usage(FILE *f) {
             "       deadpool run [options] -- PROGRAM [ARGS...]                          (your training program)\n"
             "       deadpool run --nnodes N --nproc-per-node P --redis URL --job ID [--bind ADDR] [options]\n"
             "                    (the same command on every machine; machines beyond N are spare machines)\n"
+            "       srun --ntasks-per-node=1 deadpool run [--spare-nodes K] [--nproc-per-node P] [options]\n"
+            "                    (under Slurm: --nnodes, --job and the control plane come from the allocation)\n"
             "       deadpool worker --redis URL|--redis-file FILE --job ID [--spare] [--rank R] [--bind HOST]\n"
             "       deadpool report DIR [--output FILE]                                 (DIR/report.html of a job)\n"
             "       deadpool run --help     (every option with its default)\n");
@@ -66,6 +69,29 @@ static int program_append(JobConfig *cfg, const char *arg) {
     return 0;
 }
 
+/* Sets a trainer option of the job's program: replaces its value where the program has it
+ * already (resuming, the checkpoint's program has the first run's options: the program must
+ * not depend on whether this machine had a checkpoint), else appends it. 0 / -1. */
+static int program_set_option(JobConfig *cfg, const char *flag, const char *value) {
+    char *p = cfg->program;
+    while (p && *p) {
+        char *end = strchr(p, DP_ARG_SEP);
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (end && len == strlen(flag) && !strncmp(p, flag, len)) {
+            char *v = end + 1, *vend = strchr(v, DP_ARG_SEP);
+            char rest[sizeof cfg->program];
+            snprintf(rest, sizeof rest, "%s", vend ? vend : "");
+            size_t at = (size_t)(v - cfg->program);
+            if (at + strlen(value) + strlen(rest) + 1 > sizeof cfg->program || strchr(value, DP_ARG_SEP) || strchr(value, '\n'))
+                return program_append(cfg, flag) != 0 || program_append(cfg, value) != 0 ? -1 : 0;
+            snprintf(v, sizeof cfg->program - at, "%s%s", value, rest);
+            return 0;
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return program_append(cfg, flag) != 0 || program_append(cfg, value) != 0 ? -1 : 0;
+}
+
 /* 1 if program (DP_ARG_SEP-joined) is the built-in trainer, with or without arguments. */
 static int is_builtin(const char *program) {
     size_t n = strlen(DP_BUILTIN_PROGRAM);
@@ -85,9 +111,9 @@ static void program_text(const char *program, char *out, size_t len) {
  * program must be given again after --, and is compared with the one the checkpoint names
  * (*ckpt_program; empty when no config was read here). */
 static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *ckpt_program, size_t plen, char *err,
-                              size_t errlen) {
+                              size_t errlen, int slurm) {
     const char *dir = NULL;
-    int machines = 0;
+    int machines = slurm;
     for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (!strcmp(argv[i], "--resume") && i + 1 < argc) dir = argv[i + 1];
         else if (!strncmp(argv[i], "--resume=", 9)) dir = argv[i] + 9;
@@ -144,19 +170,76 @@ static int load_resume_config(int argc, char **argv, JobConfig *cfg, char *ckpt_
     return 0;
 }
 
+/* 1 if the options before `--` include --NAME (or --NAME=...). */
+static int has_option(int argc, char **argv, const char *name) {
+    size_t n = strlen(name);
+    for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) && (argv[i][2 + n] == 0 || argv[i][2 + n] == '='))
+            return 1;
+    return 0;
+}
+
+/* The value of --NAME among the options before `--`, or NULL. */
+static const char *option_value(int argc, char **argv, const char *name) {
+    size_t n = strlen(name);
+    const char *v = NULL;
+    for (int i = 0; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (strncmp(argv[i], "--", 2) != 0 || strncmp(argv[i] + 2, name, n) != 0) continue;
+        if (argv[i][2 + n] == '=') v = argv[i] + 3 + n;
+        else if (argv[i][2 + n] == 0 && i + 1 < argc) v = argv[i + 1];
+    }
+    return v;
+}
+
+static const char *env_get(const char *name) { return getenv(name); }
+
 static int cmd_run(int argc, char **argv) {
     JobConfig cfg;
     job_config_defaults(&cfg);
     char err[1024], ckpt_program[sizeof cfg.program];
-    if (load_resume_config(argc, argv, &cfg, ckpt_program, sizeof ckpt_program, err, sizeof err) != 0) {
+    /* Under srun (and not a one-machine job, --workers): one launcher per node, what the
+     * command line leaves open comes from Slurm. A requeued job (SLURM_RESTART_COUNT) resumes
+     * from each node's --out, as `--resume OUT` would, unless the command line says --resume. */
+    static SlurmEnv slurm;
+    if (slurm_env_read(&slurm, env_get, err, sizeof err) != 0) {
+        fprintf(stderr, "deadpool: under Slurm: %s\n", err);
+        return 2;
+    }
+    if (has_option(argc, argv, "workers") && !has_option(argc, argv, "nnodes")) slurm.in_step = 0;
+    if (has_option(argc, argv, "slurm")) {
+        fprintf(stderr, "deadpool: unknown option --slurm (deadpool run reads Slurm's environment by itself)\n");
+        return 2;
+    }
+    char **args = argv;
+    if (slurm.in_step && slurm.restart_count > 0 && !has_option(argc, argv, "resume")) {
+        args = malloc(sizeof *args * (size_t)(argc + 3));
+        if (!args) { fprintf(stderr, "deadpool: out of memory\n"); return 2; }
+        int k = 0;
+        while (k < argc && strcmp(argv[k], "--") != 0) { args[k] = argv[k]; k++; }
+        const char *out = option_value(argc, argv, "out");
+        args[k] = "--resume";
+        args[k + 1] = (char *)(out ? out : cfg.out);
+        for (int j = k; j < argc; j++) args[j + 2] = argv[j];
+        argc += 2;
+        args[argc] = NULL;
+        argv = args;
+        log_msg("under Slurm: job %s was requeued (SLURM_RESTART_COUNT %d): resuming from %s", slurm.job_id,
+                slurm.restart_count, args[k + 1]);
+    }
+    if (load_resume_config(argc, argv, &cfg, ckpt_program, sizeof ckpt_program, err, sizeof err, slurm.in_step) != 0) {
         fprintf(stderr, "deadpool: --resume: %s\n", err);
         return 2;
+    }
+    if (!slurm.in_step) { /* a checkpoint of a Slurm job, resumed by hand: the command line says where */
+        cfg.slurm = 0;
+        cfg.spare_nodes = 0;
     }
     int builtin = is_builtin(cfg.program);
     TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
     train_options_defaults(&topt);
     int i = 0, workers_given = 0, spares_given = 0, redis_given = 0, redis_file_given = 0;
     static char redis_file_url[4200];
+    SlurmGiven given = {0};
     for (; i < argc && strcmp(argv[i], "--") != 0;) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
@@ -197,12 +280,15 @@ static int cmd_run(int argc, char **argv) {
         if (job_config_has(name)) {
             workers_given |= !strcmp(name, "workers");
             spares_given |= !strcmp(name, "spares");
+            given.nnodes |= !strcmp(name, "nnodes");
+            given.nproc_per_node |= !strcmp(name, "nproc-per-node");
+            given.job |= !strcmp(name, "job");
             if (job_config_set(&cfg, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
         } else if (train_options_has(name)) {
             char flag[80];
             snprintf(flag, sizeof flag, "--%s", name);
             if (train_options_set(&topt, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
-            if (program_append(&cfg, flag) != 0 || program_append(&cfg, value) != 0) return 2;
+            if (program_set_option(&cfg, flag, value) != 0) return 2;
         } else {
             fprintf(stderr, "deadpool: unknown option --%s (see deadpool run --help)\n", name);
             return 2;
@@ -255,6 +341,15 @@ static int cmd_run(int argc, char **argv) {
         }
         explicit_bzero(&addr, sizeof addr);
         explicit_bzero(redis_file_url, sizeof redis_file_url);
+    }
+    if (slurm.in_step) {
+        char said[1024];
+        if (slurm_apply(&cfg, &slurm, &given, said, sizeof said, err, sizeof err) != 0) {
+            fprintf(stderr, "deadpool: under Slurm: %s\n", err);
+            return 2;
+        }
+        cfg.slurm_env = &slurm;
+        log_msg("under Slurm: %s", said);
     }
     /* Across machines the world is --nnodes x --nproc-per-node, and spares are whole spare
      * machines (the same command run on one more machine) unless --spares asks for more. */

@@ -48,6 +48,8 @@ static const OptSpec OPTIONS[] = {
     {"nproc-per-node", OPT_INT, F(nproc_per_node), 0, 0, DP_MAX_RANKS, NULL, "with --nnodes: ranks per machine (a spare machine starts as many spares)"},
     {"job", OPT_STR, S(job), 0, 0, NULL, "with --nnodes: the job's name, the same on every machine"},
     {"node-id", OPT_STR, S(node_id), 0, 0, NULL, "with --nnodes: what identifies this machine (default: its boot id and hostname)"},
+    {"spare-nodes", OPT_INT, F(spare_nodes), 0, 0, DP_MAX_RANKS, NULL, "under Slurm: how many of the step's nodes are spare machines (they start spares, not ranks)"},
+    {"slurm", OPT_INT, F(slurm), 0, 0, 1, NULL, "(internal) 1: --nnodes, --job and the control plane came from Slurm"},
     {"program", OPT_STR, S(program), 0, 0, NULL, "(internal) the training program and its arguments"},
 };
 #undef F
@@ -145,7 +147,7 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
         return -1;
     }
     if (c->nnodes > 0) {
-        if (!c->redis[0]) { snprintf(err, errlen, "--nnodes: expected --redis URL (every machine must reach the same Redis), found none"); return -1; }
+        if (!c->redis[0] && !c->slurm) { snprintf(err, errlen, "--nnodes: expected --redis URL (every machine must reach the same Redis), found none"); return -1; }
         if (!c->job[0]) { snprintf(err, errlen, "--nnodes: expected --job NAME (the same on every machine), found none"); return -1; }
         if (c->nproc_per_node < 1) { snprintf(err, errlen, "--nnodes: expected --nproc-per-node P (P >= 1), found %d", c->nproc_per_node); return -1; }
         if ((long)c->nnodes * c->nproc_per_node > DP_MAX_RANKS) {
@@ -168,6 +170,11 @@ int job_config_validate(const JobConfig *c, char *err, size_t errlen) {
                      "%d, found %d (or --replica-placement spares)", c->replicas, c->replicas + 1, c->nnodes);
             return -1;
         }
+    }
+    if (c->spare_nodes > 0 && !c->slurm) {
+        snprintf(err, errlen, "--spare-nodes %d: only under Slurm (in an srun step); elsewhere run the same command on "
+                 "more machines than --nnodes", c->spare_nodes);
+        return -1;
     }
     for (const char *p = c->job; *p; p++)
         if (!name_char((unsigned char)*p)) {

@@ -58,6 +58,9 @@ typedef struct {
     int nproc_per_node;   /* --nproc-per-node: ranks per machine (and spares per spare machine) */
     char job[40];         /* --job: the job's name in a Redis shared by its machines (the replica wire format holds 39 bytes) */
     char node_id[128];    /* --node-id: what identifies this machine ("" = boot id + hostname) */
+    int spare_nodes;      /* --spare-nodes: under Slurm, how many of the step's nodes are spare machines */
+    int slurm;            /* 1: a task of an srun step; what the command line left open came from Slurm (slurm.h) */
+    const struct SlurmEnv *slurm_env; /* ...and Slurm's view of the step (not serialised; NULL = none) */
     char program[8192];   /* PROGRAM and ARGS joined by DP_ARG_SEP; DP_BUILTIN_PROGRAM first = GPT-2 */
 } JobConfig;
 

@@ -293,6 +293,7 @@ typedef struct {
     int port;                      /* 0 when it listens on sock only */
     char sock[REDIS_UNIX_PATH_MAX]; /* its unix socket, "" = none (TCP on 127.0.0.1:port) */
     char password[65];
+    char host[64];      /* the address it listens on ("" = 127.0.0.1) */
 } redis_server;
 
 /* Starts redis-server on a free loopback port with a random password (passed on stdin, never
@@ -314,6 +315,12 @@ int redis_server_start_sentinel(redis_server *s, const redis_server *master, con
 /* The embedded server s died: a new one on its port with its password (empty: no persistence),
  * waited for (up to timeout_ms) until it answers. 0, or -1 + err (the port taken meanwhile). */
 int redis_server_restart(redis_server *s, int timeout_ms, char *err, size_t errlen);
+/* A server of a control plane spread over machines (a Slurm job's): like the three above, but
+ * listening on host:port with the given password (64 hex characters), its master (NULL for a
+ * master) at master->host:master->port. A sentinel (name set) or a replica keeps its files in
+ * dir. 0 / -1 + err. */
+int redis_server_start_on(redis_server *s, const char *host, int port, const char *password, const redis_server *master,
+                          const char *dir, const char *name, int timeout_ms, char *err, size_t errlen);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL; always reaps the child. */
 void redis_server_stop(redis_server *s, int timeout_ms);
 

@@ -76,6 +76,7 @@ struct Coordinator {
     double unreachable_since;     /* the outage in progress began (0: none) */
     long outage_epoch;            /* an outage happened in this epoch (-1: none): commit records may be stale */
     unsigned long absences;       /* ctl_absences of the connection as last seen */
+    double decide_after;          /* a takeover under Sentinel: no decision before (coord_take_over) */
     DecideInput in;          /* the inputs of the next decision (large: kept off the stack) */
     Decision decision;
     /* Redis round trips the coordinator made for the failure being handled, from its detection
@@ -119,6 +120,10 @@ int coord_take_over(Coordinator *c) {
     }
     c->fenced = epoch_fenced(c->ctl, e) == 1;
     if (c->fenced) c->suspicion_ms = now_ms();
+    /* Under Sentinel the coordinator may have been lost with the master (one machine): the
+     * processes' heartbeats expired while the sentinels failed over, which says nothing about
+     * them. They get one detect timeout to beat again, as after an outage (check_liveness). */
+    if (ctl_replicated(c->ctl)) c->decide_after = now_ms() + c->cfg->detect_timeout_ms;
     char key[32], last[32];
     if (ctl_get(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last, sizeof last) == 0) c->last_step = atoi(last);
     log_msg("coordinating job %s from epoch %ld (restore point step %lld%s)", ctl_job(c->ctl), e, c->rollback + 1,
@@ -844,6 +849,20 @@ coord_state coord_tick(Coordinator *c, int *spares_used) {
     return s;
 }
 
+/* 1 when every member that has not failed, and every spare in the pool, has a heartbeat. */
+static int others_beat(Coordinator *c) {
+    int alive[DP_MAX_RANKS];
+    long spares[DP_MAX_RANKS];
+    if (ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) != 0) return 0;
+    for (int r = 0; r < c->cfg->workers; r++)
+        if (!alive[r] && !c->departed[r] && !pending_has(c, r)) return 0;
+    int n = ctl_spare_list(c->ctl, spares, DP_MAX_RANKS);
+    if (n < 0 || (n > 0 && ctl_alive_many(c->ctl, spares, n, alive) != 0)) return 0;
+    for (int i = 0; i < n; i++)
+        if (!alive[i]) return 0;
+    return 1;
+}
+
 static coord_state tick(Coordinator *c, int *spares_used) {
     *spares_used = c->spares_lost; /* lost spares are replaced like used ones */
     c->spares_lost = 0;
@@ -872,6 +891,13 @@ static coord_state tick(Coordinator *c, int *spares_used) {
     /* Back from an outage: the processes republish (their commit records above all) before
      * anything is decided. */
     if (!coord_control_settled(c)) return COORD_RUNNING;
+    /* After a takeover under Sentinel the holders' heartbeats may be coming back: deciding
+     * before every other member and spare beats again would take live ones for dead (waits at
+     * most the detect timeout). */
+    if (c->npending > 0 && now < c->decide_after) {
+        if (!others_beat(c)) return COORD_RUNNING;
+        c->decide_after = 0;
+    }
     if (c->npending > 0 && c->cfg->nnodes > 0 && !c->batch_probed) {
         c->batch_probed = 1;
         c->probe_due = now;

@@ -32,6 +32,7 @@
 #include "recovery.h"
 #include "replica.h"
 #include "runtime.h"
+#include "slurm.h"
 #include "util.h"
 
 #define MAX_CHILDREN 4096
@@ -67,7 +68,7 @@ typedef struct {
     char url[600];          /* redis URL without the password */
     redis_server server;    /* embedded server; pid 0 when --redis was given */
     redis_server ha[4];     /* --redis-ha: the replica and three sentinels (the master is `server`) */
-    char ha_dir[64];        /* --redis-ha: the sentinels' private directory ("" = none): run_dir */
+    char ha_dir[512];       /* the sentinels' private directory ("" = none): run_dir, or under Slurm the node's */
     char run_dir[64];       /* this launcher's private (0700) directory: Redis's socket, the redis file */
     char redis_file[128];   /* run_dir/redis: the job's URL with its password (0600), for spares to join */
     ctl_t *ctl;
@@ -160,7 +161,7 @@ static void stop_ha(Launcher *L) {
     DIR *d = opendir(L->ha_dir);
     struct dirent *e;
     while (d && (e = readdir(d)) != NULL) {
-        char p[600];
+        char p[sizeof L->ha_dir + 260];
         if (e->d_name[0] == '.') continue;
         snprintf(p, sizeof p, "%s/%s", L->ha_dir, e->d_name);
         unlink(p);
@@ -179,6 +180,25 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
         char shown[4200];
         redis_addr_format(&addr, shown, sizeof shown);
         log_msg("control plane: %s", shown);
+    } else if (L->cfg->slurm && L->cfg->slurm_env) { /* the job brings it: on its first nodes */
+        redis_server sentinels[3];
+        if (slurm_control_plane(L->cfg->slurm_env, L->job, getenv(SLURM_SECRET_ENV), &L->server, &L->ha[0], sentinels,
+                                L->ha_dir, sizeof L->ha_dir, &addr, err, errlen) != 0)
+            return -1;
+        memcpy(&L->ha[1], sentinels, sizeof sentinels);
+        signal(SIGUSR1, on_stop_signal); /* the servers started ignoring it (launcher_run) */
+        unsetenv(SLURM_SECRET_ENV); /* the processes get the password, not the secret */
+        char here[96] = "";
+        const char *parts[] = {L->server.pid ? "the master" : NULL, L->ha[0].pid ? "the replica" : NULL,
+                               L->ha[1].pid || L->ha[2].pid || L->ha[3].pid ? "a sentinel" : NULL};
+        for (int i = 0; i < 3; i++)
+            if (parts[i]) snprintf(here + strlen(here), sizeof here - strlen(here), "%s%s", here[0] ? ", " : "", parts[i]);
+        log_msg("control plane: Redis master on %s, replica on %s, sentinels on %s:%d %s:%d %s:%d (this node runs %s)",
+                L->cfg->slurm_env->hosts[slurm_plane_master(L->cfg->slurm_env)],
+                L->cfg->slurm_env->hosts[slurm_plane_replica(L->cfg->slurm_env)],
+                addr.sentinel_host[0], addr.sentinel_port[0], addr.sentinel_host[1], addr.sentinel_port[1],
+                addr.sentinel_host[2], addr.sentinel_port[2], here[0] ? here : "none of it");
+        if (sentinel_wait_ready(&addr, L->cfg->start_timeout_ms, err, errlen) != 0) return -1;
     } else {
         /* Only this user can reach a server on a socket in run_dir. Sentinel and the netdown
          * rank (behind a link that is cut) need TCP: loopback, with the password. */
@@ -382,6 +402,9 @@ static pid_t spawn_process(Launcher *L, int rank, long proc) {
     setpgid(0, 0);
     if (setpriority(PRIO_PROCESS, 0, 0) != 0) { /* keep the inherited one */ }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* Slurm's signal (--signal=USR1@T, scancel --signal=USR1) reaches every process of the
+     * step: the launcher keeps the work (keep_on_stop); the processes must live on for it. */
+    if (L->cfg->slurm) signal(SIGUSR1, SIG_IGN);
     if (in_ns) setenv("DEADPOOL_NETDOWN_IF", L->netns.ns_if, 1);
     execvp(argv[0], argv);
     fprintf(stderr, "[deadpool] cannot run %s: %s\n", argv[0], strerror(errno));
@@ -829,7 +852,7 @@ static int reap_children(Launcher *L) {
     int status;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         Child *c = find_child(L, pid);
-        if (!c && L->cfg->redis_ha && pid > 0) { /* Sentinel fails over: the job goes on */
+        if (!c && (L->cfg->redis_ha || L->cfg->slurm) && pid > 0) { /* Sentinel fails over: the job goes on */
             for (int i = -1; i < 4; i++) {
                 redis_server *s = i < 0 ? &L->server : &L->ha[i];
                 if (s->pid != pid) continue;
@@ -1164,6 +1187,17 @@ static int claim_job_id(Launcher *L, char *err, size_t errlen) {
 /* Registers this machine in the job: the order of joining gives its index (0 creates the
  * job and coordinates it). 0 / -1 + err. */
 static int join_as_node(Launcher *L, char *err, size_t errlen) {
+    /* Under Slurm the step's first nodes beyond --nnodes are the spare machines (node 0, the
+     * batch script's, first: its loss ends a Slurm job anyway): they join once the others have
+     * (machines run ranks in the order they join). */
+    if (L->cfg->slurm && L->cfg->slurm_env && L->cfg->slurm_env->node < L->cfg->slurm_env->nnodes - L->cfg->nnodes) {
+        static char ids[DP_MAX_RANKS][128];
+        static int idx[DP_MAX_RANKS];
+        double deadline = now_ms() + L->cfg->start_timeout_ms;
+        while (ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, DP_MAX_RANKS) < L->cfg->nnodes && now_ms() < deadline &&
+               !stop_signal)
+            sleep_ms(50);
+    }
     int r = ctl_node_join(L->ctl, L->node_id, &L->node_index);
     if (r < 0) { snprintf(err, errlen, "registering this machine failed: %s", ctl_last_error(L->ctl)); return -1; }
     if (r == 0) {
@@ -1184,6 +1218,19 @@ static int join_as_node(Launcher *L, char *err, size_t errlen) {
     }
     node_beat(L);
     return 0;
+}
+
+/* The first machine takes the coordinator's lease before it publishes the job: once the job is
+ * "running", the other machines try to take a lease nobody holds (lease_tick). Held for 10 s
+ * (publishing may take longer than a lease lives), then renewed as usual. 0 / -1 + err. */
+static int take_first_lease(Launcher *L, char *err, size_t errlen) {
+    if (L->cfg->nnodes == 0) return 0;
+    int ttl = lease_ttl_ms(L->cfg) > 10000 ? lease_ttl_ms(L->cfg) : 10000;
+    if (ctl_lease_acquire(L->ctl, "machine0", ttl, L->lease, sizeof L->lease) > 0) return 0;
+    L->lease[0] = 0;
+    snprintf(err, errlen, "the coordinator's lease of job %s is taken: is another first machine running it? (%s)", L->job,
+             ctl_last_error(L->ctl));
+    return -1;
 }
 
 /* A machine other than the first: the job as its first machine published it, which must
@@ -1285,6 +1332,15 @@ static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
     }
     for (int i = 0; i < n; i++) inv[i] = values + (size_t)i * INVENTORY_MAX;
     int64_t step = resume_choose(inv, n, L->cfg->workers, why, sizeof why);
+    if (step < 0 && L->cfg->slurm_env && L->cfg->slurm_env->restart_count > 0) {
+        /* A requeued Slurm job resumes when its nodes have a complete checkpoint, and starts
+         * afresh, deliberately and saying so, when they have none (it was requeued before its
+         * first one). */
+        log_msg("requeued job %s: no complete checkpoint across the %d machines (%s): starting from step 1", L->job, n, why);
+        L->run_cfg.resume_step = -1;
+        free(fields); free(values); free(inv);
+        return 0;
+    }
     if (step < 0) { snprintf(err, errlen, "--resume: no complete checkpoint across the %d machines: %s", n, why); goto fail; }
     if (why[0]) log_msg("--resume: %s; resuming from step %lld instead", why, (long long)step + 1);
     L->run_cfg.resume_step = (int)step;
@@ -1432,6 +1488,10 @@ int launcher_run(const JobConfig *cfg) {
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
+    /* Under Slurm, USR1 is the job's "time is nearly up" (sbatch/srun --signal=USR1@T): like
+     * SIGTERM it keeps the work. Ignored until the control plane's servers have started (they
+     * inherit the ignoring: Slurm sends it to every process of the step). */
+    if (cfg->slurm) signal(SIGUSR1, cfg->redis[0] ? on_stop_signal : SIG_IGN);
     log_set_role("deadpool");
     if (cfg->nnodes > 0) snprintf(L.job, sizeof L.job, "%s", cfg->job);
     else make_job_id(L.job, sizeof L.job);
@@ -1464,7 +1524,8 @@ int launcher_run(const JobConfig *cfg) {
         (cfg->nnodes > 0 && claim_job_id(&L, err, sizeof err) != 0) || join_as_node(&L, err, sizeof err) != 0 ||
         (resuming && publish_inventory(&L, err, sizeof err) != 0) ||
         (L.coordinating && resuming && choose_resume_step(&L, err, sizeof err) != 0) ||
-        (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || publish_job(&L, err, sizeof err) != 0
+        (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || take_first_lease(&L, err, sizeof err) != 0 ||
+                              publish_job(&L, err, sizeof err) != 0
                         : follow_job(&L, err, sizeof err) != 0) ||
         (resuming && serve_resumed_states(&L, err, sizeof err) != 0)) {
         log_msg("%s", err);
@@ -1494,6 +1555,22 @@ int launcher_run(const JobConfig *cfg) {
         }
         if (L.coordinating) goto coordinator_end; /* took over, and coordinated the job to its end */
     follower_end:
+        if (stop_signal && !L.job_done && !L.failed && cfg->ft == FT_DEADPOOL) {
+            /* Stopped by a signal that every machine got (Slurm's): the coordinating machine
+             * has this machine's ranks write the newest committed step first (keep_on_stop).
+             * Bounded like it: 30 s, or a second signal. */
+            sig_atomic_t first = stop_signal;
+            stop_signal = 0;
+            double deadline = now_ms() + 30000;
+            char state[32];
+            while (!stop_signal && now_ms() < deadline && reap_children(&L) > 0 &&
+                   !(ctl_state_get(L.ctl, state, sizeof state) == 0 && state[0] && strcmp(state, "running") != 0)) {
+                node_beat(&L);
+                drain_outputs(&L);
+                sleep_ms(50);
+            }
+            stop_signal = first;
+        }
         if (!L.job_done) /* the job failed, stopped, or lost its coordinator: nothing to finish */
             for (int i = 0; i < L.nchildren; i++)
                 if (!L.children[i].exited) kill(L.children[i].pid, SIGTERM);
@@ -1538,7 +1615,8 @@ int launcher_run(const JobConfig *cfg) {
         log_msg("resuming from the checkpoint of step %d in %s", L.run_cfg.resume_step + 1, cfg->resume);
         event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", L.run_cfg.resume_step + 1);
     }
-    if (cfg->nnodes > 0 && ctl_lease_acquire(L.ctl, "machine0", lease_ttl_ms(cfg), L.lease, sizeof L.lease) <= 0) {
+    if (cfg->nnodes > 0 && !(L.lease[0] && ctl_lease_renew(L.ctl, L.lease, lease_ttl_ms(cfg)) == 1) &&
+        ctl_lease_acquire(L.ctl, "machine0", lease_ttl_ms(cfg), L.lease, sizeof L.lease) <= 0) {
         log_msg("the coordinator's lease of job %s is taken: is another first machine running it?", L.job);
         L.failed = 1;
     } else if (become_coordinator(&L, 1) != 0 || spawn_all(&L) != 0) {
@@ -1619,6 +1697,8 @@ out:
     if (L.ctl && cfg->redis[0] && L.coordinating) {
         if (cfg->nnodes > 0) wait_other_nodes(&L, 15000);
         ctl_job_delete(L.ctl);
+    } else if (L.ctl && cfg->slurm && !cfg->redis[0] && (L.server.pid || L.ha[0].pid || L.ha[1].pid || L.ha[2].pid || L.ha[3].pid)) {
+        wait_other_nodes(&L, 15000); /* this node serves the job's control plane: until the others have left */
     }
     if (L.ctl) ctl_close(L.ctl);
     if (L.server.pid > 0) redis_server_stop(&L.server, 3000);

@@ -83,12 +83,13 @@ static int make_password(char out[65], char *err, size_t errlen) {
 /* A pipe whose read end already holds the whole configuration, write end closed. Writing it
  * before fork means the write can neither block nor raise SIGPIPE if the child dies early
  * (the config is far below the pipe capacity); redis reads its stdin up to EOF. */
-static int config_pipe(int port, const char *sock, const char *password, const char *extra, char *err, size_t errlen) {
+static int config_pipe(const char *host, int port, const char *sock, const char *password, const char *extra, char *err,
+                       size_t errlen) {
     char conf[1024], listen[300];
     if (sock[0]) /* no TCP at all: only this user can open the socket (0700, in a 0700 directory) */
         snprintf(listen, sizeof listen, "port 0\nunixsocket %s\nunixsocketperm 700\n", sock);
     else
-        snprintf(listen, sizeof listen, "port %d\nbind 127.0.0.1\n", port);
+        snprintf(listen, sizeof listen, "port %d\nbind %s\n", port, host);
     int n = snprintf(conf, sizeof conf,
                      "%s"
                      "requirepass %s\n"
@@ -166,10 +167,10 @@ static int child_exited(pid_t pid, int *status) {
     return r == 0 ? 0 : -1;
 }
 
-/* One AUTH + PING attempt (sock "": on 127.0.0.1:port). 1 on PONG, 0 when not ready yet. */
-static int answers_ping(int port, const char *sock, const char *password) {
+/* One AUTH + PING attempt (sock "": on host:port). 1 on PONG, 0 when not ready yet. */
+static int answers_ping(const char *host, int port, const char *sock, const char *password) {
     struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
-    redisContext *rc = dp_redis_connect(sock[0] ? sock : "127.0.0.1", port, tv);
+    redisContext *rc = dp_redis_connect(sock[0] ? sock : host, port, tv);
     if (!rc) return 0;
     int ok = 0;
     if (rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
@@ -196,7 +197,8 @@ typedef enum { WAIT_READY, WAIT_EXITED, WAIT_FAILED } wait_result;
 
 /* Polls until the server answers PING, exits, or the deadline passes. On WAIT_EXITED the
  * child has been reaped and *status holds its wait status. */
-static wait_result wait_until_ready(pid_t pid, int port, const char *sock, const char *password, double deadline,
+static wait_result wait_until_ready(pid_t pid, const char *host, int port, const char *sock, const char *password,
+                                    double deadline,
                                     int *status, char *err, size_t errlen) {
     for (;;) {
         int exited = child_exited(pid, status);
@@ -206,10 +208,10 @@ static wait_result wait_until_ready(pid_t pid, int port, const char *sock, const
             kill_and_reap(pid);
             return WAIT_FAILED;
         }
-        if (answers_ping(port, sock, password)) return WAIT_READY;
+        if (answers_ping(host, port, sock, password)) return WAIT_READY;
         if (now_ms() >= deadline) {
             if (sock[0]) set_err(err, errlen, "redis-server: no answer to PING on %s within the timeout", sock);
-            else set_err(err, errlen, "redis-server: no answer to PING on 127.0.0.1:%d within the timeout", port);
+            else set_err(err, errlen, "redis-server: no answer to PING on %s:%d within the timeout", host, port);
             kill_and_reap(pid);
             return WAIT_FAILED;
         }
@@ -233,7 +235,7 @@ static void describe_exit(int status, int port, char *err, size_t errlen) {
 
 /* Writes a sentinel's configuration file (0600, in a 0700 directory of its own): the
  * master's password is in it. 0 / -1. */
-static int write_sentinel_conf(const char *path, int port, const char *password, const redis_server *master,
+static int write_sentinel_conf(const char *path, const char *host, int port, const char *password, const redis_server *master,
                                const char *name, char *err, size_t errlen) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
@@ -248,11 +250,12 @@ static int write_sentinel_conf(const char *path, int port, const char *password,
     if (slash) *slash = 0;
     /* Fail over one second after the master stops answering: well inside the time the
      * processes wait for the control plane before they give up (job_control_outage_ms). */
-    fprintf(f, "port %d\nbind 127.0.0.1\nrequirepass %s\ndaemonize no\nloglevel warning\nlogfile \"\"\ndir %s\n"
-               "sentinel monitor %s 127.0.0.1 %d 2\nsentinel auth-pass %s %s\n"
+    fprintf(f, "port %d\nbind %s\nrequirepass %s\ndaemonize no\nloglevel warning\nlogfile \"\"\ndir %s\n"
+               "sentinel monitor %s %s %d 2\nsentinel auth-pass %s %s\n"
                "sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 3000\n"
                "sentinel parallel-syncs %s 1\n",
-            port, password, dir, name, master->port, name, password, name, name, name);
+            port, host, password, dir, name, master->host[0] ? master->host : "127.0.0.1", master->port, name, password, name,
+            name, name);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
         set_err(err, errlen, "redis-sentinel: writing %s failed", path);
@@ -262,16 +265,17 @@ static int write_sentinel_conf(const char *path, int port, const char *password,
 }
 
 static int start_server(redis_server *s, const redis_server *master, const char *dir, const char *name,
-                        int timeout_ms, char *err, size_t errlen);
+                        int timeout_ms, char *err, size_t errlen, const char *host, int fixed_port, const char *password,
+                        int private_socket);
 
 /* A sentinel asks a replica for INFO every 10 s until the master is objectively down, and
  * when it picks the replica to promote it refuses one whose INFO is older than 5 s: so a
  * failover's first attempt can abort ("-failover-abort-no-good-slave") and be tried again only
  * after twice the failover timeout. Asked every second, the replica is always fresh enough
  * (SENTINEL DEBUG, Redis 7; an older sentinel refuses it and keeps its 10 s). */
-static void sentinel_tune(int port, const char *password) {
+static void sentinel_tune(const char *host, int port, const char *password) {
     struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
-    redisContext *rc = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisContext *rc = redisConnectWithTimeout(host, port, tv);
     if (rc && rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
         redisReply *r = redisCommand(rc, "AUTH %s", password);
         if (r) freeReplyObject(r);
@@ -282,7 +286,12 @@ static void sentinel_tune(int port, const char *password) {
 }
 
 int redis_server_start(redis_server *s, int timeout_ms, char *err, size_t errlen) {
-    return start_server(s, NULL, NULL, NULL, timeout_ms, err, errlen);
+    return start_server(s, NULL, NULL, NULL, timeout_ms, err, errlen, NULL, 0, NULL, 0);
+}
+
+int redis_server_start_on(redis_server *s, const char *host, int port, const char *password, const redis_server *master,
+                          const char *dir, const char *name, int timeout_ms, char *err, size_t errlen) {
+    return start_server(s, master, dir, name, timeout_ms, err, errlen, host, port, password, 0);
 }
 
 int redis_server_start_private(redis_server *s, const char *dir, int timeout_ms, char *err, size_t errlen) {
@@ -290,19 +299,19 @@ int redis_server_start_private(redis_server *s, const char *dir, int timeout_ms,
         set_err(err, errlen, "redis-server: the socket's directory must be an absolute path");
         return -1;
     }
-    return start_server(s, NULL, dir, NULL, timeout_ms, err, errlen);
+    return start_server(s, NULL, dir, NULL, timeout_ms, err, errlen, NULL, 0, NULL, 1);
 }
 
 int redis_server_start_replica(redis_server *s, const redis_server *master, const char *dir, int timeout_ms, char *err,
                                size_t errlen) {
-    return start_server(s, master, dir, NULL, timeout_ms, err, errlen);
+    return start_server(s, master, dir, NULL, timeout_ms, err, errlen, NULL, 0, NULL, 0);
 }
 
 int redis_server_replica_synced(const redis_server *s, int timeout_ms) {
     double deadline = now_ms() + timeout_ms;
     while (now_ms() < deadline) {
         struct timeval tv = {.tv_sec = 0, .tv_usec = PING_CONNECT_MS * 1000};
-        redisContext *rc = redisConnectWithTimeout("127.0.0.1", s->port, tv);
+        redisContext *rc = redisConnectWithTimeout(s->host[0] ? s->host : "127.0.0.1", s->port, tv);
         int up = 0;
         if (rc && rc->err == 0 && redisSetTimeout(rc, tv) == REDIS_OK) {
             redisReply *r = redisCommand(rc, "AUTH %s", s->password);
@@ -320,15 +329,16 @@ int redis_server_replica_synced(const redis_server *s, int timeout_ms) {
 
 int redis_server_start_sentinel(redis_server *s, const redis_server *master, const char *dir, const char *name,
                                 int timeout_ms, char *err, size_t errlen) {
-    return start_server(s, master, dir, name, timeout_ms, err, errlen);
+    return start_server(s, master, dir, name, timeout_ms, err, errlen, NULL, 0, NULL, 0);
 }
 
 /* master NULL: a master; name NULL: master's replica, its synchronisation file in dir; else a
  * sentinel named `name` with its configuration file in dir. */
 static int start_server(redis_server *s, const redis_server *master, const char *dir, const char *name,
-                        int timeout_ms, char *err, size_t errlen) {
+                        int timeout_ms, char *err, size_t errlen, const char *host, int fixed_port, const char *password,
+                        int private_socket) {
     const char *sentinel_dir = name ? dir : NULL;
-    const char *sock_dir = !master && dir ? dir : NULL; /* a private master: a unix socket there */
+    const char *sock_dir = private_socket ? dir : NULL; /* a private master: a unix socket there */
     if (!s) {
         set_err(err, errlen, "redis_server_start: no server struct");
         return -1;
@@ -339,9 +349,12 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         return -1;
     }
     double deadline = now_ms() + timeout_ms;
+    snprintf(s->host, sizeof s->host, "%s", host ? host : "127.0.0.1");
     /* A replica and the sentinels share the master's password: the job has one secret. */
-    if (master) snprintf(s->password, sizeof s->password, "%s", master->password);
+    if (password) snprintf(s->password, sizeof s->password, "%s", password);
+    else if (master) snprintf(s->password, sizeof s->password, "%s", master->password);
     else if (make_password(s->password, err, errlen) != 0) return -1;
+    const char *mhost = master && master->host[0] ? master->host : "127.0.0.1";
 
     if (sock_dir) {
         int n = snprintf(s->sock, sizeof s->sock, "%s/redis.sock", sock_dir);
@@ -353,19 +366,19 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         }
         unlink(s->sock); /* a stale socket of a dead server would make redis refuse to start */
     }
-    for (int attempt = 0; attempt < START_ATTEMPTS; attempt++) {
-        int port = sock_dir ? 0 : pick_free_port(err, errlen);
+    for (int attempt = 0; attempt < (fixed_port || sock_dir ? 1 : START_ATTEMPTS); attempt++) {
+        int port = sock_dir ? 0 : fixed_port ? fixed_port : pick_free_port(err, errlen);
         if (port < 0) break;
         char extra[512] = "", conf_path[4200] = "";
         /* The copy a replica receives passes through a file: in the private directory. */
         if (master && !sentinel_dir)
-            snprintf(extra, sizeof extra, "replicaof 127.0.0.1 %d\nmasterauth %s\nreplica-read-only yes\ndir %s\n",
-                     master->port, master->password, dir);
+            snprintf(extra, sizeof extra, "replicaof %s %d\nmasterauth %s\nreplica-read-only yes\ndir %s\n", mhost,
+                     master->port, s->password, dir);
         if (sentinel_dir) {
             snprintf(conf_path, sizeof conf_path, "%s/sentinel-%d.conf", sentinel_dir, port);
-            if (write_sentinel_conf(conf_path, port, s->password, master, name, err, errlen) != 0) break;
+            if (write_sentinel_conf(conf_path, s->host, port, s->password, master, name, err, errlen) != 0) break;
         }
-        int config_fd = config_pipe(port, s->sock, s->password, extra, err, errlen);
+        int config_fd = config_pipe(s->host, port, s->sock, s->password, extra, err, errlen);
         memset(extra, 0, sizeof extra);
         if (config_fd < 0) break;
         pid_t parent = getpid();
@@ -379,11 +392,11 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         close(config_fd);
 
         int status = 0;
-        wait_result w = wait_until_ready(pid, port, s->sock, s->password, deadline, &status, err, errlen);
+        wait_result w = wait_until_ready(pid, s->host, port, s->sock, s->password, deadline, &status, err, errlen);
         if (w == WAIT_READY) {
             s->pid = (int)pid;
             s->port = port;
-            if (sentinel_dir) sentinel_tune(port, s->password);
+            if (sentinel_dir) sentinel_tune(s->host, port, s->password);
             return 0;
         }
         if (w == WAIT_FAILED) break;
@@ -494,7 +507,7 @@ int redis_server_restart(redis_server *s, int timeout_ms, char *err, size_t errl
     }
     double deadline = now_ms() + (timeout_ms > 0 ? timeout_ms : 1);
     for (;;) { /* the dead server's port may linger a moment: retried until the deadline */
-        int config_fd = config_pipe(s->port, s->sock, s->password, NULL, err, errlen);
+        int config_fd = config_pipe(s->host[0] ? s->host : "127.0.0.1", s->port, s->sock, s->password, NULL, err, errlen);
         if (config_fd < 0) return -1;
         pid_t parent = getpid();
         pid_t pid = fork();
@@ -506,7 +519,8 @@ int redis_server_restart(redis_server *s, int timeout_ms, char *err, size_t errl
         if (pid == 0) exec_redis_child(config_fd, parent, NULL);
         close(config_fd);
         int status = 0;
-        wait_result w = wait_until_ready(pid, s->port, s->sock, s->password, deadline, &status, err, errlen);
+        wait_result w = wait_until_ready(pid, s->host[0] ? s->host : "127.0.0.1", s->port, s->sock, s->password, deadline, &status,
+                                         err, errlen);
         if (w == WAIT_READY) {
             s->pid = (int)pid;
             return 0;

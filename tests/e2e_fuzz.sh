@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # e2e_fuzz.sh — the fuzzers' short run inside `make test`: builds the libFuzzer harnesses
-# (make fuzz: clang, ASan+UBSan), runs each for FUZZ_SECONDS (default 7; six harnesses,
+# (make fuzz: clang, ASan+UBSan), runs each for FUZZ_SECONDS (default 5; eight harnesses,
 # about 60 s in all, one after another), then replays every input in tests/fuzz/regress/NAME/
 # (each once crashed a parser: it must not any more). Without clang the fuzzing is skipped and
 # the regression inputs are replayed by the same harnesses built with cc (make fuzz-replay).
@@ -13,7 +13,7 @@ for f in tests/fuzz/fuzz_*.c; do n=${f##*/fuzz_}; names+=("${n%.c}"); done
 if command -v clang >/dev/null 2>&1; then
   if make fuzz >"$WORK/build.log" 2>&1; then
     ok "fuzz_harnesses_build"
-    tests/fuzz/run.sh "${FUZZ_SECONDS:-7}" "${names[@]}"
+    tests/fuzz/run.sh "${FUZZ_SECONDS:-5}" "${names[@]}"
     prefix=build/fuzz/fuzz_
   else
     notok "fuzz_harnesses_build" "$(grep -m 5 -E 'error|warning' "$WORK/build.log")"

@@ -325,10 +325,11 @@ int redis_server_start_on(redis_server *s, const char *host, int port, const cha
 void redis_server_stop(redis_server *s, int timeout_ms);
 
 /* --- the launcher's private run directory ----------------------------------------------
- * /tmp/deadpool-run-PID-XXXXXX, 0700: the embedded Redis's socket, the --redis-ha set's files
- * and the job's redis file (redis_file_write) live there. run_dir_sweep first removes those of
- * launchers that died without cleaning up (kill -9): only directories of this user whose PID
- * is gone; the count. run_dir_remove deletes one (its files, then itself). */
+ * /tmp/deadpool-run-PID-nPIDNS??????, 0700: the embedded Redis's socket, the --redis-ha set's
+ * files and the job's redis file (redis_file_write) live there. run_dir_sweep first removes
+ * those of launchers that died without cleaning up (kill -9): only directories of this user,
+ * made in this pid namespace (PIDNS, its inode: /tmp may be shared by machines or containers
+ * whose PIDs are not ours), whose PID is gone; the count. run_dir_remove deletes one (its files, then itself). */
 int run_dir_sweep(void);
 int run_dir_create(char *dir, size_t len, char *err, size_t errlen);
 void run_dir_remove(const char *dir);

@@ -872,8 +872,10 @@ static int reap_children(Launcher *L) {
             /* Started again on the same port with the same password, empty: everybody
              * reconnects and republishes what it owns there; training does not wait for it. */
             if (!stop_signal && !L->job_done && redis_server_restart(&L->server, 5000, err, sizeof err) == 0) {
-                log_msg("%s: started again on 127.0.0.1:%d (pid %d); the job's keys are republished", why, L->server.port,
-                        L->server.pid);
+                char where[REDIS_UNIX_PATH_MAX + 32];
+                if (L->server.sock[0]) snprintf(where, sizeof where, "%s", L->server.sock);
+                else snprintf(where, sizeof where, "127.0.0.1:%d", L->server.port);
+                log_msg("%s: started again on %s (pid %d); the job's keys are republished", why, where, L->server.pid);
                 if (!L->redis_failing_since) {
                     L->redis_failing_since = now_ms();
                     L->redis_failing_wall = wall_ms();

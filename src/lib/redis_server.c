@@ -457,7 +457,16 @@ static void remove_flat_dir(const char *path) {
     rmdir(path);
 }
 
+/* The pid namespace this process lives in (its inode): a PID names a process only inside it.
+ * /tmp may be shared by containers or machines of a test that each have their own. */
+static unsigned long pid_ns(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long)st.st_ino : 0;
+}
+
 int run_dir_sweep(void) {
+    unsigned long ns = pid_ns();
+    if (!ns) return 0; /* cannot tell whose PIDs the names hold: leave them */
     DIR *d = opendir(RUN_DIR_PARENT);
     if (!d) return 0;
     int removed = 0;
@@ -467,7 +476,9 @@ int run_dir_sweep(void) {
         if (strncmp(e->d_name, RUN_DIR_PREFIX, n) != 0) continue;
         char *end = NULL;
         long pid = strtol(e->d_name + n, &end, 10);
-        if (pid <= 0 || !end || *end != '-') continue;
+        if (pid <= 0 || !end || strncmp(end, "-n", 2) != 0) continue;
+        unsigned long its_ns = strtoul(end + 2, &end, 10);
+        if (its_ns != ns || !end || strlen(end) != 6) continue; /* another pid namespace's (or not ours at all) */
         struct stat st;
         /* ours only (another user's is theirs to clean), a directory and not a link to one */
         if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())
@@ -483,7 +494,8 @@ int run_dir_sweep(void) {
 }
 
 int run_dir_create(char *dir, size_t len, char *err, size_t errlen) {
-    int n = snprintf(dir, len, "%s/%s%ld-XXXXXX", RUN_DIR_PARENT, RUN_DIR_PREFIX, (long)getpid());
+    /* deadpool-run-PID-nPIDNS + 6 random characters: run_dir_sweep reads both numbers */
+    int n = snprintf(dir, len, "%s/%s%ld-n%luXXXXXX", RUN_DIR_PARENT, RUN_DIR_PREFIX, (long)getpid(), pid_ns());
     if (n < 0 || (size_t)n >= len) {
         set_err(err, errlen, "run directory: path too long");
         return -1;

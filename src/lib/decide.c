@@ -1,7 +1,8 @@
 /* decide.c — the coordinator's decision: inputs in, outcome and decision out, nothing else. */
 #include "decide.h"
 
-#include <stdarg.h>
+#include "util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,20 +70,11 @@ static int replica_survives(const DecideInput *in, const DecideFailure *f) {
     return 0;
 }
 
-static void say(char *why, size_t whylen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void say(char *why, size_t whylen, const char *fmt, ...) {
-    if (!why || whylen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-}
-
 decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size_t whylen) {
     if (why && whylen) why[0] = 0;
     char bad[160];
     if (check_input(in, bad, sizeof bad)) {
-        say(why, whylen, "%s", bad);
+        set_err(why, whylen, "%s", bad);
         return DECIDE_INVALID;
     }
     /* Nothing failed: only a failed collective that lasted long enough leads anywhere. */
@@ -121,7 +113,7 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
     const DecideFailure *first = &in->failed[0];
     const char *resume = in->resume ? in->resume : "deadpool run --resume OUT";
     if (in->ft != FT_DEADPOOL) {
-        say(why, whylen, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from", first->rank,
+        set_err(why, whylen, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from", first->rank,
             first->kind, in->ft == FT_DISK ? "disk" : "none");
         return DECIDE_NO_FT;
     }
@@ -142,14 +134,14 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
             snprintf(lost, sizeof lost, "rank %d failed (%s) together with every holder of its replicas, so its %sstate "
                      "is lost", f->rank, f->kind, in->checkpoint_step >= 0 ? "in-memory " : "");
         if (in->checkpoint_step >= 0)
-            say(why, whylen, "%s; continue from the checkpoint of step %lld with `%.900s`", lost,
+            set_err(why, whylen, "%s; continue from the checkpoint of step %lld with `%.900s`", lost,
                 (long long)in->checkpoint_step + 1, resume);
         else
-            say(why, whylen, "%s and no checkpoint exists (use --replicas 2 or --persist-every K to survive this)", lost);
+            set_err(why, whylen, "%s and no checkpoint exists (use --replicas 2 or --persist-every K to survive this)", lost);
         return DECIDE_STATE_LOST;
     }
     if (nspares < in->nfailed) {
-        say(why, whylen,
+        set_err(why, whylen,
             "rank %d failed (%s) and no spare joined within %d s. Nothing committed is lost: continue with "
             "`%.900s` (checkpoint of step %lld)",
             first->rank, first->kind, in->spare_wait, resume, out->rollback + 1);

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -286,15 +285,6 @@ int epoch_fenced(ctl_t *c, long epoch) {
 
 /* --- reports --------------------------------------------------------------------------- */
 
-static void say(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void say(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 static const char *const REPORT_NAMES[REPORT_KINDS] = {"comm_failure", "join_failed", "recovered", "diverged",
                                                        "job_done",     "model_saved", "link_down"};
 static const char *const PHASE_NAMES[JOIN_PHASES] = {"rendezvous", "restore"};
@@ -324,29 +314,29 @@ static int name_index(const char *s, size_t n, const char *const *names, int cou
 int report_parse(const char *text, size_t n, Report *r, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
     const char *nl = memchr(text, '\n', n);
-    if (!nl) return say(err, errlen, "report: no header line"), -1;
+    if (!nl) return set_err(err, errlen, "report: no header line"), -1;
     /* the header: six fields separated by single spaces */
     const char *f[6];
     size_t fl[6];
     const char *p = text;
     for (int i = 0; i < 6; i++) {
         const char *end = i < 5 ? memchr(p, ' ', (size_t)(nl - p)) : nl;
-        if (!end) return say(err, errlen, "report: expected 6 header fields, found %d", i + 1), -1;
+        if (!end) return set_err(err, errlen, "report: expected 6 header fields, found %d", i + 1), -1;
         f[i] = p;
         fl[i] = (size_t)(end - p);
         p = end + 1;
     }
-    if (memchr(f[5], ' ', fl[5])) return say(err, errlen, "report: more than 6 header fields"), -1;
+    if (memchr(f[5], ' ', fl[5])) return set_err(err, errlen, "report: more than 6 header fields"), -1;
     long long epoch, rank, step, t;
     int kind = name_index(f[0], fl[0], REPORT_NAMES, REPORT_KINDS), phase = name_index(f[5], fl[5], PHASE_NAMES, JOIN_PHASES);
-    if (kind < 0) return say(err, errlen, "report: unknown kind '%.*s'", (int)(fl[0] < 32 ? fl[0] : 32), f[0]), -1;
-    if (phase < 0) return say(err, errlen, "report: unknown phase '%.*s'", (int)(fl[5] < 32 ? fl[5] : 32), f[5]), -1;
+    if (kind < 0) return set_err(err, errlen, "report: unknown kind '%.*s'", (int)(fl[0] < 32 ? fl[0] : 32), f[0]), -1;
+    if (phase < 0) return set_err(err, errlen, "report: unknown phase '%.*s'", (int)(fl[5] < 32 ? fl[5] : 32), f[5]), -1;
     if (parse_int_in(f[1], fl[1], -1, LONG_MAX, &epoch) != 0 || parse_int_in(f[2], fl[2], -1, RECOVERY_MAX_RANKS - 1, &rank) != 0 ||
         parse_int_in(f[3], fl[3], -1, LLONG_MAX, &step) != 0 || parse_int_in(f[4], fl[4], 0, LLONG_MAX, &t) != 0)
-        return say(err, errlen, "report: a number out of range or malformed (epoch, rank < %d, step, time)", RECOVERY_MAX_RANKS), -1;
+        return set_err(err, errlen, "report: a number out of range or malformed (epoch, rank < %d, step, time)", RECOVERY_MAX_RANKS), -1;
     size_t tl = n - (size_t)(nl + 1 - text);
-    if (tl >= sizeof r->text) return say(err, errlen, "report: text of %zu bytes, at most %zu", tl, sizeof r->text - 1), -1;
-    if (memchr(nl + 1, 0, tl)) return say(err, errlen, "report: a NUL byte in the text"), -1;
+    if (tl >= sizeof r->text) return set_err(err, errlen, "report: text of %zu bytes, at most %zu", tl, sizeof r->text - 1), -1;
+    if (memchr(nl + 1, 0, tl)) return set_err(err, errlen, "report: a NUL byte in the text"), -1;
     r->kind = (report_kind)kind;
     r->phase = (join_phase)phase;
     r->epoch = (long)epoch;

@@ -1433,8 +1433,7 @@ static void follow(Launcher *L) {
             int got = ctl_state_get(L->ctl, state, sizeof state);
             if (got == 0) reached_ms = now;
             if (got == 0 && !strcmp(state, "done")) L->job_done = 1;
-            else if (got == 0 && state[0] && strcmp(state, "running") != 0) { /* "": not known yet (republished) */
-                log_msg("the job's state is '%s'", state);
+            else if (got == 0 && strcmp(state, "running") != 0) {
                 L->failed = 1;
                 L->stopped_elsewhere = !strcmp(state, "stopping");
             }

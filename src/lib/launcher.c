@@ -1056,6 +1056,13 @@ static void lease_tick(Launcher *L) {
 static void follow(Launcher *L);
 static void supervise(Launcher *L);
 
+/* Every process this launcher started exited with status 0 (and at least one did). */
+static int all_exited_ok(const Launcher *L) {
+    for (int i = 0; i < L->nchildren; i++)
+        if (!L->children[i].exited || !WIFEXITED(L->children[i].status) || WEXITSTATUS(L->children[i].status) != 0) return 0;
+    return L->nchildren > 0;
+}
+
 /* Ctrl-C or SIGTERM (scancel, a time limit) keeps the work: the newest generation every rank
  * committed is in their memory, so it is written to --out (each rank its own state, as when no
  * spare is left) before the job stops, and `--resume` continues from it. Bounded: a second
@@ -1420,9 +1427,9 @@ static void show_progress(Launcher *L) {
  * its machine key alive, prints the job's progress, and ends when the job does (or when the
  * coordinating launcher is gone: nobody could decide a failure any more). */
 static void follow(Launcher *L) {
-    double state_ms = 0, reached_ms = now_ms();
+    double state_ms = 0, reached_ms = now_ms(), absent_ms = 0;
     while (!stop_signal && !L->failed && !L->job_done && !L->coordinating) {
-        reap_children(L);
+        int running = reap_children(L);
         node_beat(L);
         lease_tick(L);
         if (L->coordinating) return; /* the coordinator's loop takes over */
@@ -1432,8 +1439,26 @@ static void follow(Launcher *L) {
             state_ms = now;
             int got = ctl_state_get(L->ctl, state, sizeof state);
             if (got == 0) reached_ms = now;
+            if (got == 0 && !state[0]) {
+                /* No state: the job's keys are gone (its coordinator ended it while this
+                 * launcher was held up) or being republished after an outage. This machine's
+                 * processes see the same and leave; their exits tell how the job ended. */
+                if (!absent_ms) absent_ms = now;
+                if (running == 0) {
+                    L->job_done = all_exited_ok(L);
+                    L->failed = !L->job_done;
+                    log_msg("the job's state is gone from the control plane (it ended while this launcher was held up): "
+                            "this machine's processes %s", L->job_done ? "all finished" : "did not all finish");
+                } else if (now - absent_ms > launcher_ttl_ms(L->cfg)) {
+                    log_msg("the job's state has been gone from the control plane for %.0f s: leaving the job",
+                            (now - absent_ms) / 1e3);
+                    L->failed = 1;
+                }
+            } else if (got == 0) {
+                absent_ms = 0;
+            }
             if (got == 0 && !strcmp(state, "done")) L->job_done = 1;
-            else if (got == 0 && strcmp(state, "running") != 0) {
+            else if (got == 0 && state[0] && strcmp(state, "running") != 0) {
                 L->failed = 1;
                 L->stopped_elsewhere = !strcmp(state, "stopping");
             }

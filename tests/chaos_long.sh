@@ -99,7 +99,7 @@ one_run() {
   local ms; ms=$(grep '"event":"recovered"' "$out/events.jsonl" 2>/dev/null | grep -o '"total_ms":[0-9]*' | cut -d: -f2 | tr '\n' ',')
   echo "$kind $faults $outcome $hang $orphan ${ms:-,}" >>"$rows"
   if [ -n "${cp_a:-}" ]; then
-    local st same=no; st=$(stall_report "$out" "$cp_a" "$cp_b" 2>/dev/null); cmp -s "$WORK/ref/model.bin" "$out/model.bin" && same=yes
+    local st same=no; st=$(stall_report "$out" "$cp_a" "$cp_b" "$WORK/ref" 2>/dev/null); cmp -s "$WORK/ref/model.bin" "$out/model.bin" && same=yes
     echo "$kind $(( (cp_b - cp_a + 500) / 1000 )) $st $same $(grep -c '"event":"recovered"' "$out/events.jsonl")" >>"$cp_rows"
     cp_a=""
   fi

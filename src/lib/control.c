@@ -1653,6 +1653,9 @@ int ctl_wait_replica(ctl_t *c, int timeout_ms) {
         c->replicas_checked_ms = now;
     }
     if (c->replicas == 0) return -1;
+    /* The server's WAIT must end well before this connection's own timeout: a reply that
+     * arrives after it reads as Redis gone (an outage) rather than as "not acknowledged". */
+    if (timeout_ms > c->timeout_ms / 2) timeout_ms = c->timeout_ms / 2 > 0 ? c->timeout_ms / 2 : 1;
     long long acked = 0;
     if (ctl_command_integer(c, &acked, "WAIT 1 %d", timeout_ms) != 0) return -1;
     if (acked < 1) c->replicas = 0; /* gone meanwhile: look again at the next check */

@@ -175,7 +175,7 @@ int ctl_replicated(const ctl_t *c);
 /* With sentinels: waits (up to timeout_ms) until a replica has every write this connection
  * made, so that what recovery depends on survives a failover (decisions, fences, committed
  * generations). 0 acknowledged or no sentinels, -1 not acknowledged in time (the write stands
- * on the master alone). */
+ * on the master alone). The wait is at most half the connection's timeout (ctl_set_timeout). */
 int ctl_wait_replica(ctl_t *c, int timeout_ms);
 /* The local address of this connection (the interface that reaches Redis: what peers on
  * other machines can reach us at, when nothing better is given). 0 / -1. */

@@ -452,13 +452,25 @@ static void watch_machines(Coordinator *c) {
 /* The control plane answers again after an outage: what the coordinator owns there is written
  * again (Redis may be back empty, or be a replica that missed the last writes): the epoch
  * counter, the rank owners, the fence of a closed epoch. The processes republish their own. */
+/* WAIT for the replica (under Sentinel): it blocks up to timeout_ms when the replica is gone
+ * (a crashed machine's replica stays in the master's list until its replication timeout).
+ * An answer within the bound shows Redis ran meanwhile, so the time is not a stall of the
+ * control plane: the liveness view moves on by it (else every fence after a machine loss
+ * would look like an outage and hold the decisions a detect timeout). */
+static void wait_replica(Coordinator *c, int timeout_ms) {
+    unsigned long absences = ctl_absences(c->ctl);
+    double t = now_ms();
+    ctl_wait_replica(c->ctl, timeout_ms);
+    if (ctl_absences(c->ctl) == absences && c->last_liveness_ok > 0) c->last_liveness_ok += now_ms() - t;
+}
+
 static void republish(Coordinator *c) {
     long e = ctl_epoch(c->ctl);
     if (e >= 0 && e < c->epoch) ctl_epoch_set(c->ctl, c->epoch);
     if (c->have_members)
         for (int r = 0; r < c->cfg->workers; r++) ctl_set_rank_owner(c->ctl, r, c->procs[r]);
     if (c->fenced) fence_epoch(c->ctl, c->epoch);
-    ctl_wait_replica(c->ctl, 1000);
+    wait_replica(c, 1000);
 }
 
 int coord_control_settled(const Coordinator *c) {
@@ -741,7 +753,7 @@ static void close_epoch(Coordinator *c) {
         }
     }
     int closed = ctl_batch_end(c->ctl);
-    if (closed == 0) ctl_wait_replica(c->ctl, 1000); /* under Sentinel: the fence survives a failover */
+    if (closed == 0) wait_replica(c, 1000); /* under Sentinel: the fence survives a failover */
     if (closed != 0) {
         /* Redis trouble: the fence alone is what makes the epoch closed; try it on its own. */
         log_msg("closing epoch %ld: %s", c->epoch, ctl_last_error(c->ctl));

@@ -11,7 +11,7 @@
 # Every wait is bounded; only processes this script started are signalled, by pid.
 source "$(dirname "$0")/lib_e2e.sh"
 
-STEPS=500
+STEPS=1000
 ARGS=(--workers 2 --spares 1 --model tiny --steps "$STEPS" --seed 11)
 run_job "$WORK/ref" 180 "${ARGS[@]}"
 [ -s "$WORK/ref/model.bin" ] || { notok "blink_reference" "$(tail -3 "$WORK/ref.log")"; exit 1; }

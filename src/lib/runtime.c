@@ -26,6 +26,7 @@
 #include "events.h"
 #include "generation.h"
 #include "inject.h"
+#include "lifecycle.h"
 #include "netns.h"
 #include "recovery.h"
 #include "replica.h"
@@ -75,8 +76,10 @@ struct dp {
     char err[1024];           /* dp_last_error */
     /* membership */
     dp_callbacks cb;
-    dp_role role;
-    int joined;               /* dp_join succeeded once */
+    lc_state lc;              /* where the process is in its life (lifecycle.h); changed by lc_feed only */
+    dp_role role;             /* dp_get_role: set by the lifecycle's transitions */
+    int joined;               /* dp_join succeeded once (history, not the state: a process back in
+                               * RETRYING may or may not have been a member; dp_finish asks) */
     int rank;
     long epoch;
     int64_t next_step;
@@ -96,7 +99,6 @@ struct dp {
     size_t gen_bytes_published; /* KEY_GEN_BYTES of this rank, as this process set it */
     ctl_t *snap_ctl;          /* the snapshot threads' own connection (on_commit) */
     pthread_mutex_t snap_ctl_mu; /* ...shared by the current epoch's thread and a finishing one */
-    int first_commit_pending; /* the epoch's first step is not committed yet */
     int persist_answered;     /* the no-spare persist request of this epoch was answered */
     int64_t cur_step;
     double step_t0;           /* when the step in flight started (end of the previous commit) */
@@ -126,7 +128,6 @@ struct dp {
     size_t restored_extra_len;
     int restored_identical;   /* ...and whether it carried the DP_IDENTICAL regions */
     Decision decision;        /* the one being followed (large: not on the stack) */
-    join_phase join_phase;    /* where join_epoch is (its join_failed report says) */
 };
 
 /* --- small helpers ------------------------------------------------------------------- */
@@ -147,6 +148,7 @@ static int retry_transient(const ctl_t *c, double deadline) {
 }
 
 static void end_epoch_comms(dp_t *dp);
+static void persist_without_control(dp_t *dp);
 
 static void emit_error(dp_t *dp, const char *what, const char *err) {
     char esc[2048];
@@ -204,6 +206,21 @@ static void set_role_log(dp_t *dp) {
     if (dp->rank >= 0) snprintf(role, sizeof role, "rank %d", dp->rank);
     else snprintf(role, sizeof role, "spare");
     log_set_role(role);
+}
+
+/* Every change of the process's lifecycle state goes through here (lifecycle.h): the new
+ * state, and the actions the caller carries out. An input the state does not accept is a bug:
+ * it is logged, the state is kept and nothing is to be done. */
+static lc_actions lc_feed(dp_t *dp, lc_input in) {
+    lc_actions a;
+    lc_state next = lc_step(dp->lc, in, &a);
+    if (next == LC_INVALID) {
+        log_msg("lifecycle: state %s does not accept %s (state kept)", lc_state_name(dp->lc), lc_input_name(in));
+        return a;
+    }
+    dp->lc = next;
+    if (a.role >= 0) dp->role = (dp_role)a.role;
+    return a;
 }
 
 /* --- the control plane's outages (issue 27, item 11) ------------------------------------
@@ -632,7 +649,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     }
     if (!o.spare && o.rank >= 0 && dp->rank < 0) log_msg("rank %d is taken; joining as a spare", o.rank);
     dp->pub_rank = dp->rank;
-    dp->role = dp->rank >= 0 ? DP_ROLE_INITIAL : DP_ROLE_SPARE;
+    lc_feed(dp, dp->rank >= 0 ? LC_IN_RANK_CLAIMED : LC_IN_NO_RANK); /* NEW or SPARE, and the role */
     ctl_wait_replica(dp->ctl, 1000); /* the registration (replica address, machine, rank) on a replica */
     dp->next_step = dp->cfg.resume_step + 1;
     set_role_log(dp);
@@ -1148,8 +1165,9 @@ static int reports_identical(dp_t *dp) {
  * (a survivor from its own snapshot, rank 0 from its replica or its checkpoint file)
  * broadcasts them, and the ranks whose generation lacked them (a spare that took another
  * rank, a rank other than 0 resuming from disk) hand them to the application: a second
- * restore call. Then the application rebuilds what is derived. */
-static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
+ * restore call. Then the application rebuilds what is derived. *state_lost (may be NULL) is
+ * set when no member restored the identical state: trying again cannot help. */
+static dp_status share_and_rebuild(dp_t *dp, int *state_lost, char *err, size_t errlen) {
     if (dp->cfg.workers > 1) {
         int world = dp->cfg.workers, from = -1, to = job_comm_timeout_ms(&dp->cfg);
         float *has = malloc(sizeof *has * (size_t)world);
@@ -1161,7 +1179,7 @@ static dp_status share_and_rebuild(dp_t *dp, char *err, size_t errlen) {
         free(has);
         if (st != COMM_OK) goto comm_failed;
         if (from < 0 && reports_identical(dp)) { /* no use trying again: the job stops (join_failed) */
-            dp->join_phase = JOIN_RESTORE;
+            if (state_lost) *state_lost = 1;
             snprintf(err, errlen, "no member restored the state every rank holds identically (DP_IDENTICAL) of step %lld",
                      (long long)dp->next_step);
             return DP_ERR;
@@ -1714,8 +1732,10 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
     return 0;
 }
 
-/* Becomes the rank `d` says in epoch d->epoch: restore, rebuild, resnapshot. 0, or -1 + err. */
-static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
+/* Becomes the rank `d` says in epoch d->epoch: restore, rebuild, resnapshot (the lifecycle's
+ * RESTORING, then REJOINING). The outcome as the lifecycle's input: LC_IN_JOINED, or
+ * LC_IN_RESTORE_FAILED / LC_IN_JOIN_FAILED + err. */
+static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     double t0 = now_ms();
     /* The old snapshots stay until the new epoch has committed its restore point: if this
      * join fails, they are still the only local copy. */
@@ -1728,35 +1748,34 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     atomic_store(&dp->abort_step, 0);
     dp->epoch = d->epoch;
     dp->persist_answered = 0;
-    int was_member = dp->rank >= 0;
-    dp->rank = decision_rank_of(d, dp->proc_id);
+    dp->rank = decision_rank_of(d, dp->proc_id); /* the role came with the decision (lc_feed) */
     pthread_mutex_lock(&dp->pub_mu);
     dp->pub_rank = dp->rank;
     pthread_mutex_unlock(&dp->pub_mu);
-    dp->role = was_member && dp->role != DP_ROLE_SPARE ? DP_ROLE_SURVIVOR : DP_ROLE_RECOVERED;
     set_role_log(dp);
     replica_server_set_min_epoch(dp->replicas, d->epoch);
-    dp->join_phase = JOIN_RESTORE;
     dp->restore_cold = 0;
-    if (restore_generation(dp, dp->restore_src, d->rollback, err, errlen) != 0) return -1;
-    dp->join_phase = JOIN_RENDEZVOUS;
+    if (restore_generation(dp, dp->restore_src, d->rollback, err, errlen) != 0) return LC_IN_RESTORE_FAILED;
+    lc_feed(dp, LC_IN_RESTORED); /* REJOINING: a failure from here on is the rendezvous' */
     log_msg("restored step %lld in %.1f ms", d->rollback + 1, now_ms() - t0);
     maybe_inject_in_recovery(dp);
     double t1 = now_ms();
     /* Everyone is warm and restores in parallel: if a member does not show up within this
      * bound it died during recovery, and the coordinator will decide again. */
     int join_timeout = 2 * dp->cfg.detect_timeout_ms + 3000;
-    if (join_communicator(dp, join_timeout, err, errlen) != 0) return -1;
-    if (d->rollback >= 0 && share_and_rebuild(dp, err, errlen) != DP_OK) return -1;
+    if (join_communicator(dp, join_timeout, err, errlen) != 0) return LC_IN_JOIN_FAILED;
+    int state_lost = 0;
+    if (d->rollback >= 0 && share_and_rebuild(dp, &state_lost, err, errlen) != DP_OK)
+        return state_lost ? LC_IN_RESTORE_FAILED : LC_IN_JOIN_FAILED;
     double t2 = now_ms();
     if (dp->cfg.ft == FT_DEADPOOL) {
-        if (start_snapshots(dp, err, errlen) != 0) return -1;
+        if (start_snapshots(dp, err, errlen) != 0) return LC_IN_JOIN_FAILED;
         /* The restore point is snapshotted again in the new epoch; the first step waits for
          * its commit before reducing (as every step does), so this overlaps with that step's
          * forward/backward. Until then the old buffers stay as a second copy. */
         if (d->rollback >= 0 && capture_zero_copy(dp, d->rollback, dp->restored_extra, dp->restored_extra_len) == 0) {
             int n = gather_regions(dp, d->rollback, dp->restored_extra, dp->restored_extra_len);
-            if (n < 0) { snprintf(err, errlen, "%s", dp->err); return -1; }
+            if (n < 0) { snprintf(err, errlen, "%s", dp->err); return LC_IN_JOIN_FAILED; }
             snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n, dp->snap_locals, dp->nlocals);
         }
     }
@@ -1764,9 +1783,8 @@ static int join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen) {
     snprintf(value, sizeof value, "%.3f %.3f %.3f %lld %d", t1 - t0, t2 - t1, now_ms() - t2, (long long)wall_ms(),
              dp->restore_cold == 0);
     ctl_set(dp->ctl, key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
-    dp->first_commit_pending = 1;
     dp->step_t0 = now_ms();
-    return 0;
+    return LC_IN_JOINED;
 }
 
 /* Waits (bounded) for a decision newer than our epoch. The decision's epoch, 0 when the job
@@ -1799,33 +1817,62 @@ static long wait_for_decision(dp_t *dp, int timeout_ms) {
     return -1;
 }
 
-/* Follows decisions until this process is a working member of one: DP_OK, DP_STOPPED (the
- * job ended), DP_FENCED (not a member any more), DP_ERR (no decision came). */
+/* LC_ACT_PERSIST_LOCAL: the control plane is lost; what this process committed goes to disk. */
+static void control_lost_persist(dp_t *dp, char *err, size_t errlen) {
+    persist_without_control(dp);
+    snprintf(err, errlen, "the control plane (redis) is lost");
+}
+
+/* LC_ACT_REPORT_FENCED: epoch e does not include this process. */
+static void report_fenced(dp_t *dp, long e) {
+    log_msg("fenced: epoch %ld no longer includes this process; leaving", e);
+    event_emit(dp->ctl, dp->t0_wall_ms, "fenced", "\"proc\":%ld,\"pid\":%d,\"epoch\":%ld", dp->proc_id, (int)getpid(), e);
+}
+
+/* WAITING or RETRYING (LC_ACT_AWAIT_DECISION): waits for the coordinator's decision and feeds
+ * the lifecycle what came of it: a decision naming this process (read into d), one fencing
+ * it, the job over, the control plane lost, or nothing in time. The actions of that
+ * transition. */
+static lc_actions await_decision(dp_t *dp, Decision *d, long *epoch) {
+    long e = wait_for_decision(dp, dp->cfg.spare_wait * 1000 + 4 * dp->cfg.detect_timeout_ms + 30000);
+    *epoch = e;
+    if (e == 0) return lc_feed(dp, atomic_load(&dp->control_lost) ? LC_IN_CONTROL_LOST : LC_IN_JOB_OVER);
+    if (e < 0 || decision_read(dp->ctl, e, d) != 0) return lc_feed(dp, LC_IN_NO_DECISION);
+    return lc_feed(dp, decision_rank_of(d, dp->proc_id) < 0 ? LC_IN_FENCED : LC_IN_DECISION_MINE);
+}
+
+/* RESTORING (a decision named this process): follows decisions until this process is a
+ * working member of one: DP_OK (RESUMING), DP_STOPPED (the job ended, or the control plane
+ * is lost), DP_FENCED (not a member any more), DP_ERR (no decision came). */
 static dp_status follow_decisions(dp_t *dp, Decision *d, char *err, size_t errlen) {
     for (;;) {
-        if (join_epoch(dp, d, err, errlen) == 0) return DP_OK;
+        lc_input outcome = join_epoch(dp, d, err, errlen);
+        lc_actions a = lc_feed(dp, outcome);
+        if (dp->lc == LC_RESUMING) return DP_OK;
         /* Usually a member died while recovering; the coordinator decides again. */
         log_msg("joining epoch %ld failed: %s", dp->epoch, err);
         /* JOIN_RESTORE: this rank's state is unreachable (the coordinator stops the job rather
          * than hand the next spare the same hopeless decision); otherwise a member is missing
          * and the coordinator decides again. */
-        Report r = {.kind = REPORT_JOIN_FAILED, .epoch = dp->epoch, .rank = dp->rank, .step = -1,
-                    .t_wall_ms = wall_ms(), .phase = dp->join_phase};
-        snprintf(r.text, sizeof r.text, "%s", err);
-        report_send(dp->ctl, dp->t0_wall_ms, &r);
-        end_epoch_comms(dp);
-        long e = wait_for_decision(dp, dp->cfg.spare_wait * 1000 + 4 * dp->cfg.detect_timeout_ms + 30000);
-        if (e == 0) return DP_STOPPED;
-        if (e < 0 || decision_read(dp->ctl, e, d) != 0) {
+        if (a.flags & LC_ACT_REPORT_JOIN_FAILED) {
+            Report r = {.kind = REPORT_JOIN_FAILED, .epoch = dp->epoch, .rank = dp->rank, .step = -1,
+                        .t_wall_ms = wall_ms(), .phase = a.phase};
+            snprintf(r.text, sizeof r.text, "%s", err);
+            report_send(dp->ctl, dp->t0_wall_ms, &r);
+        }
+        if (a.flags & LC_ACT_END_COMMS) end_epoch_comms(dp);
+        if (!(a.flags & LC_ACT_AWAIT_DECISION)) return DP_ERR; /* not reached: the lifecycle logged why */
+        long e;
+        a = await_decision(dp, d, &e);
+        if (a.flags & LC_ACT_PERSIST_LOCAL) control_lost_persist(dp, err, errlen);
+        if (dp->lc == LC_STOPPED) return DP_STOPPED;
+        if (dp->lc == LC_FAILED) {
             snprintf(err, errlen, "no recovery decision arrived: giving up");
             return DP_ERR;
         }
-        if (decision_rank_of(d, dp->proc_id) < 0) {
-            log_msg("fenced: epoch %ld no longer includes this process; leaving", e);
-            event_emit(dp->ctl, dp->t0_wall_ms, "fenced", "\"proc\":%ld,\"pid\":%d,\"epoch\":%ld", dp->proc_id,
-                       (int)getpid(), e);
-            return DP_FENCED;
-        }
+        if (a.flags & LC_ACT_REPORT_FENCED) report_fenced(dp, e);
+        if (dp->lc == LC_FENCED) return DP_FENCED;
+        if (!(a.flags & LC_ACT_RESTORE)) return DP_ERR; /* not reached: the lifecycle logged why */
     }
 }
 
@@ -1837,6 +1884,7 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
     dp->epoch = 0;
     if (join_communicator(dp, dp->cfg.start_timeout_ms, err, errlen) != 0) {
         emit_error(dp, "joining the communicator failed: ", err);
+        lc_feed(dp, LC_IN_START_FAILED);
         return DP_FAILED;
     }
     if (dp->cfg.resume_step >= 0) { /* resumed from disk: every rank restores its state file */
@@ -1845,14 +1893,20 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
         int rc = read_resumed_state(dp, dp->rank, &h, &payload, err, errlen);
         if (rc == 0) rc = restore_payload(dp, &h, payload, NULL, 0, err, errlen);
         free(payload);
-        if (rc != 0) { emit_error(dp, "resume: ", err); return DP_ERR; }
-        if (share_and_rebuild(dp, err, errlen) != DP_OK) { emit_error(dp, "resume: ", err); return DP_FAILED; }
+        if (rc != 0) { emit_error(dp, "resume: ", err); lc_feed(dp, LC_IN_START_FAILED); return DP_ERR; }
+        if (share_and_rebuild(dp, NULL, err, errlen) != DP_OK) {
+            emit_error(dp, "resume: ", err);
+            lc_feed(dp, LC_IN_START_FAILED);
+            return DP_FAILED;
+        }
     }
     if (dp->cfg.ft == FT_DEADPOOL && start_snapshots(dp, err, errlen) != 0) {
         emit_error(dp, "snapshots: ", err);
+        lc_feed(dp, LC_IN_START_FAILED);
         return DP_ERR;
     }
     dp->step_t0 = now_ms();
+    lc_feed(dp, LC_IN_STARTED); /* STEPPING */
     return DP_OK;
 }
 
@@ -1863,6 +1917,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg); ctl_spare_add(dp->ctl, dp->proc_id) != 0;)
         if (!retry_transient(dp->ctl, deadline)) {
             snprintf(err, errlen, "cannot join the spare pool: %s", ctl_last_error(dp->ctl));
+            lc_feed(dp, LC_IN_START_FAILED);
             return DP_ERR;
         }
     atomic_store(&dp->in_pool, 1);
@@ -1872,6 +1927,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     Decision *d = &dp->decision;
     double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0, warm_checked = 0;
     int rejoin = 0;
+    int launcher_gone = 0;
     while (!atomic_load(&dp->job_over) && !atomic_load(&dp->control_lost)) {
         if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
         /* With a shared Redis, a launcher killed with -9 leaves the job's keys (and us) behind.
@@ -1884,6 +1940,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             else if (!launcher_missing) launcher_missing = now_ms();
             else if (now_ms() - launcher_missing >= dp->cfg.spare_wait * 1000.0) {
                 log_msg("the job's launcher is gone (its key expired %d s ago): leaving the spare pool", dp->cfg.spare_wait);
+                launcher_gone = 1;
                 break;
             }
         }
@@ -1900,10 +1957,13 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             seen = e;
             if (decision_read(dp->ctl, e, d) == 0 && decision_rank_of(d, dp->proc_id) >= 0) {
                 log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
-                atomic_store(&dp->in_pool, 0);
-                ctl_spare_remove(dp->ctl, dp->proc_id);
-                warm_grow_finish(dp, 1); /* started long before, if at all: what is left is cheaper than faulting */
-                dp_status st = follow_decisions(dp, d, err, errlen);
+                lc_actions a = lc_feed(dp, LC_IN_DECISION_MINE); /* RESTORING */
+                if (a.flags & LC_ACT_LEAVE_POOL) {
+                    atomic_store(&dp->in_pool, 0);
+                    ctl_spare_remove(dp->ctl, dp->proc_id);
+                    warm_grow_finish(dp, 1); /* started long before, if at all: what is left is cheaper than faulting */
+                }
+                dp_status st = a.flags & LC_ACT_RESTORE ? follow_decisions(dp, d, err, errlen) : DP_ERR;
                 release_warm_buffer(dp);
                 return st;
             }
@@ -1916,8 +1976,12 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             rejoin = 0;
         }
     }
-    atomic_store(&dp->in_pool, 0);
-    ctl_spare_remove(dp->ctl, dp->proc_id);
+    /* The job ended (or its launcher is gone), or the control plane is lost: STOPPED. */
+    lc_actions a = lc_feed(dp, atomic_load(&dp->control_lost) && !launcher_gone ? LC_IN_CONTROL_LOST : LC_IN_JOB_OVER);
+    if (a.flags & LC_ACT_LEAVE_POOL) {
+        atomic_store(&dp->in_pool, 0);
+        ctl_spare_remove(dp->ctl, dp->proc_id);
+    }
     release_warm_buffer(dp);
     return DP_STOPPED;
 }
@@ -1928,7 +1992,7 @@ dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen) {
         return DP_ERR;
     }
     dp->cb = *cb;
-    dp_status st = dp->role == DP_ROLE_SPARE ? join_as_spare(dp, err, errlen) : join_initial(dp, err, errlen);
+    dp_status st = dp->lc == LC_SPARE ? join_as_spare(dp, err, errlen) : join_initial(dp, err, errlen);
     if (st == DP_OK) dp->joined = 1;
     else snprintf(dp->err, sizeof dp->err, "%s", err);
     return st;
@@ -1958,7 +2022,10 @@ static dp_status epoch_closed(dp_t *dp) {
 
 dp_status dp_step_before_reduce(dp_t *dp, int64_t step) {
     dp->cur_step = step;
-    if (atomic_load(&dp->job_over)) return DP_STOPPED;
+    if (atomic_load(&dp->job_over)) {
+        lc_feed(dp, LC_IN_JOB_OVER); /* STOPPED */
+        return DP_STOPPED;
+    }
     maybe_inject(dp, step);
     if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
     /* No rank reduces step k+1 before its generation k is committed (see snapshot.h). */
@@ -2136,7 +2203,12 @@ static dp_status diverged(dp_t *dp, int64_t step, const dp_metrics *m) {
 
 dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra_len, const dp_metrics *m) {
     dp_status st = DP_OK;
-    if (m && (!isfinite(m->loss) || !isfinite(m->grad_norm))) return diverged(dp, step, m);
+    if (m && (!isfinite(m->loss) || !isfinite(m->grad_norm))) {
+        lc_actions a = lc_feed(dp, LC_IN_DIVERGED); /* STOPPED */
+        if (a.flags & LC_ACT_PERSIST_COMMITTED) return diverged(dp, step, m);
+        snprintf(dp->err, sizeof dp->err, "training diverged at step %lld", (long long)step + 1);
+        return DP_STOPPED;
+    }
     if (dp->snap && (step + 1) % dp->cfg.snapshot_every == 0) {
         snapshot_wait_previous(dp->snap, NULL); /* the head buffer is the thread's until then */
         if (!capture_zero_copy(dp, step, extra, extra_len)) {
@@ -2152,17 +2224,17 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
     }
     dp->next_step = step + 1;
     double t = now_ms();
-    if (!dp->first_commit_pending) /* the usual step time: the bound on the training path's Redis calls */
+    lc_actions a = lc_feed(dp, LC_IN_COMMITTED); /* STEPPING; from RESUMING: the epoch's first commit */
+    if (a.flags & LC_ACT_STEP_TIME) /* the usual step time: the bound on the training path's Redis calls */
         dp->step_ewma = dp->step_ewma > 0 ? 0.9 * dp->step_ewma + 0.1 * (t - dp->step_t0) : t - dp->step_t0;
     if (dp->rank == 0) {
         push_metrics(dp, step, m, t - dp->step_t0);
-        if (dp->first_commit_pending && dp->epoch > 0) report_recovery(dp);
+        if (a.flags & LC_ACT_FIRST_COMMIT) report_recovery(dp);
     }
-    if (dp->first_commit_pending && dp->restore_src) { /* the new epoch has committed its restore point */
+    if ((a.flags & LC_ACT_FIRST_COMMIT) && dp->restore_src) { /* the new epoch has committed its restore point */
         snapshot_abandon(dp->restore_src);
         dp->restore_src = NULL;
     }
-    dp->first_commit_pending = 0;
     dp->step_t0 = now_ms();
     return DP_OK;
 }
@@ -2227,28 +2299,21 @@ static void persist_without_control(dp_t *dp) {
 }
 
 dp_status dp_recover(dp_t *dp, char *err, size_t errlen) {
-    end_epoch_comms(dp);
-    if (atomic_load(&dp->control_lost)) {
-        persist_without_control(dp);
-        snprintf(err, errlen, "the control plane (redis) is lost");
-        return DP_STOPPED;
-    }
-    long e = wait_for_decision(dp, dp->cfg.spare_wait * 1000 + 4 * dp->cfg.detect_timeout_ms + 30000);
-    if (e == 0 && atomic_load(&dp->control_lost)) {
-        persist_without_control(dp);
-        snprintf(err, errlen, "the control plane (redis) is lost");
-    }
-    if (e == 0) return DP_STOPPED;
+    lc_actions a = lc_feed(dp, LC_IN_STEP_FAILED); /* WAITING */
+    if (a.flags & LC_ACT_END_COMMS) end_epoch_comms(dp);
     Decision *d = &dp->decision;
-    if (e < 0 || decision_read(dp->ctl, e, d) != 0) {
+    long e = 0;
+    if (atomic_load(&dp->control_lost)) a = lc_feed(dp, LC_IN_CONTROL_LOST); /* lost while an earlier failure waited */
+    else if (a.flags & LC_ACT_AWAIT_DECISION) a = await_decision(dp, d, &e);
+    else a = (lc_actions){.role = -1}; /* not reached: the lifecycle logged why */
+    if (a.flags & LC_ACT_PERSIST_LOCAL) control_lost_persist(dp, err, errlen);
+    if (dp->lc == LC_STOPPED) return DP_STOPPED;
+    if (a.flags & LC_ACT_REPORT_FENCED) report_fenced(dp, e);
+    if (dp->lc == LC_FENCED) return DP_FENCED;
+    if (!(a.flags & LC_ACT_RESTORE)) { /* FAILED: no decision came */
         snprintf(err, errlen, "no recovery decision arrived: giving up");
         log_msg("%s", err);
         return DP_ERR;
-    }
-    if (decision_rank_of(d, dp->proc_id) < 0) {
-        log_msg("fenced: epoch %ld no longer includes this process; leaving", e);
-        event_emit(dp->ctl, dp->t0_wall_ms, "fenced", "\"proc\":%ld,\"pid\":%d,\"epoch\":%ld", dp->proc_id, (int)getpid(), e);
-        return DP_FENCED;
     }
     return follow_decisions(dp, d, err, errlen);
 }
@@ -2396,17 +2461,21 @@ int dp_finish(dp_t *dp, dp_status how) {
            : !dp->joined && !atomic_load(&init_transient) ? DP_EXIT_BAD_JOB
            : how == DP_ERR && dp->next_step >= dp->cfg.steps ? DP_EXIT_OUTPUT /* trained, then failed to write */
            : DP_EXIT_FAILED;
+    /* Every step done: DONE. Any other status leaves the state as it is (the step or the call
+     * that ended the loop moved it already, or the application gave up on its own). */
+    lc_actions a = how == DP_OK ? lc_feed(dp, LC_IN_FINISHED) : (lc_actions){.role = -1};
+    int done = (a.flags & LC_ACT_REPORT_DONE) != 0;
     if (dp->snap) {
         snapshot_drain(dp->snap, job_comm_timeout_ms(&dp->cfg));
         report_snapshot_stats(dp);
         /* Every rank's last replication is done before anyone closes its replica server. */
-        if (rc == DP_EXIT_DONE) comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg));
+        if (done) comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg));
         snapshot_destroy(dp->snap);
     }
     /* Rank 0 says the job is done once every rank is: the launcher ends the job on it. That
      * and the metrics lines still queued need the control plane: with it away, rank 0 waits
      * for it (--control-wait at most: after that the launcher sees every rank exit 0). */
-    if (rc == DP_EXIT_DONE && dp->rank == 0) {
+    if (done && dp->rank == 0) {
         double until = now_ms() + job_control_outage_ms(&dp->cfg);
         for (;;) {
             pthread_mutex_lock(&dp->pub_mu);
@@ -2416,7 +2485,7 @@ int dp_finish(dp_t *dp, dp_status how) {
             sleep_ms(50);
         }
     }
-    if (rc == DP_EXIT_DONE && dp->rank == 0) {
+    if (done && dp->rank == 0) {
         Report r = {.kind = REPORT_JOB_DONE, .epoch = dp->epoch, .rank = 0, .step = (long long)dp->next_step,
                     .t_wall_ms = wall_ms()};
         report_send(dp->ctl, dp->t0_wall_ms, &r);

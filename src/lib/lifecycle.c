@@ -1,0 +1,116 @@
+/* lifecycle.c — a process's lifecycle as a pure transition function (see lifecycle.h). */
+#include "lifecycle.h"
+
+static const char *const STATE_NAMES[LC_STATES] = {
+    "init", "new", "spare", "restoring", "rejoining", "resuming", "stepping", "waiting", "retrying",
+    "done", "stopped", "fenced", "failed",
+};
+
+static const char *const INPUT_NAMES[LC_INPUTS] = {
+    "rank_claimed", "no_rank", "started", "start_failed", "decision_mine", "fenced", "restored", "restore_failed",
+    "join_failed", "joined", "committed", "step_failed", "job_over", "control_lost", "no_decision", "diverged",
+    "finished",
+};
+
+const char *lc_state_name(lc_state s) { return s >= 0 && s < LC_STATES ? STATE_NAMES[s] : "invalid"; }
+const char *lc_input_name(lc_input in) { return (int)in >= 0 && in < LC_INPUTS ? INPUT_NAMES[in] : "invalid"; }
+
+int lc_terminal(lc_state s) { return s == LC_DONE || s == LC_STOPPED || s == LC_FENCED || s == LC_FAILED; }
+
+/* A failed join: report it (from where), drop the epoch's communicators, wait for the next
+ * decision. */
+static lc_state join_failed(lc_actions *a, join_phase phase) {
+    a->flags = LC_ACT_REPORT_JOIN_FAILED | LC_ACT_END_COMMS | LC_ACT_AWAIT_DECISION;
+    a->phase = phase;
+    return LC_RETRYING;
+}
+
+/* A member (RESUMING or STEPPING): the step's outcomes. */
+static lc_state member(lc_state s, lc_input in, lc_actions *a) {
+    switch (in) {
+    case LC_IN_COMMITTED:
+        a->flags = s == LC_RESUMING ? LC_ACT_FIRST_COMMIT : LC_ACT_STEP_TIME;
+        return LC_STEPPING;
+    case LC_IN_STEP_FAILED:
+        a->flags = LC_ACT_END_COMMS | LC_ACT_AWAIT_DECISION;
+        return LC_WAITING;
+    case LC_IN_JOB_OVER: return LC_STOPPED;
+    case LC_IN_DIVERGED:
+        a->flags = LC_ACT_PERSIST_COMMITTED;
+        return LC_STOPPED;
+    case LC_IN_FINISHED:
+        a->flags = LC_ACT_REPORT_DONE;
+        return LC_DONE;
+    default: return LC_INVALID;
+    }
+}
+
+/* WAITING or RETRYING: what the coordinator decided, or why no decision is coming. */
+static lc_state waiting(lc_state s, lc_input in, lc_actions *a) {
+    switch (in) {
+    case LC_IN_DECISION_MINE:
+        /* It held a rank in an epoch (a spare too, once its first join began): a survivor. */
+        a->flags = LC_ACT_RESTORE;
+        a->role = DP_ROLE_SURVIVOR;
+        return LC_RESTORING;
+    case LC_IN_FENCED:
+        a->flags = LC_ACT_REPORT_FENCED;
+        return LC_FENCED;
+    case LC_IN_JOB_OVER: return LC_STOPPED;
+    case LC_IN_CONTROL_LOST:
+        /* After a failed join the committed state is not written (runtime.c's behaviour). */
+        a->flags = s == LC_WAITING ? LC_ACT_PERSIST_LOCAL : 0;
+        return LC_STOPPED;
+    case LC_IN_NO_DECISION: return LC_FAILED;
+    default: return LC_INVALID;
+    }
+}
+
+static lc_state transition(lc_state s, lc_input in, lc_actions *a) {
+    switch (s) {
+    case LC_INIT:
+        if (in == LC_IN_RANK_CLAIMED) { a->role = DP_ROLE_INITIAL; return LC_NEW; }
+        if (in == LC_IN_NO_RANK) { a->role = DP_ROLE_SPARE; return LC_SPARE; }
+        return LC_INVALID;
+    case LC_NEW:
+        if (in == LC_IN_STARTED) return LC_STEPPING;
+        if (in == LC_IN_START_FAILED) return LC_FAILED;
+        return LC_INVALID;
+    case LC_SPARE:
+        switch (in) {
+        case LC_IN_DECISION_MINE:
+            a->flags = LC_ACT_LEAVE_POOL | LC_ACT_RESTORE;
+            a->role = DP_ROLE_RECOVERED;
+            return LC_RESTORING;
+        case LC_IN_JOB_OVER:
+        case LC_IN_CONTROL_LOST:
+            a->flags = LC_ACT_LEAVE_POOL;
+            return LC_STOPPED;
+        case LC_IN_START_FAILED: return LC_FAILED; /* the pool refused it: it never entered */
+        default: return LC_INVALID;
+        }
+    case LC_RESTORING:
+        if (in == LC_IN_RESTORED) { a->flags = LC_ACT_REJOIN; return LC_REJOINING; }
+        if (in == LC_IN_RESTORE_FAILED) return join_failed(a, JOIN_RESTORE);
+        return LC_INVALID;
+    case LC_REJOINING:
+        if (in == LC_IN_JOINED) return LC_RESUMING;
+        if (in == LC_IN_JOIN_FAILED) return join_failed(a, JOIN_RENDEZVOUS);
+        /* No member restored the identical state: as hopeless as a restore of our own. */
+        if (in == LC_IN_RESTORE_FAILED) return join_failed(a, JOIN_RESTORE);
+        return LC_INVALID;
+    case LC_RESUMING:
+    case LC_STEPPING: return member(s, in, a);
+    case LC_WAITING:
+    case LC_RETRYING: return waiting(s, in, a);
+    default: return LC_INVALID; /* terminal states, and anything out of range */
+    }
+}
+
+lc_state lc_step(lc_state s, lc_input in, lc_actions *a) {
+    *a = (lc_actions){.flags = 0, .phase = JOIN_RENDEZVOUS, .role = -1};
+    if ((int)in < 0 || in >= LC_INPUTS) return LC_INVALID;
+    lc_state next = transition(s, in, a);
+    if (next == LC_INVALID) *a = (lc_actions){.flags = 0, .phase = JOIN_RENDEZVOUS, .role = -1};
+    return next;
+}

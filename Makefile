@@ -121,7 +121,7 @@ FUZZ_CFLAGS  = -O1 -g -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wext
                -I/usr/include/hiredis -Iinclude $(LIB_INC) $(GPT2_INC) $(FUZZ_SAN)
 FUZZ_SRC     = $(wildcard src/common/*.c) src/lib/checkpoint.c src/lib/checksum.c src/lib/comm_auth.c src/lib/control.c src/lib/events.c \
                src/lib/secret.c \
-               src/lib/generation.c src/lib/recovery.c src/lib/replica.c \
+               src/lib/generation.c src/lib/protocol.c src/lib/recovery.c src/lib/replica.c \
                src/gpt2/data.c src/gpt2/layers.c src/gpt2/model.c src/gpt2/modelfile.c
 FUZZ_NAMES   = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_LIBS    = $(LDLIBS)

@@ -19,3 +19,14 @@ exported=$(nm -D --defined-only build/libdeadpool.so | awk '{print $3}' | grep -
 if [ -z "$others" ] && [ "$declared" -eq "$exported" ] && ! ldd build/libdeadpool.so | grep -q microhttpd; then
   ok "library_exports_the_api_only ($exported functions)"
 else notok "library_exports_the_api_only" "declared $declared, exported $exported, others: $others"; fi
+
+# Key names (issue 28, item 1): spelled in control.c's key table only. Outside it no source
+# spells a key of the namespace ("dp:..." or the "dp-fresh:" claim), make_key takes no literal
+# suffix, and no suffix or list name is handed to a control-plane call as a literal.
+key_sources=$(find src python/deadpool -name '*.c' -o -name '*.h' -o -name '*.cc' -o -name '*.py' | sort)
+key_hits=$(for f in $key_sources; do
+  awk -v f="$f" '/BEGIN the key table/ { skip = 1 } !skip { print f ":" FNR ": " $0 } /END the key table/ { skip = 0 }' "$f"
+done | grep -E '"dp:([%*"a-z])|"dp-fresh|make_key\([^;]*"|ctl_(set|get|set_nx|take|counter_incr|counter_at_least|hash_set|hash_getall|set_add_count|batch_set)\([^,;]*, *"|ctl_(drain|notify|notify_many|wait_notice|batch_notify)\([^;]*"')
+table=$(grep -c 'BEGIN the key table' src/lib/control.c)
+if [ -z "$key_hits" ] && [ "$table" -eq 1 ]; then ok "key_names_spelled_once ($(echo "$key_sources" | wc -l) files)"
+else notok "key_names_spelled_once" "table markers: $table; $(echo "$key_hits" | head -5)"; fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # e2e_fuzz.sh — the fuzzers' short run inside `make test`: builds the libFuzzer harnesses
-# (make fuzz: clang, ASan+UBSan), runs each for FUZZ_SECONDS (default 5; eight harnesses,
+# (make fuzz: clang, ASan+UBSan), runs each for FUZZ_SECONDS (default 5; nine harnesses,
 # about 60 s in all, one after another), then replays every input in tests/fuzz/regress/NAME/
 # (each once crashed a parser: it must not any more). Without clang the fuzzing is skipped and
 # the regression inputs are replayed by the same harnesses built with cc (make fuzz-replay).

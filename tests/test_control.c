@@ -330,17 +330,17 @@ static void test_bulk_and_batches(void) {
     CHECK(ctl_batch_begin(c) == 0, "batch_begin: %s", ctl_last_error(c));
     ctl_batch_set(c, "bulk:order", "first");
     ctl_batch_set(c, "bulk:order", "second");
-    for (int r = 0; r < 50; r++) ctl_batch_notify(c, procs[r], "notice", 42);
+    for (int r = 0; r < 50; r++) ctl_batch_notify(c, procs[r], KEY_NOTICE, 42);
     ctl_batch_epoch(c, 17);
     CHECK(ctl_batch_end(c) == 0, "batch_end: %s", ctl_last_error(c));
     CHECK(ctl_round_trips(c) - t0 == 1, "a batch of 53 commands took %llu round trips", ctl_round_trips(c) - t0);
     char order[16] = "";
     CHECK(ctl_get(c, "bulk:order", order, sizeof order) == 0 && !strcmp(order, "second"), "order: '%s'", order);
     CHECK(ctl_epoch(c) == 17, "epoch %ld", ctl_epoch(c));
-    CHECK(ctl_wait_notice(c, procs[0], "notice", 100) == 42 && ctl_wait_notice(c, procs[49], "notice", 100) == 42,
+    CHECK(ctl_wait_notice(c, procs[0], KEY_NOTICE, 100) == 42 && ctl_wait_notice(c, procs[49], KEY_NOTICE, 100) == 42,
           "notices not delivered");
-    CHECK(ctl_notify_many(c, procs + 1, 2, "notice", 43) == 0 && ctl_wait_notice(c, procs[2], "notice", 100) == 42 &&
-              ctl_wait_notice(c, procs[2], "notice", 100) == 43, "notify_many: %s", ctl_last_error(c));
+    CHECK(ctl_notify_many(c, procs + 1, 2, KEY_NOTICE, 43) == 0 && ctl_wait_notice(c, procs[2], KEY_NOTICE, 100) == 42 &&
+              ctl_wait_notice(c, procs[2], KEY_NOTICE, 100) == 43, "notify_many: %s", ctl_last_error(c));
 
     /* A transaction runs in one round trip; a command that fails while running is reported. */
     char wake[128];
@@ -449,6 +449,33 @@ static void test_state(void) {
     CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "running") == 0, "state '%s'", s);
     CHECK(ctl_state_set(c, "stopping") == 0, "%s", ctl_last_error(c));
     CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "stopping") == 0, "state '%s'", s);
+    /* only protocol.h's job states: a typo is refused before it reaches Redis, and a foreign
+     * value found there is an error, not a state */
+    CHECK(ctl_state_set(c, "runing") == -1 && strstr(ctl_last_error(c), "'runing'"), "a typo set: %s", ctl_last_error(c));
+    CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "stopping") == 0, "state after a refused set '%s'", s);
+    CHECK(ctl_set(c, "state", "bogus") == 0 && ctl_state_get(c, s, sizeof s) == -1 && s[0] == '\0' &&
+              strstr(ctl_last_error(c), "job state"), "a foreign state read as '%s': %s", s, ctl_last_error(c));
+    ctl_close(c);
+}
+
+/* The key table makes SCAN patterns too, and the list calls take only their lists. */
+static void test_key_patterns_and_lists(void) {
+    ctl_t *c = connect_job("jobP");
+    if (!c) return;
+    char p[128];
+    CHECK(!strcmp(ctl_key_pattern(c, p, sizeof p, KEY_HB), "dp:jobP:hb:*"), "pattern '%s'", p);
+    CHECK(!strcmp(ctl_key_pattern(c, p, sizeof p, KEY_NODE_ALIVE), "dp:jobP:node:*:alive"), "pattern '%s'", p);
+    CHECK(!strcmp(ctl_key_pattern(c, p, sizeof p, KEY_COMMITTED), "dp:jobP:e*:committed:*"), "pattern '%s'", p);
+    CHECK(!strcmp(ctl_key_full(c, p, sizeof p, KEY_NOTICE, 42, 0), "dp:jobP:notice:42"), "key '%s'", p);
+    CHECK(ctl_notify(c, 42, KEY_EPOCH, 1) == -1 && strstr(ctl_last_error(c), "wake-up"), "notify on the epoch: %s",
+          ctl_last_error(c));
+    CHECK(ctl_wait_notice(c, 42, KEY_HB, 10) == -1, "waiting on a heartbeat key");
+    CHECK(ctl_batch_begin(c) == 0, "%s", ctl_last_error(c));
+    ctl_batch_notify(c, 42, KEY_STATE, 1);
+    CHECK(ctl_batch_end(c) == -1, "a batch with a notify on the state key succeeded");
+    CHECK(ctl_notify(c, 42, KEY_ABORT, 7) == 0 && ctl_wait_notice(c, 42, KEY_ABORT, 100) == 7, "abort list: %s",
+          ctl_last_error(c));
+    ctl_job_delete(c);
     ctl_close(c);
 }
 
@@ -476,7 +503,7 @@ static void test_events_drain_in_order(void) {
     CHECK(ctl_push_metric(c, "{\"loss\": 1.5}") == 0, "%s", ctl_last_error(c));
     drain_check d = {0, 1};
     int chunks = 0, n;
-    while ((n = ctl_drain(c, "events", 30, expect_next_event, &d)) > 0 && chunks < 10) {
+    while ((n = ctl_drain(c, KEY_EVENTS, 30, expect_next_event, &d)) > 0 && chunks < 10) {
         CHECK(n <= 30, "chunk of %d items", n);
         chunks++;
     }
@@ -484,8 +511,8 @@ static void test_events_drain_in_order(void) {
     CHECK(chunks == 4, "%d chunks", chunks);
     CHECK(d.count == 100, "%d events drained", d.count);
     CHECK(d.in_order, "events out of order");
-    CHECK(ctl_drain(c, "metrics", 10, NULL, NULL) == 1, "metric list separate from events");
-    CHECK(ctl_drain(c, "bogus", 10, NULL, NULL) == -1, "unknown list accepted");
+    CHECK(ctl_drain(c, KEY_METRICS, 10, NULL, NULL) == 1, "metric list separate from events");
+    CHECK(ctl_drain(c, KEY_DECISION, 10, NULL, NULL) == -1, "a key that is not a list to drain accepted");
     ctl_close(c);
 }
 
@@ -512,7 +539,7 @@ static void test_job_delete(void) {
     CHECK(ctl_spare_count(a) == 0, "jobA spares survived");
     CHECK(ctl_rank_owner(a, 3) == 0, "jobA rank claim survived");
     CHECK(ctl_state_get(a, v, sizeof v) == 0 && v[0] == '\0', "jobA state survived: '%s'", v);
-    CHECK(ctl_drain(a, "events", 10, NULL, NULL) == 0, "jobA events survived");
+    CHECK(ctl_drain(a, KEY_EVENTS, 10, NULL, NULL) == 0, "jobA events survived");
 
     CHECK(ctl_config_get(b, "world", v, sizeof v) == 0 && strcmp(v, "2") == 0, "jobB config lost");
     CHECK(ctl_epoch(b) == 1, "jobB epoch lost");
@@ -712,6 +739,7 @@ int main(void) {
     RUN_TEST(test_epoch);
     RUN_TEST(test_lease_fencing);
     RUN_TEST(test_state);
+    RUN_TEST(test_key_patterns_and_lists);
     RUN_TEST(test_events_drain_in_order);
     RUN_TEST(test_job_delete);
     RUN_TEST(test_roundtrip_latency);

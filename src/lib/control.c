@@ -10,6 +10,7 @@
  * hiredis 0.14 writes with write(2), so a connection the server has closed raises SIGPIPE:
  * processes using this file must ignore SIGPIPE (launcher and worker do). */
 #include "control.h"
+#include "protocol.h"
 #include "redis_connect.h"
 #include "util.h"
 
@@ -670,10 +671,89 @@ static int ctl_command_ok(ctl_t *c, const char *fmt, ...) {
     return 0;
 }
 
-/* "dp:{job}:{suffix}" into key. */
-static void make_key(const ctl_t *c, char *key, size_t cap, const char *suffix) {
-    snprintf(key, cap, "dp:%s:%s", c->job, suffix);
+/* --- BEGIN the key table: the only place key names are spelled (tests/e2e_code.sh) ------
+ * Every key of a job is KEY_NS JOB ":" SUFFIX, SUFFIX one of KEY_NAMES with each '#' replaced
+ * by a number (a, then b: control.h's ctl_key says which) or, in a SCAN pattern, by '*'. */
+#define KEY_NS "dp:"
+#define KEY_ANY "*"                 /* a SCAN pattern's wildcard (any job, any key) */
+#define KEY_FRESH_CLAIM "dp-fresh:" /* + JOB: ctl_job_dead_run_delete's claim, outside the job's keys */
+static const char *const KEY_NAMES[KEY_COUNT] = {
+    [KEY_CONFIG] = "config",
+    [KEY_PROCS] = "procs",
+    [KEY_RANK] = "rank:#",
+    [KEY_SPARES] = "spares",
+    [KEY_PROC] = "proc:#",
+    [KEY_COMMITTED] = "e#:committed:#",
+    [KEY_EPOCH] = "epoch",
+    [KEY_NOTICE] = "notice:#",
+    [KEY_ABORT] = "abort:#",
+    [KEY_HB] = "hb:#",
+    [KEY_STATE] = "state",
+    [KEY_EVENTS] = "events",
+    [KEY_METRICS] = "metrics",
+    [KEY_REPORTS] = "reports",
+    [KEY_DECISION] = "decision:#",
+    [KEY_HOLDERS] = "e#:holders:#",
+    [KEY_FENCED] = "e#:fenced",
+    [KEY_GLOO] = "e#:gloo",
+    [KEY_APP] = "e#:app:",
+    [KEY_TIMING] = "e#:timing:#",
+    [KEY_INJECTED] = "injected:#:#",
+    [KEY_CHAOS] = "chaos:#",
+    [KEY_FAULT_LAST] = "fault:last:#",
+    [KEY_LAST_STEP] = "last_step",
+    [KEY_PERSIST_REQ] = "persist:req",
+    [KEY_PERSISTED] = "persisted:#",
+    [KEY_JOIN_STATS] = "e#:join:#",
+    [KEY_LAUNCHER] = "launcher",
+    [KEY_LAUNCHER_SEEN] = "launcher:seen",
+    [KEY_NODES] = "nodes",
+    [KEY_NODE_COUNT] = "nodes:n",
+    [KEY_NODE_ALIVE] = "node:#:alive",
+    [KEY_EXIT] = "exit:#",
+    [KEY_PROGRESS] = "metrics:last",
+    [KEY_COORD] = "coordinator",
+    [KEY_COORD_TOKEN] = "coordinator:token",
+    [KEY_PERSIST_COMPLETE] = "persist:complete",
+    [KEY_INVENTORY] = "inventory",
+    [KEY_RESUME_HOLDER] = "resume:holder:#",
+    [KEY_OWN_STATE] = "own:#",
+    [KEY_GEN_BYTES] = "gen_bytes:#",
+};
+/* --- END the key table ----------------------------------------------------------------- */
+
+/* Key k's suffix into buf: its numbers a then b, or '*' for each when pattern. */
+static const char *expand_key(char *buf, size_t len, ctl_key k, long long a, long long b, int pattern) {
+    const char *name = k >= 0 && k < KEY_COUNT && KEY_NAMES[k] ? KEY_NAMES[k] : "unknown";
+    size_t used = 0;
+    int nth = 0;
+    if (len == 0) return buf;
+    for (const char *p = name; *p && used + 1 < len; p++) {
+        if (*p != '#') {
+            buf[used++] = *p;
+            continue;
+        }
+        int n = pattern ? snprintf(buf + used, len - used, "%s", KEY_ANY) : snprintf(buf + used, len - used, "%lld", nth++ ? b : a);
+        used = n < 0 || (size_t)n >= len - used ? len - 1 : used + (size_t)n;
+    }
+    buf[used] = 0;
+    return buf;
 }
+
+/* KEY_NS JOB ":" SUFFIX into key. */
+static void job_key(char *key, size_t cap, const char *job, const char *suffix) {
+    snprintf(key, cap, KEY_NS "%s:%s", job, suffix);
+}
+
+/* This job's key k with its numbers a and b. */
+static const char *make_key(const ctl_t *c, char *key, size_t cap, ctl_key k, long long a, long long b) {
+    char suffix[CTL_KEY_MAX];
+    job_key(key, cap, c->job, expand_key(suffix, sizeof suffix, k, a, b, 0));
+    return key;
+}
+
+/* A job key from a suffix the caller formed (ctl_key_suffix's, or a test's own). */
+static void suffix_key(const ctl_t *c, char *key, size_t cap, const char *suffix) { job_key(key, cap, c->job, suffix); }
 
 /* Copies a string reply into out; -1 with c->err set when it does not fit. */
 static int copy_reply_string(ctl_t *c, const redisReply *r, char *out, size_t len, const char *what) {
@@ -690,13 +770,13 @@ static int copy_reply_string(ctl_t *c, const redisReply *r, char *out, size_t le
 
 int ctl_config_set(ctl_t *c, const char *field, const char *value) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "config");
+    make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
 int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "config");
+    make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     redisReply *r = ctl_command(c, "HGET %s %s", key, field);
     if (!r) return -1;
     int rc = -1;
@@ -710,7 +790,7 @@ int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len) {
 
 long ctl_new_proc_id(ctl_t *c) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "procs");
+    make_key(c, key, sizeof key, KEY_PROCS, 0, 0);
     long long v;
     if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
     return (long)v;
@@ -718,7 +798,7 @@ long ctl_new_proc_id(ctl_t *c) {
 
 int ctl_claim_rank(ctl_t *c, int rank, long proc_id) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    make_key(c, key, sizeof key, KEY_RANK, rank, 0);
     redisReply *r = ctl_command(c, "SET %s %ld NX", key, proc_id);
     if (!r) return -1;
     int claimed = r->type == REDIS_REPLY_STATUS; /* "OK"; NIL when the key already exists */
@@ -728,7 +808,7 @@ int ctl_claim_rank(ctl_t *c, int rank, long proc_id) {
 
 long ctl_rank_owner(ctl_t *c, int rank) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    make_key(c, key, sizeof key, KEY_RANK, rank, 0);
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
     long owner = 0;
@@ -742,21 +822,21 @@ long ctl_rank_owner(ctl_t *c, int rank) {
 
 int ctl_spare_add(ctl_t *c, long proc_id) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "spares");
+    make_key(c, key, sizeof key, KEY_SPARES, 0, 0);
     long long added;
     return ctl_command_integer(c, &added, "SADD %s %ld", key, proc_id);
 }
 
 int ctl_spare_remove(ctl_t *c, long proc_id) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "spares");
+    make_key(c, key, sizeof key, KEY_SPARES, 0, 0);
     long long removed;
     return ctl_command_integer(c, &removed, "SREM %s %ld", key, proc_id);
 }
 
 long ctl_spare_count(ctl_t *c) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "spares");
+    make_key(c, key, sizeof key, KEY_SPARES, 0, 0);
     long long n;
     if (ctl_command_integer(c, &n, "SCARD %s", key) != 0) return -1;
     return (long)n;
@@ -769,7 +849,7 @@ static int compare_long(const void *a, const void *b) {
 
 int ctl_spare_list(ctl_t *c, long *ids, int max) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "spares");
+    make_key(c, key, sizeof key, KEY_SPARES, 0, 0);
     redisReply *r = ctl_command(c, "SMEMBERS %s", key);
     if (!r) return -1;
     int n = 0;
@@ -785,13 +865,13 @@ int ctl_spare_list(ctl_t *c, long *ids, int max) {
 
 int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, proc_id);
+    make_key(c, key, sizeof key, KEY_PROC, proc_id, 0);
     return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
 int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, proc_id);
+    make_key(c, key, sizeof key, KEY_PROC, proc_id, 0);
     redisReply *r = ctl_command(c, "HGET %s %s", key, field);
     if (!r) return -1;
     int rc = -1;
@@ -803,7 +883,7 @@ int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t 
 
 int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:e%ld:committed:%d", c->job, epoch, rank);
+    make_key(c, key, sizeof key, KEY_COMMITTED, epoch, rank);
     return ctl_command_ok(c, "SET %s %lld", key, step);
 }
 
@@ -831,7 +911,7 @@ long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
     for (int base = 0; base < nranks; base += MGET_CHUNK) {
         int n = nranks - base < MGET_CHUNK ? nranks - base : MGET_CHUNK;
         char keys[MGET_CHUNK][CTL_KEY_MAX];
-        for (int i = 0; i < n; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
+        for (int i = 0; i < n; i++) make_key(c, keys[i], sizeof keys[i], KEY_COMMITTED, epoch, base + i);
         redisReply *r = ctl_mget(c, keys, n);
         if (!r) return -2;
         for (size_t i = 0; i < r->elements; i++) {
@@ -848,48 +928,22 @@ long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
 }
 
 const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long long b) {
-    switch (k) {
-    case KEY_DECISION: snprintf(buf, len, "decision:%lld", a); break;
-    case KEY_HOLDERS: snprintf(buf, len, "e%lld:holders:%lld", a, b); break;
-    case KEY_FENCED: snprintf(buf, len, "e%lld:fenced", a); break;
-    case KEY_GLOO: snprintf(buf, len, "e%lld:gloo", a); break;
-    case KEY_APP: snprintf(buf, len, "e%lld:app:", a); break;
-    case KEY_TIMING: snprintf(buf, len, "e%lld:timing:%lld", a, b); break;
-    case KEY_INJECTED: snprintf(buf, len, "injected:%lld:%lld", a, b); break;
-    case KEY_CHAOS: snprintf(buf, len, "chaos:%lld", a); break;
-    case KEY_FAULT_LAST: snprintf(buf, len, "fault:last:%lld", a); break;
-    case KEY_LAST_STEP: snprintf(buf, len, "last_step"); break;
-    case KEY_PERSIST_REQ: snprintf(buf, len, "persist:req"); break;
-    case KEY_PERSISTED: snprintf(buf, len, "persisted:%lld", a); break;
-    case KEY_JOIN_STATS: snprintf(buf, len, "e%lld:join:%lld", a, b); break;
-    case KEY_LAUNCHER: snprintf(buf, len, "launcher"); break;
-    case KEY_LAUNCHER_SEEN: snprintf(buf, len, "launcher:seen"); break;
-    case KEY_NODES: snprintf(buf, len, "nodes"); break;
-    case KEY_NODE_COUNT: snprintf(buf, len, "nodes:n"); break;
-    case KEY_NODE_ALIVE: snprintf(buf, len, "node:%lld:alive", a); break;
-    case KEY_EXIT: snprintf(buf, len, "exit:%lld", a); break;
-    case KEY_PROGRESS: snprintf(buf, len, "metrics:last"); break;
-    case KEY_INVENTORY: snprintf(buf, len, "inventory"); break;
-    case KEY_PERSIST_COMPLETE: snprintf(buf, len, "persist:complete"); break;
-    case KEY_COORD: snprintf(buf, len, "coordinator"); break;
-    case KEY_COORD_TOKEN: snprintf(buf, len, "coordinator:token"); break;
-    case KEY_RESUME_HOLDER: snprintf(buf, len, "resume:holder:%lld", a); break;
-    case KEY_OWN_STATE: snprintf(buf, len, "own:%lld", a); break;
-    case KEY_GEN_BYTES: snprintf(buf, len, "gen_bytes:%lld", a); break;
-    default: snprintf(buf, len, "unknown"); break;
-    }
+    return expand_key(buf, len, k, a, b, 0);
+}
+
+const char *ctl_key_pattern(const ctl_t *c, char *buf, size_t len, ctl_key k) {
+    char suffix[CTL_KEY_MAX];
+    job_key(buf, len, c->job, expand_key(suffix, sizeof suffix, k, 0, 0, 1));
     return buf;
 }
 
 const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long long a, long long b) {
-    char suffix[CTL_KEY_MAX - CTL_JOB_MAX - 4]; /* "dp:" JOB ":" SUFFIX fits CTL_KEY_MAX */
-    make_key(c, buf, len, ctl_key_suffix(suffix, sizeof suffix, k, a, b));
-    return buf;
+    return make_key(c, buf, len, k, a, b);
 }
 
 long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, suffix);
+    suffix_key(c, key, sizeof key, suffix);
     /* One script: of members added at the same time only the last one sees the full count,
      * and a member added again sees 0 (with SADD and SCARD apart, two could see it, and both
      * would finish the same checkpoint). */
@@ -904,7 +958,7 @@ long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member) {
 
 long long ctl_counter_incr(ctl_t *c, const char *name) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, name);
+    suffix_key(c, key, sizeof key, name);
     long long v;
     if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
     return v;
@@ -912,13 +966,13 @@ long long ctl_counter_incr(ctl_t *c, const char *name) {
 
 int ctl_set(ctl_t *c, const char *suffix, const char *value) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, suffix);
+    suffix_key(c, key, sizeof key, suffix);
     return ctl_command_ok(c, "SET %s %s", key, value);
 }
 
 static int get_or_take(ctl_t *c, const char *cmd, const char *suffix, char *value, size_t len) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, suffix);
+    suffix_key(c, key, sizeof key, suffix);
     redisReply *r = ctl_command(c, "%s %s", cmd, key);
     if (!r) return -1;
     int rc = -1;
@@ -933,7 +987,7 @@ int ctl_take(ctl_t *c, const char *suffix, char *value, size_t len) { return get
 
 int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, suffix);
+    suffix_key(c, key, sizeof key, suffix);
     redisReply *r = ctl_command(c, "SET %s %s NX", key, value);
     if (!r) return -1;
     int set = r->type == REDIS_REPLY_STATUS;
@@ -943,26 +997,35 @@ int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
 
 int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    make_key(c, key, sizeof key, KEY_RANK, rank, 0);
     return ctl_command_ok(c, "SET %s %ld", key, proc_id);
 }
 
 int ctl_epoch_set(ctl_t *c, long epoch) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "epoch");
+    make_key(c, key, sizeof key, KEY_EPOCH, 0, 0);
     return ctl_command_ok(c, "SET %s %ld", key, epoch);
 }
 
-int ctl_notify(ctl_t *c, long proc_id, const char *list, long value) {
+/* 1 when list is a process's wake-up list (KEY_NOTICE, KEY_ABORT), else 0 with c->err set. */
+static int wake_list(ctl_t *c, ctl_key list) {
+    if (list == KEY_NOTICE || list == KEY_ABORT) return 1;
+    ctl_set_error(c, "wake-up: key %d is not a process's wake-up list (KEY_NOTICE or KEY_ABORT)", (int)list);
+    return 0;
+}
+
+int ctl_notify(ctl_t *c, long proc_id, ctl_key list, long value) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
+    if (!wake_list(c, list)) return -1;
+    make_key(c, key, sizeof key, list, proc_id, 0);
     long long n;
     return ctl_command_integer(c, &n, "RPUSH %s %ld", key, value);
 }
 
-long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms) {
+long ctl_wait_notice(ctl_t *c, long proc_id, ctl_key list, int timeout_ms) {
     char key[CTL_KEY_MAX], timeout[32];
-    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
+    if (!wake_list(c, list)) return -1;
+    make_key(c, key, sizeof key, list, proc_id, 0);
     /* BLPOP takes fractional seconds; the connection's own timeout must be longer. */
     snprintf(timeout, sizeof timeout, "%.3f", timeout_ms / 1000.0);
     redisReply *r = ctl_command(c, "BLPOP %s %s", key, timeout);
@@ -979,7 +1042,7 @@ int ctl_alive_many(ctl_t *c, const long *procs, int n, int *alive) {
     for (int base = 0; base < n; base += MGET_CHUNK) {
         int m = n - base < MGET_CHUNK ? n - base : MGET_CHUNK;
         char keys[MGET_CHUNK][CTL_KEY_MAX];
-        for (int i = 0; i < m; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:hb:%ld", c->job, procs[base + i]);
+        for (int i = 0; i < m; i++) make_key(c, keys[i], sizeof keys[i], KEY_HB, procs[base + i], 0);
         redisReply *r = ctl_mget(c, keys, m);
         if (!r) return -1;
         for (int i = 0; i < m; i++) alive[base + i] = r->element[i]->type == REDIS_REPLY_STRING;
@@ -994,7 +1057,7 @@ int ctl_rank_owners(ctl_t *c, int nranks, long *procs) {
     for (int base = 0; base < nranks; base += MGET_CHUNK) {
         int m = nranks - base < MGET_CHUNK ? nranks - base : MGET_CHUNK;
         char keys[MGET_CHUNK][CTL_KEY_MAX];
-        for (int i = 0; i < m; i++) snprintf(keys[i], sizeof keys[i], "dp:%s:rank:%d", c->job, base + i);
+        for (int i = 0; i < m; i++) make_key(c, keys[i], sizeof keys[i], KEY_RANK, base + i, 0);
         redisReply *r = ctl_mget(c, keys, m);
         if (!r) return -1;
         for (int i = 0; i < m; i++) {
@@ -1012,7 +1075,7 @@ int ctl_get_many(ctl_t *c, const char *const *suffixes, int n, char *values, siz
     for (int base = 0; base < n; base += MGET_CHUNK) {
         int m = n - base < MGET_CHUNK ? n - base : MGET_CHUNK;
         char keys[MGET_CHUNK][CTL_KEY_MAX];
-        for (int i = 0; i < m; i++) make_key(c, keys[i], sizeof keys[i], suffixes[base + i]);
+        for (int i = 0; i < m; i++) suffix_key(c, keys[i], sizeof keys[i], suffixes[base + i]);
         redisReply *r = ctl_mget(c, keys, m);
         if (!r) return -1;
         for (int i = 0; i < m; i++) {
@@ -1082,7 +1145,7 @@ int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fie
     for (int i = 0; i < n; i++) {
         char key[CTL_KEY_MAX];
         const char *argv[10];
-        snprintf(key, sizeof key, "dp:%s:proc:%ld", c->job, procs[i]);
+        make_key(c, key, sizeof key, KEY_PROC, procs[i], 0);
         argv[0] = "HMGET";
         argv[1] = key;
         for (int f = 0; f < nfields; f++) argv[2 + f] = fields[f];
@@ -1139,31 +1202,35 @@ static void batch_append(ctl_t *c, const char *fmt, ...) {
 
 void ctl_batch_set(ctl_t *c, const char *suffix, const char *value) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, suffix);
+    suffix_key(c, key, sizeof key, suffix);
     batch_append(c, "SET %s %s", key, value);
 }
 
 void ctl_batch_rank_owner(ctl_t *c, int rank, long proc_id) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:rank:%d", c->job, rank);
+    make_key(c, key, sizeof key, KEY_RANK, rank, 0);
     batch_append(c, "SET %s %ld", key, proc_id);
 }
 
 void ctl_batch_epoch(ctl_t *c, long epoch) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "epoch");
+    make_key(c, key, sizeof key, KEY_EPOCH, 0, 0);
     batch_append(c, "SET %s %ld", key, epoch);
 }
 
-void ctl_batch_notify(ctl_t *c, long proc_id, const char *list, long value) {
+void ctl_batch_notify(ctl_t *c, long proc_id, ctl_key list, long value) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:%s:%ld", c->job, list, proc_id);
+    if (!wake_list(c, list)) {
+        c->batch_failed = 1;
+        return;
+    }
+    make_key(c, key, sizeof key, list, proc_id, 0);
     batch_append(c, "RPUSH %s %ld", key, value);
 }
 
 void ctl_batch_spare_remove(ctl_t *c, long proc_id) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "spares");
+    make_key(c, key, sizeof key, KEY_SPARES, 0, 0);
     batch_append(c, "SREM %s %ld", key, proc_id);
 }
 
@@ -1206,7 +1273,7 @@ int ctl_batch_end(ctl_t *c) {
     return rc;
 }
 
-int ctl_notify_many(ctl_t *c, const long *procs, int n, const char *list, long value) {
+int ctl_notify_many(ctl_t *c, const long *procs, int n, ctl_key list, long value) {
     if (ctl_batch_begin(c) != 0) return -1;
     for (int i = 0; i < n; i++) ctl_batch_notify(c, procs[i], list, value);
     return ctl_batch_end(c);
@@ -1222,7 +1289,7 @@ int ctl_server_config_set(ctl_t *c, const char *param, const char *value) {
 
 int ctl_heartbeat_clear(ctl_t *c, long proc_id) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:hb:%ld", c->job, proc_id);
+    make_key(c, key, sizeof key, KEY_HB, proc_id, 0);
     return ctl_command_ok(c, "DEL %s", key);
 }
 
@@ -1232,13 +1299,13 @@ int ctl_heartbeat(ctl_t *c, long proc_id, int ttl_ms) {
         return -1;
     }
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:hb:%ld", c->job, proc_id);
+    make_key(c, key, sizeof key, KEY_HB, proc_id, 0);
     return ctl_command_ok(c, "SET %s 1 PX %d", key, ttl_ms);
 }
 
 int ctl_alive(ctl_t *c, long proc_id) {
     char key[CTL_KEY_MAX];
-    snprintf(key, sizeof key, "dp:%s:hb:%ld", c->job, proc_id);
+    make_key(c, key, sizeof key, KEY_HB, proc_id, 0);
     long long n;
     if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) return -1;
     return n > 0;
@@ -1246,7 +1313,7 @@ int ctl_alive(ctl_t *c, long proc_id) {
 
 long ctl_epoch(ctl_t *c) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "epoch");
+    make_key(c, key, sizeof key, KEY_EPOCH, 0, 0);
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
     long epoch = 0; /* absent before the first increment */
@@ -1260,28 +1327,40 @@ long ctl_epoch(ctl_t *c) {
 
 long ctl_epoch_incr(ctl_t *c) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "epoch");
+    make_key(c, key, sizeof key, KEY_EPOCH, 0, 0);
     long long v;
     if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
     return (long)v;
 }
 
 int ctl_state_set(ctl_t *c, const char *state) {
-    char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "state");
+    char key[CTL_KEY_MAX], err[CTL_ERR_MAX];
+    job_state st;
+    if (job_state_parse(state, &st, err, sizeof err) != 0) {
+        ctl_set_error(c, "%s", err);
+        return -1;
+    }
+    make_key(c, key, sizeof key, KEY_STATE, 0, 0);
     return ctl_command_ok(c, "SET %s %s", key, state);
 }
 
 /* An absent state reads as "" (0), so a poller can tell "not set yet" from an error. */
 int ctl_state_get(ctl_t *c, char *state, size_t len) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "state");
+    make_key(c, key, sizeof key, KEY_STATE, 0, 0);
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
     int rc = 0;
-    if (r->type == REDIS_REPLY_STRING)
+    job_state st;
+    char err[CTL_ERR_MAX];
+    if (r->type == REDIS_REPLY_STRING) {
         rc = copy_reply_string(c, r, state, len, "state");
-    else if (len > 0)
+        if (rc == 0 && job_state_parse(state, &st, err, sizeof err) != 0) {
+            ctl_set_error(c, "%s", err);
+            state[0] = '\0';
+            rc = -1;
+        }
+    } else if (len > 0)
         state[0] = '\0';
     freeReplyObject(r);
     return rc;
@@ -1291,21 +1370,21 @@ int ctl_state_get(ctl_t *c, char *state, size_t len) {
 /* event and metric lists                                                                 */
 /* ------------------------------------------------------------------------------------- */
 
-static int push_to_list(ctl_t *c, const char *list, const char *json) {
+static int push_to_list(ctl_t *c, ctl_key list, const char *json) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, list);
+    make_key(c, key, sizeof key, list, 0, 0);
     long long len;
     return ctl_command_integer(c, &len, "RPUSH %s %s", key, json);
 }
 
-int ctl_push_event(ctl_t *c, const char *json) { return push_to_list(c, "events", json); }
-int ctl_push_report(ctl_t *c, const char *text) { return push_to_list(c, "reports", text); }
+int ctl_push_event(ctl_t *c, const char *json) { return push_to_list(c, KEY_EVENTS, json); }
+int ctl_push_report(ctl_t *c, const char *text) { return push_to_list(c, KEY_REPORTS, text); }
 
 /* The line goes to the launcher that drains the list, and stays readable as the newest
  * progress for the launchers of the other machines: one round trip for both. */
 int ctl_push_metric(ctl_t *c, const char *json) {
     char key[CTL_KEY_MAX], last[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, "metrics");
+    make_key(c, key, sizeof key, KEY_METRICS, 0, 0);
     ctl_key_full(c, last, sizeof last, KEY_PROGRESS, 0, 0);
     if (ctl_batch_begin(c) != 0) return -1;
     batch_append(c, "RPUSH %s %s", key, json);
@@ -1342,9 +1421,11 @@ static redisReply *read_drain_transaction(ctl_t *c) {
     return exec;
 }
 
-int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, void *arg), void *arg) {
-    if (!list || (strcmp(list, "events") != 0 && strcmp(list, "metrics") != 0 && strcmp(list, "reports") != 0)) {
-        ctl_set_error(c, "drain: unknown list '%s' (expected \"events\", \"metrics\" or \"reports\")", list ? list : "(null)");
+int ctl_drain(ctl_t *c, ctl_key list, int max, void (*fn)(const char *json, void *arg), void *arg) {
+    if (list != KEY_EVENTS && list != KEY_METRICS && list != KEY_REPORTS) {
+        char name[CTL_KEY_MAX];
+        ctl_set_error(c, "drain: '%s' is not a list to drain (expected KEY_EVENTS, KEY_METRICS or KEY_REPORTS)",
+                      ctl_key_suffix(name, sizeof name, list, 0, 0));
         return -1;
     }
     if (max < 0) {
@@ -1354,7 +1435,7 @@ int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, 
     if (max == 0) return 0;
     if (ensure_connected(c) != 0) return -1;
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, list);
+    make_key(c, key, sizeof key, list, 0, 0);
     /* LRANGE + LTRIM in one transaction: atomic against concurrent pushes, one round trip,
      * and works on Redis versions without "LPOP key count". */
     redisAppendCommand(c->rc, "MULTI");
@@ -1436,7 +1517,7 @@ static int delete_page(ctl_t *c, const redisReply *keys, void *arg) {
  * that existed for the whole scan. */
 static int delete_job_keys(ctl_t *c, const char *job) {
     char pattern[CTL_KEY_MAX];
-    snprintf(pattern, sizeof pattern, "dp:%s:*", job);
+    job_key(pattern, sizeof pattern, job, KEY_ANY);
     return scan_pages(c, pattern, delete_page, NULL);
 }
 
@@ -1449,8 +1530,9 @@ int ctl_launcher_beat(ctl_t *c, const char *who, int ttl_ms) {
     char key[CTL_KEY_MAX], seen[CTL_KEY_MAX];
     ctl_key_full(c, key, sizeof key, KEY_LAUNCHER, 0, 0);
     ctl_key_full(c, seen, sizeof seen, KEY_LAUNCHER_SEEN, 0, 0);
-    return ctl_command_ok(c, "SET %s %s PX %d", key, who, ttl_ms) == 0 &&
-                   ctl_command_ok(c, "SET %s %lld", seen, (long long)wall_ms()) == 0
+    char now[32];
+    if (proto_int_format((long long)wall_ms(), now, sizeof now) != 0) return -1;
+    return ctl_command_ok(c, "SET %s %s PX %d", key, who, ttl_ms) == 0 && ctl_command_ok(c, "SET %s %s", seen, now) == 0
                ? 0
                : -1;
 }
@@ -1462,11 +1544,13 @@ int ctl_node_join(ctl_t *c, const char *node_id, int *index) {
     long long added, n;
     /* The id first: a second launcher with the same id must not take an index (a gap in
      * 0..N-1 would leave a machine's ranks unstarted). */
-    if (ctl_command_integer(c, &added, "HSETNX %s %s -1", nodes, node_id) != 0) return -1;
+    if (ctl_command_integer(c, &added, "HSETNX %s %s -1", nodes, node_id) != 0) return -1; /* -1: joining */
     if (!added) { /* the id is known: a launcher of this machine that is gone takes its place back */
         redisReply *r = ctl_command(c, "HGET %s %s", nodes, node_id);
         if (!r) return -1;
-        int idx = r->type == REDIS_REPLY_STRING ? atoi(r->str) : -1;
+        long long v = -1;
+        if (r->type != REDIS_REPLY_STRING || proto_int_parse(r->str, "node index", -1, INT_MAX, &v, NULL, 0) != 0) v = -1;
+        int idx = (int)v;
         freeReplyObject(r);
         char alive[CTL_KEY_MAX];
         long long exists = 1;
@@ -1490,7 +1574,10 @@ int ctl_node_beat(ctl_t *c, int index, int ttl_ms) {
 int ctl_nodes_read(ctl_t *c, char *ids, size_t idlen, int *index, int max) {
     char suffix[CTL_KEY_MAX], (*v)[16] = malloc(sizeof *v * (size_t)(max > 0 ? max : 1));
     int n = v ? ctl_hash_getall(c, ctl_key_suffix(suffix, sizeof suffix, KEY_NODES, 0, 0), ids, idlen, v[0], sizeof v[0], max) : -1;
-    for (int i = 0; i < n; i++) index[i] = atoi(v[i]);
+    for (int i = 0; i < n; i++) {
+        long long x;
+        index[i] = proto_int_parse(v[i], "node index", -1, INT_MAX, &x, NULL, 0) == 0 ? (int)x : -1;
+    }
     free(v);
     return n;
 }
@@ -1504,8 +1591,20 @@ long long ctl_lease_acquire(ctl_t *c, const char *holder, int ttl_ms, char *valu
     ctl_key_full(c, key, sizeof key, KEY_COORD, 0, 0);
     ctl_key_full(c, token, sizeof token, KEY_COORD_TOKEN, 0, 0);
     long long t;
+    /* Redis writes the value (HOLDER .. ':' .. TOKEN) as lease_value_format does: a holder
+     * the format refuses is refused here, before anything is taken. */
+    LeaseValue lv = {.token = 1};
+    snprintf(lv.holder, sizeof lv.holder, "%s", holder);
+    if (strlen(holder) >= sizeof lv.holder || lease_value_format(&lv, value, len) != 0) {
+        ctl_set_error(c, "lease: holder '%.80s' is not 1 to 63 of [A-Za-z0-9_.-]", holder);
+        return -1;
+    }
     if (ctl_command_integer(c, &t, "EVAL %s 2 %s %s %s %d", script, key, token, holder, ttl_ms) != 0) return -1;
-    if (t > 0) snprintf(value, len, "%s:%lld", holder, t);
+    lv.token = t;
+    if (t > 0 && lease_value_format(&lv, value, len) != 0) {
+        ctl_set_error(c, "lease: the value does not fit %zu bytes", len);
+        return -1;
+    }
     return t;
 }
 
@@ -1536,13 +1635,13 @@ int ctl_batch_begin_fenced(ctl_t *c, const char *value) {
 
 int ctl_hash_set(ctl_t *c, const char *suffix, const char *field, const char *value) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, suffix);
+    suffix_key(c, key, sizeof key, suffix);
     return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
 int ctl_hash_getall(ctl_t *c, const char *suffix, char *fields, size_t flen, char *values, size_t vlen, int max) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, suffix);
+    suffix_key(c, key, sizeof key, suffix);
     redisReply *r = ctl_command(c, "HGETALL %s", key);
     if (!r) return -1;
     int n = 0;
@@ -1562,7 +1661,7 @@ int ctl_hash_getall(ctl_t *c, const char *suffix, char *fields, size_t flen, cha
 int ctl_exit_report(ctl_t *c, long proc, const char *how) {
     char key[CTL_KEY_MAX], hb[CTL_KEY_MAX];
     ctl_key_full(c, key, sizeof key, KEY_EXIT, proc, 0);
-    snprintf(hb, sizeof hb, "dp:%s:hb:%ld", c->job, proc);
+    make_key(c, hb, sizeof hb, KEY_HB, proc, 0);
     if (ctl_batch_begin(c) != 0) return -1;
     /* How first: whoever sees the heartbeat gone finds why. */
     batch_append(c, "SET %s %s EX 86400", key, how);
@@ -1687,7 +1786,7 @@ static int any_key_page(ctl_t *c, const redisReply *keys, void *arg) {
     return 1;
 }
 
-/* Collects the job names of a page of "dp:JOB:config" keys into arg (a char[][CTL_JOB_MAX+1] list). */
+/* Collects the job names of a page of KEY_CONFIG keys of any job into arg (a char[][CTL_JOB_MAX+1] list). */
 typedef struct {
     char (*jobs)[CTL_JOB_MAX + 1];
     int n, cap;
@@ -1696,12 +1795,16 @@ typedef struct {
 static int config_page(ctl_t *c, const redisReply *keys, void *arg) {
     (void)c;
     JobList *l = arg;
+    char tail[CTL_KEY_MAX]; /* ":" + the config key's suffix */
+    tail[0] = ':';
+    expand_key(tail + 1, sizeof tail - 1, KEY_CONFIG, 0, 0, 0);
+    size_t ns = strlen(KEY_NS), tl = strlen(tail);
     for (size_t i = 0; i < keys->elements && l->n < l->cap; i++) {
         const redisReply *k = keys->element[i];
-        if (k->type != REDIS_REPLY_STRING || k->len < 11 || strncmp(k->str, "dp:", 3) != 0) continue;
-        size_t jl = k->len - 3 - strlen(":config");
-        if (jl == 0 || jl > CTL_JOB_MAX || strcmp(k->str + 3 + jl, ":config") != 0) continue;
-        memcpy(l->jobs[l->n], k->str + 3, jl);
+        if (k->type != REDIS_REPLY_STRING || k->len <= ns + tl || strncmp(k->str, KEY_NS, ns) != 0) continue;
+        size_t jl = k->len - ns - tl;
+        if (jl == 0 || jl > CTL_JOB_MAX || strcmp(k->str + ns + jl, tail) != 0) continue;
+        memcpy(l->jobs[l->n], k->str + ns, jl);
         l->jobs[l->n][jl] = 0;
         if (job_name_valid(l->jobs[l->n])) l->n++;
     }
@@ -1713,30 +1816,32 @@ int ctl_job_dead_run(ctl_t *c, long long *seen_ms) {
     if (ensure_connected(c) != 0) return -1;
     char key[CTL_KEY_MAX], suffix[32], pattern[CTL_KEY_MAX];
     long long n;
-    make_key(c, key, sizeof key, "config");
+    make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) return -1;
     if (n == 0) return 0;
     ctl_key_full(c, key, sizeof key, KEY_LAUNCHER, 0, 0);
     if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) return -1;
     if (n > 0) return 0;
-    static const char *const alive[] = {"node:*:alive", "hb:*"};
+    static const ctl_key alive[] = {KEY_NODE_ALIVE, KEY_HB};
     for (int i = 0; i < 2; i++) {
         int live = 0;
-        make_key(c, pattern, sizeof pattern, alive[i]);
+        ctl_key_pattern(c, pattern, sizeof pattern, alive[i]);
         if (scan_pages(c, pattern, any_key_page, &live) != 0) return -1;
         if (live) return 0;
     }
     char seen[32] = "";
-    if (seen_ms && ctl_get(c, ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER_SEEN, 0, 0), seen, sizeof seen) == 0)
-        *seen_ms = strtoll(seen, NULL, 10);
+    long long t;
+    if (seen_ms && ctl_get(c, ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER_SEEN, 0, 0), seen, sizeof seen) == 0 &&
+        proto_int_parse(seen, "launcher:seen", 0, LLONG_MAX, &t, NULL, 0) == 0)
+        *seen_ms = t;
     return 1;
 }
 
 int ctl_job_dead_run_delete(ctl_t *c, int ttl_ms) {
     if (ensure_connected(c) != 0) return -1;
-    /* the claim is outside the job's keys ("dp:JOB:*"): the deletion leaves it standing */
+    /* the claim is outside the job's keys (KEY_NS JOB ":*"): the deletion leaves it standing */
     char claim[CTL_KEY_MAX];
-    snprintf(claim, sizeof claim, "dp-fresh:%s", c->job);
+    snprintf(claim, sizeof claim, KEY_FRESH_CLAIM "%s", c->job);
     redisReply *r = ctl_command(c, "SET %s 1 NX PX %d", claim, ttl_ms);
     if (!r) return -1;
     int got = r->type == REDIS_REPLY_STATUS;
@@ -1751,24 +1856,29 @@ int ctl_orphan_jobs_delete(ctl_t *c, long long grace_ms) {
     JobList l = {.jobs = malloc(sizeof *l.jobs * MAX_SEEN), .n = 0, .cap = MAX_SEEN};
     if (!l.jobs) return -1;
     int removed = 0;
-    if (scan_pages(c, "dp:*:config", config_page, &l) != 0) { free(l.jobs); return -1; }
+    char configs[CTL_KEY_MAX], cs[CTL_KEY_MAX];
+    job_key(configs, sizeof configs, KEY_ANY, expand_key(cs, sizeof cs, KEY_CONFIG, 0, 0, 0));
+    if (scan_pages(c, configs, config_page, &l) != 0) { free(l.jobs); return -1; }
     for (int i = 0; i < l.n; i++) {
         if (strcmp(l.jobs[i], c->job) == 0) continue;
         char key[CTL_KEY_MAX], pattern[CTL_KEY_MAX];
         long long n;
         char suffix[32];
-        snprintf(key, sizeof key, "dp:%s:%s", l.jobs[i], ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER, 0, 0));
+        job_key(key, sizeof key, l.jobs[i], ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER, 0, 0));
         if (ctl_command_integer(c, &n, "EXISTS %s", key) != 0) { removed = -1; break; }
         if (n > 0) continue;
         char seen[32], full[CTL_KEY_MAX];
-        snprintf(full, sizeof full, "dp:%s:%s", l.jobs[i], ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER_SEEN, 0, 0));
+        job_key(full, sizeof full, l.jobs[i], ctl_key_suffix(suffix, sizeof suffix, KEY_LAUNCHER_SEEN, 0, 0));
         redisReply *r = ctl_command(c, "GET %s", full);
         if (!r) { removed = -1; break; }
-        int judged = r->type == REDIS_REPLY_STRING && copy_checked(seen, sizeof seen, r->str, r->len) == 0;
+        long long t = 0;
+        int judged = r->type == REDIS_REPLY_STRING && copy_checked(seen, sizeof seen, r->str, r->len) == 0 &&
+                     proto_int_parse(seen, "launcher:seen", 0, LLONG_MAX, &t, NULL, 0) == 0;
         freeReplyObject(r);
-        if (!judged || wall_ms() - strtoll(seen, NULL, 10) < grace_ms) continue; /* too recent, or not ours */
+        if (!judged || wall_ms() - t < grace_ms) continue; /* too recent, or not ours */
         int live = 0; /* a heartbeat: some process of that job still runs */
-        snprintf(pattern, sizeof pattern, "dp:%s:hb:*", l.jobs[i]);
+        char hbs[CTL_KEY_MAX];
+        job_key(pattern, sizeof pattern, l.jobs[i], expand_key(hbs, sizeof hbs, KEY_HB, 0, 0, 1));
         if (scan_pages(c, pattern, any_key_page, &live) != 0) { removed = -1; break; }
         if (live) continue;
         if (delete_job_keys(c, l.jobs[i]) != 0) { removed = -1; break; }
@@ -1882,7 +1992,7 @@ int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
         const char *argv[CHUNK + 1];
         argv[0] = "MGET";
         for (int i = 0; i < n; i++) {
-            snprintf(keys[i], sizeof keys[i], "dp:%s:e%ld:committed:%d", c->job, epoch, base + i);
+            make_key(c, keys[i], sizeof keys[i], KEY_COMMITTED, epoch, base + i);
             argv[i + 1] = keys[i];
         }
         c->transient = 0;
@@ -1897,7 +2007,9 @@ int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
         }
         int ok = r->type == REDIS_REPLY_ARRAY && (int)r->elements == n;
         for (int i = 0; ok && i < n; i++)
-            steps[base + i] = r->element[i]->type == REDIS_REPLY_STRING ? atoll(r->element[i]->str) : -1;
+            if (r->element[i]->type != REDIS_REPLY_STRING ||
+                proto_int_parse(r->element[i]->str, "committed", 0, LLONG_MAX, &steps[base + i], NULL, 0) != 0)
+                steps[base + i] = -1;
         if (!ok) ctl_set_error(c, "redis: MGET of committed generations: unexpected reply");
         freeReplyObject(r);
         if (!ok) return -1;
@@ -1917,7 +2029,7 @@ int redis_url_scrub(char *url) {
 
 int ctl_counter_at_least(ctl_t *c, const char *name, long long value) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, name);
+    suffix_key(c, key, sizeof key, name);
     long long v;
     return ctl_command_integer(c, &v,
                                "EVAL %s 1 %s %lld",

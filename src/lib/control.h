@@ -71,42 +71,61 @@ int ctl_spare_list(ctl_t *c, long *ids, int max);
 int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value);
 int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len);
 
-/* The job's key schema: every key is "dp:{job}:" + one of these suffixes, and this is the
- * only place their names are spelled (control.c has the table). a and b are the numbers a
- * key carries (epoch, rank, step, index), in the order of the comment. */
+/* The job's key schema: every key is "dp:{job}:" + one of these suffixes. Their names are
+ * spelled in one place only, control.c's key table (tests/e2e_code.sh checks that no other
+ * file spells one); their values' formats are protocol.h's (and recovery.h's), and
+ * docs/DESIGN.md lists each key's owner and readers. a and b are the numbers a key carries
+ * (epoch, rank, step, index, process id), in the order of the comment. */
 typedef enum {
+    KEY_CONFIG,       /* config — hash: "config" (the job's configuration text), "secret", "t0_ms" */
+    KEY_PROCS,        /* procs — the process-id counter (INCR) */
+    KEY_RANK,         /* rank:RANK — the process id owning RANK */
+    KEY_SPARES,       /* spares — set of the spare pool's process ids */
+    KEY_PROC,         /* proc:PROC — hash: PROC's facts ("replica", "host", "node", "pid", "held") */
+    KEY_COMMITTED,    /* eEPOCH:committed:RANK — RANK's newest committed generation in EPOCH */
+    KEY_EPOCH,        /* epoch — the membership epoch */
+    KEY_NOTICE,       /* notice:PROC — list: wake-ups of PROC (a decision is out: its epoch) */
+    KEY_ABORT,        /* abort:PROC — list: PROC abandons the step in flight (the next epoch) */
+    KEY_HB,           /* hb:PROC — PROC's heartbeat (a TTL it renews) */
+    KEY_STATE,        /* state — the job's state (protocol.h: job_state) */
+    KEY_EVENTS,       /* events — list: event lines, drained into events.jsonl */
+    KEY_METRICS,      /* metrics — list: metric lines, drained into metrics.jsonl */
+    KEY_REPORTS,      /* reports — list: typed reports for the coordinator (recovery.h) */
     KEY_DECISION,     /* decision:EPOCH — the coordinator's decision text (recovery.h) */
     KEY_HOLDERS,      /* eEPOCH:holders:RANK — replica holders of RANK (holders.h) */
     KEY_FENCED,       /* eEPOCH:fenced — the epoch is closed */
     KEY_GLOO,         /* eEPOCH:gloo — prefix of the epoch's collective rendezvous */
     KEY_APP,          /* eEPOCH:app: — prefix left to an application's own collectives */
-    KEY_TIMING,       /* eEPOCH:timing:RANK — "restore rebuild resnapshot resumed_wall_ms" */
+    KEY_TIMING,       /* eEPOCH:timing:RANK — RANK's join of EPOCH (protocol.h: JoinTiming) */
     KEY_INJECTED,     /* injected:INDEX:PROC — that --inject fault fired (PROC 0: once per job) */
     KEY_CHAOS,        /* chaos:STEP — a --chaos fault fired at that step */
-    KEY_FAULT_LAST,   /* fault:last:RANK — "kind:rank:wall_ms" of RANK's newest injected fault */
+    KEY_FAULT_LAST,   /* fault:last:RANK — RANK's newest injected fault (protocol.h: FaultRecord) */
     KEY_LAST_STEP,    /* last_step — newest step done when the coordinator decided */
-    KEY_PERSIST_REQ,  /* persist:req — "epoch:step:writer_rank:failed,..." (no spare left) */
+    KEY_PERSIST_REQ,  /* persist:req — no spare left: persist (protocol.h: PersistRequest) */
     KEY_PERSISTED,    /* persisted:STEP — set of ranks whose state of STEP is on disk */
-    KEY_JOIN_STATS,   /* eEPOCH:join:RANK — "CTL STORE RENDEZVOUS_MS BARRIER_MS": RANK joining EPOCH */
-    KEY_LAUNCHER,     /* launcher — "HOST PID" of the job's launcher, with a TTL it keeps renewing */
+    KEY_JOIN_STATS,   /* eEPOCH:join:RANK — RANK's rendezvous in EPOCH (protocol.h: JoinStats) */
+    KEY_LAUNCHER,     /* launcher — the job's launcher (protocol.h: LauncherId), with a TTL it keeps renewing */
     KEY_LAUNCHER_SEEN,/* launcher:seen — wall ms of the launcher's newest renewal (no TTL) */
     KEY_NODES,        /* nodes — hash: node id -> its index (the order machines joined in) */
     KEY_NODE_COUNT,   /* nodes:n — machines that joined (INCR draws the next index) */
     KEY_NODE_ALIVE,   /* node:INDEX:alive — that machine's launcher is alive (a TTL it renews) */
-    KEY_EXIT,         /* exit:PROC — "HOW:WALL_MS", how and when PROC ended, by its machine's launcher (crash|departed|bad_job) */
+    KEY_EXIT,         /* exit:PROC — how and when PROC ended, by its machine's launcher (protocol.h: ExitRecord) */
     KEY_PROGRESS,     /* metrics:last — the newest step's metrics line (every machine prints it) */
-    KEY_COORD,        /* coordinator — "HOLDER:TOKEN" of the coordinator's lease (a TTL its holder renews) */
+    KEY_COORD,        /* coordinator — the coordinator's lease (protocol.h: LeaseValue; a TTL its holder renews) */
     KEY_COORD_TOKEN,  /* coordinator:token — the lease's fencing token, +1 at every new holder */
     KEY_PERSIST_COMPLETE, /* persist:complete — newest step persisted by every rank (machines' disks) */
     KEY_INVENTORY,    /* inventory — hash: machine index -> the checkpoints on its disk (checkpoint_inventory) */
-    KEY_RESUME_HOLDER, /* resume:holder:RANK — "HOST:PORT" of a launcher serving RANK's resumed state */
+    KEY_RESUME_HOLDER, /* resume:holder:RANK — a launcher serving RANK's resumed state (protocol.h: Endpoint) */
     KEY_OWN_STATE,    /* own:RANK — "1" once a generation of RANK carried state of its own (DP_SHARDED
                        * regions or extra bytes); absent: RANK loses nothing when it fails */
-    KEY_GEN_BYTES     /* gen_bytes:RANK — the largest generation RANK committed, in bytes (what a spare may fetch) */
+    KEY_GEN_BYTES,    /* gen_bytes:RANK — the largest generation RANK committed, in bytes (what a spare may fetch) */
+    KEY_COUNT
 } ctl_key;
 
 /* The suffix of key k into buf; returns buf. */
 const char *ctl_key_suffix(char *buf, size_t len, ctl_key k, long long a, long long b);
+/* The SCAN pattern of every key of kind k in this job (its numbers as '*'): "dp:{job}:hb:*". */
+const char *ctl_key_pattern(const ctl_t *c, char *buf, size_t len, ctl_key k);
 /* The whole key "dp:{job}:suffix" (for a store prefix handed to another library). */
 const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long long a, long long b);
 
@@ -204,11 +223,12 @@ int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id);
 /* Sets the epoch counter (the coordinator publishes a decision). 0 / -1. */
 int ctl_epoch_set(ctl_t *c, long epoch);
 
-/* Wake-ups: the coordinator pushes a value to one of a process's lists ("notice": a decision
- * is out; "abort": abandon the step in flight); the process waits on it with BLPOP.
- * ctl_wait_notice returns the value, 0 on timeout, -1 on error. */
-int ctl_notify(ctl_t *c, long proc_id, const char *list, long value);
-long ctl_wait_notice(ctl_t *c, long proc_id, const char *list, int timeout_ms);
+/* Wake-ups: the coordinator pushes a value to one of a process's lists (KEY_NOTICE: a decision
+ * is out; KEY_ABORT: abandon the step in flight); the process waits on it with BLPOP.
+ * ctl_wait_notice returns the value, 0 on timeout, -1 on error (also for a list that is
+ * neither). */
+int ctl_notify(ctl_t *c, long proc_id, ctl_key list, long value);
+long ctl_wait_notice(ctl_t *c, long proc_id, ctl_key list, int timeout_ms);
 
 /* --- bulk access: one round trip whatever the count ---------------------------------------
  * What a recovery does per rank (owners, process facts, wake-ups, timings) costs one round
@@ -225,7 +245,7 @@ int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fie
  * = 0; present may be NULL). 0 / -1. */
 int ctl_get_many(ctl_t *c, const char *const *suffixes, int n, char *values, size_t len, int *present);
 /* ctl_notify for n processes, pipelined. 0 / -1 (-1 if any push failed). */
-int ctl_notify_many(ctl_t *c, const long *procs, int n, const char *list, long value);
+int ctl_notify_many(ctl_t *c, const long *procs, int n, ctl_key list, long value);
 
 /* A pipeline: the commands appended between ctl_batch_begin and ctl_batch_end go out together
  * and their replies are read by ctl_batch_end: one round trip. Redis runs them in order, so
@@ -240,7 +260,7 @@ int ctl_batch_begin_atomic(ctl_t *c);
 void ctl_batch_set(ctl_t *c, const char *suffix, const char *value);
 void ctl_batch_rank_owner(ctl_t *c, int rank, long proc_id);
 void ctl_batch_epoch(ctl_t *c, long epoch);
-void ctl_batch_notify(ctl_t *c, long proc_id, const char *list, long value);
+void ctl_batch_notify(ctl_t *c, long proc_id, ctl_key list, long value);
 void ctl_batch_spare_remove(ctl_t *c, long proc_id);
 /* RPUSH value onto the list named by a whole key (ctl_key_full), which expires in ttl_s. */
 void ctl_batch_push_key(ctl_t *c, const char *key, const char *value, int ttl_s);
@@ -271,7 +291,8 @@ int ctl_alive(ctl_t *c, long proc_id);
 long ctl_epoch(ctl_t *c);
 long ctl_epoch_incr(ctl_t *c);
 
-/* Job state string (dp:{job}:state): "running", "stopping", "done", "failed". 0 / -1. */
+/* Job state string (dp:{job}:state): "running", "stopping", "done", "failed" (protocol.h's
+ * job_state names; ctl_state_set refuses another, ctl_state_get reads one as an error). 0 / -1. */
 int ctl_state_set(ctl_t *c, const char *state);
 int ctl_state_get(ctl_t *c, char *state, size_t len);
 
@@ -280,9 +301,9 @@ int ctl_push_event(ctl_t *c, const char *json);
 int ctl_push_metric(ctl_t *c, const char *json);
 /* A typed report (recovery.h: report_format's text) for the coordinator. */
 int ctl_push_report(ctl_t *c, const char *text);
-/* Pops up to max items from the list ("events" or "metrics") in order, calling fn for each.
- * Returns the number popped, -1 on error. */
-int ctl_drain(ctl_t *c, const char *list, int max, void (*fn)(const char *json, void *arg), void *arg);
+/* Pops up to max items from the list (KEY_EVENTS, KEY_METRICS or KEY_REPORTS) in order,
+ * calling fn for each. Returns the number popped, -1 on error (also for another key). */
+int ctl_drain(ctl_t *c, ctl_key list, int max, void (*fn)(const char *json, void *arg), void *arg);
 
 /* Deletes every key of the job (used by the launcher at the end). 0 / -1. */
 int ctl_job_delete(ctl_t *c);

@@ -1,6 +1,7 @@
 /* coordinator.c — detection, decisions, and the no-spare fallback. */
 #include "coordinator.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "config.h"
 #include "decide.h"
 #include "events.h"
+#include "protocol.h"
 #include "recovery.h"
 #include "runtime.h"
 #include "util.h"
@@ -125,7 +127,10 @@ int coord_take_over(Coordinator *c) {
      * them. They get one detect timeout to beat again, as after an outage (check_liveness). */
     if (ctl_replicated(c->ctl)) c->decide_after = now_ms() + c->cfg->detect_timeout_ms;
     char key[32], last[32];
-    if (ctl_get(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last, sizeof last) == 0) c->last_step = atoi(last);
+    long long ls;
+    if (ctl_get(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last, sizeof last) == 0 &&
+        proto_int_parse(last, "last_step", 0, INT_MAX, &ls, NULL, 0) == 0)
+        c->last_step = (int)ls;
     log_msg("coordinating job %s from epoch %ld (restore point step %lld%s)", ctl_job(c->ctl), e, c->rollback + 1,
             c->fenced ? ", closed: its decision is due" : "");
     return 0;
@@ -157,7 +162,9 @@ static void member_facts(Coordinator *c, const long *procs, int n, pid_t *pids, 
         return;
     }
     for (int i = 0; i < n; i++) {
-        if (!strcmp(v[3 * i], c->my_node)) pids[i] = (pid_t)atoi(v[3 * i + 1]);
+        long long pid;
+        if (!strcmp(v[3 * i], c->my_node) && proto_int_parse(v[3 * i + 1], "pid", 1, INT_MAX, &pid, NULL, 0) == 0)
+            pids[i] = (pid_t)pid;
         if (nodes) snprintf(nodes[i], NODE_ID_MAX, "%.*s", NODE_ID_MAX - 1, v[3 * i]);
         if (endpoints) snprintf(endpoints[i], ENDPOINT_MAX, "%s", v[3 * i + 2]);
     }
@@ -203,13 +210,13 @@ static int pending_has(const Coordinator *c, int rank) {
  * itself stopped for a while), total_ms counts from the fault. Otherwise a crash is dated at
  * its detection and a silence at the heartbeat's last sign of life. */
 static int64_t failure_time(Coordinator *c, int rank, const char *kind, int64_t detected) {
-    char last[128], k[16], key[32];
-    int r;
-    long long t;
+    char last[128], key[32], err[256];
+    FaultRecord f;
     ctl_key_suffix(key, sizeof key, KEY_FAULT_LAST, rank, 0);
-    if (ctl_take(c->ctl, key, last, sizeof last) == 0 && sscanf(last, "%15[a-z]:%d:%lld", k, &r, &t) == 3 && r == rank &&
-        t <= detected)
-        return t;
+    if (ctl_take(c->ctl, key, last, sizeof last) == 0) {
+        if (fault_record_parse(last, &f, err, sizeof err) != 0) log_msg("rank %d: %s", rank, err);
+        else if (f.rank == rank && f.wall_ms <= detected) return f.wall_ms;
+    }
     if (!strcmp(kind, "crash")) return detected;
     return detected - c->cfg->detect_timeout_ms;
 }
@@ -344,11 +351,20 @@ static void silent_members(Coordinator *c, const int *alive) {
     }
     if (ctl_get_many(c->ctl, kp, world, how[0], sizeof how[0], NULL) != 0)
         for (int r = 0; r < world; r++) how[r][0] = 0;
+    ExitRecord *ex = malloc(sizeof *ex * (size_t)world);
+    if (!ex) goto out;
+    for (int r = 0; r < world; r++) { /* "" (no record) or malformed: nothing known of how it ended */
+        char err[256];
+        if (!how[r][0] || exit_record_parse(how[r], &ex[r], err, sizeof err) != 0) {
+            if (how[r][0]) log_msg("rank %d: %s", r, err);
+            ex[r] = (ExitRecord){.how = EXITED_HOWS, .wall_ms = 0};
+        }
+    }
     for (int r = 0; r < world; r++) {
         node[r] = -1;
         if (alive[r] || c->departed[r] || pending_has(c, r)) continue;
-        if (!strncmp(how[r], "departed", 8)) { c->departed[r] = 1; continue; }
-        if (!strncmp(how[r], "bad_job", 7)) {
+        if (ex[r].how == EXITED_DEPARTED) { c->departed[r] = 1; continue; }
+        if (ex[r].how == EXITED_BAD_JOB) {
             snprintf(c->message, sizeof c->message, "rank %d's process stopped on a bad job (its machine's log says why)", r);
             c->unrestorable = 1;
         }
@@ -383,12 +399,13 @@ static void silent_members(Coordinator *c, const int *alive) {
     for (int r = 0; r < world; r++) {
         if (c->departed[r] || pending_has(c, r)) continue;
         if (fail[r]) add_failure(c, r, "node");
-        else if (!alive[r]) add_failure(c, r, !strncmp(how[r], "crash", 5) ? "crash" : silent_kind(c->pids[r]));
+        else if (!alive[r]) add_failure(c, r, ex[r].how == EXITED_CRASH ? "crash" : silent_kind(c->pids[r]));
         /* its machine's launcher saw the exit then (a coordinator taking over learns it late) */
-        const char *at = strchr(how[r], ':');
         Pending *p = c->npending ? &c->pending[c->npending - 1] : NULL;
-        if (at && p && p->rank == r && atoll(at + 1) > 0 && atoll(at + 1) < p->t_fail_ms) p->t_fail_ms = atoll(at + 1);
+        if (ex[r].how != EXITED_HOWS && p && p->rank == r && ex[r].wall_ms > 0 && ex[r].wall_ms < p->t_fail_ms)
+            p->t_fail_ms = ex[r].wall_ms;
     }
+    free(ex);
 out:
     free(node);
     free(fail);
@@ -602,15 +619,19 @@ static long long held_by_holders(Coordinator *c, int rank) {
     DecideFailure f = {.rank = rank};
     gather_holders(c, &f);
     long long min = -1;
-    for (int h = 0; h < f.nholders; h++) {
-        char held[4096];
-        if (!f.holder_alive[h] || ctl_proc_get(c->ctl, f.holder_proc[h], "held", held, sizeof held) != 0) continue;
-        for (char *p = held; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
-            int r;
-            long long st, ep;
-            if (sscanf(p, "%d:%lld:%lld", &r, &st, &ep) == 3 && r == rank && ep == c->epoch && (min < 0 || st < min)) min = st;
-        }
+    char *held = malloc(HELD_TEXT_MAX(DP_MAX_RANKS));
+    HeldGen *g = malloc(sizeof *g * DP_MAX_RANKS);
+    for (int h = 0; held && g && h < f.nholders; h++) {
+        char err[256];
+        if (!f.holder_alive[h] || ctl_proc_get(c->ctl, f.holder_proc[h], "held", held, HELD_TEXT_MAX(DP_MAX_RANKS)) != 0)
+            continue;
+        int n = held_parse(held, g, DP_MAX_RANKS, err, sizeof err);
+        if (n < 0) log_msg("process %ld: %s", f.holder_proc[h], err);
+        for (int i = 0; i < n; i++)
+            if (g[i].rank == rank && g[i].epoch == c->epoch && (min < 0 || g[i].step < min)) min = g[i].step;
     }
+    free(held);
+    free(g);
     return min;
 }
 
@@ -686,7 +707,7 @@ static void decide(Coordinator *c, Decision *d) {
     unsigned long long rtt = c->rtt_failure;
     c->rtt_counting = 0;
     char last[32], key[32];
-    snprintf(last, sizeof last, "%d", c->last_step);
+    proto_int_format(c->last_step, last, sizeof last);
     if (ctl_batch_begin(c->ctl) == 0) {
         ctl_batch_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last);
         for (int i = 0; i < d->nfailed; i++) ctl_batch_spare_remove(c->ctl, d->failed[i].spare_proc);
@@ -745,7 +766,7 @@ static void close_epoch(Coordinator *c) {
     if (ctl_batch_begin(c->ctl) == 0) {
         char prefix[256], wake[300];
         ctl_batch_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_FENCED, c->epoch, 0), "1");
-        for (int r = 0; r < c->cfg->workers; r++) ctl_batch_notify(c->ctl, c->procs[r], "abort", c->epoch + 1);
+        for (int r = 0; r < c->cfg->workers; r++) ctl_batch_notify(c->ctl, c->procs[r], KEY_ABORT, c->epoch + 1);
         ctl_key_full(c->ctl, prefix, sizeof prefix, KEY_GLOO, c->epoch, 0);
         for (int r = 0; r < c->cfg->workers; r++) {
             comm_wake_key(prefix, r, wake, sizeof wake);
@@ -758,7 +779,7 @@ static void close_epoch(Coordinator *c) {
         /* Redis trouble: the fence alone is what makes the epoch closed; try it on its own. */
         log_msg("closing epoch %ld: %s", c->epoch, ctl_last_error(c->ctl));
         if (fence_epoch(c->ctl, c->epoch) != 0 && ctl_error_transient(c->ctl)) return; /* not closed: tried again */
-        ctl_notify_many(c->ctl, c->procs, c->cfg->workers, "abort", c->epoch + 1);
+        ctl_notify_many(c->ctl, c->procs, c->cfg->workers, KEY_ABORT, c->epoch + 1);
     }
     c->fenced = 1;
 }
@@ -767,15 +788,20 @@ static void close_epoch(Coordinator *c) {
  * lost even if no spare ever comes. Members write their own states; the lowest surviving
  * rank also writes each failed rank's state, fetched from its replica holders. */
 static void persist_for_fallback(Coordinator *c, long long g) {
-    char req[64 + 8 * MAX_PENDING], key[64];
-    int writer = -1;
-    for (int r = 0; r < c->cfg->workers && writer < 0; r++)
-        if (!pending_has(c, r)) writer = r;
-    size_t used = (size_t)snprintf(req, sizeof req, "%ld:%lld:%d:", c->epoch, g, writer);
-    for (int i = 0; i < c->npending && used < sizeof req; i++)
-        used += (size_t)snprintf(req + used, sizeof req - used, "%s%d", i ? "," : "", c->pending[i].rank);
-    ctl_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_PERSIST_REQ, 0, 0), req);
-    ctl_notify_many(c->ctl, c->procs, c->cfg->workers, "notice", -1);
+    char *req = malloc(PERSIST_REQ_TEXT_MAX), key[64];
+    PersistRequest *p = calloc(1, sizeof *p);
+    if (!req || !p) { free(req); free(p); return; }
+    p->epoch = c->epoch;
+    p->step = g;
+    p->writer = -1;
+    for (int r = 0; r < c->cfg->workers && p->writer < 0; r++)
+        if (!pending_has(c, r)) p->writer = r;
+    for (int i = 0; i < c->npending && i < DP_MAX_RANKS; i++) p->failed[p->nfailed++] = c->pending[i].rank;
+    if (persist_request_format(p, req, PERSIST_REQ_TEXT_MAX) == 0) ctl_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_PERSIST_REQ, 0, 0), req);
+    else log_msg("the persist request of step %lld cannot be written (a step < 0?)", g + 1);
+    free(req);
+    free(p);
+    ctl_notify_many(c->ctl, c->procs, c->cfg->workers, KEY_NOTICE, -1);
 }
 
 long long coord_persist_on_stop(Coordinator *c) {

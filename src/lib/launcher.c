@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include "inject.h"
 #include "metrics_http.h"
 #include "netns.h"
+#include "protocol.h"
 #include "recovery.h"
 #include "replica.h"
 #include "runtime.h"
@@ -251,10 +253,13 @@ static int launcher_ttl_ms(const JobConfig *cfg) {
 static void launcher_beat(Launcher *L) {
     double now = now_ms();
     if (L->beat_ms && now - L->beat_ms < LAUNCHER_BEAT_MS) return;
-    char who[300], host[256] = "";
-    gethostname(host, sizeof host - 1);
-    snprintf(who, sizeof who, "%s %d", host, (int)getpid());
-    if (ctl_launcher_beat(L->ctl, who, launcher_ttl_ms(L->cfg)) == 0) L->beat_ms = now;
+    char who[LAUNCHER_ID_TEXT_MAX];
+    LauncherId me = {.pid = (int)getpid()};
+    gethostname(me.host, sizeof me.host - 1);
+    for (char *h = me.host; *h; h++) /* a host name has none; the format refuses them */
+        if ((unsigned char)*h <= ' ' || *h == 0x7f) *h = '_';
+    if (launcher_id_format(&me, who, sizeof who) == 0 && ctl_launcher_beat(L->ctl, who, launcher_ttl_ms(L->cfg)) == 0)
+        L->beat_ms = now;
 }
 
 /* KEY_NODE_ALIVE lives a sixteenth of the detect timeout (node_alive_ttl_ms) and is renewed
@@ -291,7 +296,7 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     char text[JOB_CONFIG_TEXT_MAX], t0[32];
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) { snprintf(err, errlen, "job config too large"); return -1; }
     if (!L->t0_wall_ms) L->t0_wall_ms = wall_ms();
-    snprintf(t0, sizeof t0, "%lld", (long long)L->t0_wall_ms);
+    proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
     /* The replica channel's secret: fresh for every incarnation, kept only in the job's Redis
      * hash (beside, never inside, the "config" text that checkpoints copy to disk). */
     /* The launcher key first: a janitor of another job must never see our config without it. */
@@ -764,9 +769,10 @@ static void on_report(const char *text, void *arg) {
  * every process republish theirs. */
 static void republish_job(Launcher *L) {
     if (!L->coordinating || !L->secret[0]) return;
-    char text[JOB_CONFIG_TEXT_MAX], t0[32];
+    char text[JOB_CONFIG_TEXT_MAX], t0[32], procs[32];
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) return;
-    snprintf(t0, sizeof t0, "%lld", (long long)L->t0_wall_ms);
+    proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
+    ctl_key_suffix(procs, sizeof procs, KEY_PROCS, 0, 0);
     L->beat_ms = 0;
     launcher_beat(L);
     long long max_proc = 0;
@@ -774,7 +780,7 @@ static void republish_job(Launcher *L) {
         if (L->children[i].proc > max_proc) max_proc = L->children[i].proc;
     int ok = L->beat_ms && ctl_config_set(L->ctl, "secret", L->secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
              ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0 &&
-             ctl_counter_at_least(L->ctl, "procs", max_proc + 1000) == 0; /* spares joined by hand drew ids too */
+             ctl_counter_at_least(L->ctl, procs, max_proc + 1000) == 0; /* spares joined by hand drew ids too */
     ctl_wait_replica(L->ctl, 1000);
     log_msg("the control plane answers again: the job's keys are %s", ok ? "republished" : "not all republished (tried again)");
     if (!ok) L->redis_failing_since = L->redis_failing_since ? L->redis_failing_since : now_ms();
@@ -789,9 +795,9 @@ static void control_plane_lost(Launcher *L, const char *why) {
 static void drain_outputs(Launcher *L) {
     int n;
     if (!L->coordinating) return; /* the job's lists are the coordinating machine's to drain */
-    while ((n = ctl_drain(L->ctl, "reports", 256, on_report, L)) > 0) {
+    while ((n = ctl_drain(L->ctl, KEY_REPORTS, 256, on_report, L)) > 0) {
     }
-    while (n >= 0 && (n = ctl_drain(L->ctl, "events", 256, on_event, L)) > 0) {
+    while (n >= 0 && (n = ctl_drain(L->ctl, KEY_EVENTS, 256, on_event, L)) > 0) {
     }
     /* Redis unreachable: training goes on (it needs Redis only to handle a failure). A failure
      * meanwhile waits --control-wait for it; after that the control plane is lost: the workers
@@ -815,7 +821,7 @@ static void drain_outputs(Launcher *L) {
         L->redis_failing_since = 0;
         republish_job(L);
     }
-    while (ctl_drain(L->ctl, "metrics", 256, on_metric, L) > 0) {
+    while (ctl_drain(L->ctl, KEY_METRICS, 256, on_metric, L) > 0) {
     }
     fflush(L->metrics);
     publish_live(L);
@@ -838,12 +844,13 @@ static void describe_exit(int status, char *out, size_t len) {
  * classification as the coordinator's own (coord_child_exited). */
 static void report_exit(Launcher *L, const Child *c) {
     int code = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : -1;
-    const char *how = code == DP_EXIT_BAD_JOB ? "bad_job"
-                      : code == DP_EXIT_DONE || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT ? "departed"
-                      : "crash";
-    char what[48];
-    snprintf(what, sizeof what, "%s:%lld", how, (long long)wall_ms());
-    if (ctl_exit_report(L->ctl, c->proc, what) != 0) log_msg("reporting process %d's exit: %s", (int)c->pid, ctl_last_error(L->ctl));
+    ExitRecord e = {.how = code == DP_EXIT_BAD_JOB ? EXITED_BAD_JOB
+                           : code == DP_EXIT_DONE || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT ? EXITED_DEPARTED
+                           : EXITED_CRASH,
+                    .wall_ms = wall_ms()};
+    char what[EXIT_RECORD_TEXT_MAX];
+    if (exit_record_format(&e, what, sizeof what) != 0 || ctl_exit_report(L->ctl, c->proc, what) != 0)
+        log_msg("reporting process %d's exit: %s", (int)c->pid, ctl_last_error(L->ctl));
 }
 
 /* Reaps exited children and tells the coordinator. Returns the number still running. */
@@ -1078,9 +1085,11 @@ static void keep_on_stop(Launcher *L) {
     double deadline = now_ms() + 30000;
     while (!stop_signal && now_ms() < deadline && L->coordinating) {
         char k[64], done[32];
+        long long complete;
         if (L->cfg->nnodes == 0 ? checkpoint_latest(L->run_cfg.out, err, sizeof err) >= g
                                 : ctl_get(L->ctl, ctl_key_suffix(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
-                                      atoll(done) >= g) {
+                                      proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &complete, NULL, 0) == 0 &&
+                                      complete >= g) {
             char cmd[9000];
             log_msg("step %lld is on disk: continue with `%s`", g + 1,
                     job_config_resume_command(&L->run_cfg, cmd, sizeof cmd));
@@ -1289,7 +1298,9 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
     }
     L->run_cfg.resume_step = job.resume_step;
     if (ctl_config_get(L->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job '%s' has no start time", L->job); return -1; }
-    L->t0_wall_ms = strtoll(t0, NULL, 10);
+    long long t0v;
+    if (proto_int_parse(t0, "config t0_ms", 0, LLONG_MAX, &t0v, err, errlen) != 0) return -1;
+    L->t0_wall_ms = t0v;
     return 0;
 }
 
@@ -1305,7 +1316,7 @@ static int publish_inventory(Launcher *L, char *err, size_t errlen) {
                  "ones", L->cfg->resume, INVENTORY_MAX);
         return -1;
     }
-    snprintf(idx, sizeof idx, "%d", L->node_index);
+    proto_int_format(L->node_index, idx, sizeof idx);
     if (ctl_hash_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_INVENTORY, 0, 0), idx, inv) != 0) {
         snprintf(err, errlen, "publishing this machine's checkpoints: %s", ctl_last_error(L->ctl));
         return -1;
@@ -1328,7 +1339,10 @@ static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
     for (;;) {
         n = ctl_hash_getall(L->ctl, key, fields[0], sizeof fields[0], values, INVENTORY_MAX, max);
         int workers_in = 0; /* machines 0..nnodes-1 (spare machines may come too) */
-        for (int i = 0; i < n; i++) workers_in += atoi(fields[i]) < L->cfg->nnodes;
+        for (int i = 0; i < n; i++) {
+            long long m;
+            workers_in += proto_int_parse(fields[i], "inventory machine", 0, INT_MAX, &m, NULL, 0) == 0 && m < L->cfg->nnodes;
+        }
         if (workers_in >= L->cfg->nnodes && !all_at) all_at = now_ms();
         if ((all_at && now_ms() - all_at >= 1000) || now_ms() - t0 > L->cfg->start_timeout_ms || stop_signal) break;
         node_beat(L);
@@ -1385,8 +1399,10 @@ static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
         snap_header_seal(&h);
         replica_status st = replica_put(c, &h, payload, 10000 + (int)(h.length / 20000)); /* >= 20 MB/s */
         free(payload);
-        snprintf(where, sizeof where, "%s:%d", L->bind_addr, replica_server_port(L->shards));
-        if (st != REPLICA_OK || ctl_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_RESUME_HOLDER, r, 0), where) != 0) {
+        Endpoint me = {.port = replica_server_port(L->shards)};
+        snprintf(me.host, sizeof me.host, "%s", L->bind_addr);
+        if (endpoint_format(&me, where, sizeof where) != 0) snprintf(where, sizeof where, "%s", "");
+        if (st != REPLICA_OK || !where[0] || ctl_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_RESUME_HOLDER, r, 0), where) != 0) {
             log_msg("--resume: cannot offer rank %d's state: %s", r, st != REPLICA_OK ? replica_status_str(st) : ctl_last_error(L->ctl));
             continue;
         }

@@ -191,12 +191,12 @@ int decision_publish(ctl_t *c, const Decision *d, const char *fence) {
     /* Under Sentinel, members act on the decision only once a replica has it: a failover
      * right after it cannot lose an epoch they already joined. */
     int replicated = ctl_replicated(c);
-    for (int r = 0; r < d->world && !replicated; r++) ctl_batch_notify(c, d->procs[r], "notice", d->epoch);
+    for (int r = 0; r < d->world && !replicated; r++) ctl_batch_notify(c, d->procs[r], KEY_NOTICE, d->epoch);
     int rc = ctl_batch_end(c);
     free(text);
     if (rc == 0 && replicated) {
         if (ctl_wait_replica(c, 1000) != 0) log_msg("the decision of epoch %ld is not on a replica yet", d->epoch);
-        rc = ctl_notify_many(c, d->procs, d->world, "notice", d->epoch);
+        rc = ctl_notify_many(c, d->procs, d->world, KEY_NOTICE, d->epoch);
     }
     return rc;
 }

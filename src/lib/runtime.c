@@ -28,6 +28,7 @@
 #include "inject.h"
 #include "lifecycle.h"
 #include "netns.h"
+#include "protocol.h"
 #include "recovery.h"
 #include "replica.h"
 #include "rng.h"
@@ -340,22 +341,23 @@ static int republish(dp_t *dp, ctl_t *c) {
         size_t gb = dp->gen_bytes_pending > dp->gen_bytes_published ? dp->gen_bytes_pending : dp->gen_bytes_published;
         pthread_mutex_unlock(&dp->pub_mu);
         char bytes[32];
-        snprintf(bytes, sizeof bytes, "%zu", gb);
+        proto_int_format((long long)gb, bytes, sizeof bytes);
         if (gb) bad |= ctl_set(c, key(k, sizeof k, KEY_GEN_BYTES, rank, 0), bytes);
     }
     if (atomic_load(&dp->in_pool)) bad |= ctl_spare_add(c, dp->proc_id);
-    size_t cap = (size_t)dp->cfg.workers * 48 + 1, used = 0;
+    size_t cap = HELD_TEXT_MAX(dp->cfg.workers);
     char *held = malloc(cap);
-    if (held) {
-        held[0] = 0;
+    HeldGen *hg = malloc(sizeof *hg * (size_t)dp->cfg.workers);
+    if (held && hg) {
+        int n = 0;
         for (int r = 0; r < dp->cfg.workers; r++) {
             int64_t st, ep;
-            if (r != rank && replica_server_newest(dp->replicas, r, &st, &ep) == 0)
-                used += (size_t)snprintf(held + used, cap - used, "%s%d:%lld:%lld", used ? "," : "", r, (long long)st, (long long)ep);
+            if (r != rank && replica_server_newest(dp->replicas, r, &st, &ep) == 0) hg[n++] = (HeldGen){r, st, ep};
         }
-        bad |= ctl_proc_set(c, dp->proc_id, "held", held);
-        free(held);
+        bad |= held_format(hg, n, held, cap) != 0 ? -1 : ctl_proc_set(c, dp->proc_id, "held", held);
     }
+    free(held);
+    free(hg);
     bad |= mq_flush(dp, c);
     if (!bad) ctl_wait_replica(c, 1000);
     return bad ? -1 : 0;
@@ -371,7 +373,7 @@ static void *abort_watch_loop(void *arg) {
     ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
     if (!c) { log_msg("abort watcher: %s", err); return NULL; }
     while (!atomic_load(&dp->hb_stop)) {
-        long v = ctl_wait_notice(c, dp->proc_id, "abort", 200);
+        long v = ctl_wait_notice(c, dp->proc_id, KEY_ABORT, 200);
         if (v < 0) sleep_ms(100);
         else if (v > 0 && v - 1 >= atomic_load(&dp->cur_epoch)) atomic_store(&dp->abort_step, 1);
     }
@@ -437,7 +439,9 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
     if (resume && *resume) snprintf(dp->cfg.resume, sizeof dp->cfg.resume, "%s", resume);
     char t0[32];
     if (ctl_config_get(dp->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job has no start time"); return -1; }
-    dp->t0_wall_ms = strtoll(t0, NULL, 10);
+    long long t0v;
+    if (proto_int_parse(t0, "config t0_ms", 0, LLONG_MAX, &t0v, err, errlen) != 0) return -1;
+    dp->t0_wall_ms = t0v;
     dp->nfaults = inject_parse(dp->cfg.inject, dp->cfg.workers, dp->faults, INJECT_MAX, err, errlen);
     if (dp->nfaults < 0) return -1;
     if (dp->cfg.resume_step >= 0) {
@@ -500,8 +504,12 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     explicit_bzero(key, sizeof key);
     if (!dp->replicas) return -1;
     char *addr = dp->reg_replica, *host = dp->reg_host, *pid = dp->reg_pid;
-    snprintf(addr, sizeof dp->reg_replica, "%s:%d", dp->bind_host, replica_server_port(dp->replicas));
-    snprintf(pid, sizeof dp->reg_pid, "%d", (int)getpid());
+    Endpoint me = {.port = replica_server_port(dp->replicas)};
+    snprintf(me.host, sizeof me.host, "%s", dp->bind_host);
+    if (endpoint_format(&me, addr, sizeof dp->reg_replica) != 0 || proto_int_format(getpid(), pid, sizeof dp->reg_pid) != 0) {
+        snprintf(err, errlen, "the replica server's address '%s' port %d is not a valid endpoint", me.host, me.port);
+        return -1;
+    }
     gethostname(host, sizeof dp->reg_host - 1);
     for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;) { /* a transient error is retried */
         if (ctl_proc_set(dp->ctl, dp->proc_id, "replica", addr) == 0 && ctl_proc_set(dp->ctl, dp->proc_id, "host", host) == 0 &&
@@ -1003,15 +1011,14 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
         }
         sleep_ms(50);
     }
-    char *colon = strrchr(where, ':');
-    if (!colon) return -1;
-    *colon = 0;
+    Endpoint ep;
+    if (endpoint_parse(where, &ep, err, errlen) != 0) return -1;
     char cerr[256];
-    ReplicaConn *c = replica_connect(where, atoi(colon + 1), 0 /* a launcher */, job_comm_timeout_ms(&dp->cfg) + 5000,
+    ReplicaConn *c = replica_connect(ep.host, ep.port, 0 /* a launcher */, job_comm_timeout_ms(&dp->cfg) + 5000,
                                      0, replica_server_key(dp->replicas), cerr, sizeof cerr);
     if (!c) {
-        snprintf(err, errlen, "rank %d's state of step %lld: not on this machine, and its machine's launcher at %s:%s "
-                 "cannot be reached: %s", rank, (long long)step + 1, where, colon + 1, cerr);
+        snprintf(err, errlen, "rank %d's state of step %lld: not on this machine, and its machine's launcher at %s:%d "
+                 "cannot be reached: %s", rank, (long long)step + 1, ep.host, ep.port, cerr);
         return -1;
     }
     replica_status st = replica_get(c, dp->job, rank, step, h, payload, job_comm_timeout_ms(&dp->cfg) + 5000);
@@ -1019,7 +1026,7 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     if (st == REPLICA_OK && h->step == step) return 0;
     if (st == REPLICA_OK) free(*payload);
     *payload = NULL;
-    snprintf(err, errlen, "rank %d's state of step %lld from %s:%s: %s", rank, (long long)step + 1, where, colon + 1,
+    snprintf(err, errlen, "rank %d's state of step %lld from %s:%d: %s", rank, (long long)step + 1, ep.host, ep.port,
              st == REPLICA_OK ? "another step" : replica_status_str(st));
     return -1;
 }
@@ -1133,8 +1140,11 @@ static void warm_grow_check(dp_t *dp) {
     if (names && values && suffixes) {
         for (int r = 0; r < world; r++) suffixes[r] = key(names[r], sizeof names[r], KEY_GEN_BYTES, r, 0);
         if (ctl_get_many(dp->ctl, suffixes, world, values[0], sizeof values[0], NULL) == 0)
-            for (int r = 0; r < world; r++)
-                if ((size_t)strtoull(values[r], NULL, 10) > want) want = (size_t)strtoull(values[r], NULL, 10);
+            for (int r = 0; r < world; r++) {
+                long long b;
+                if (values[r][0] && proto_int_parse(values[r], "gen_bytes", 0, LLONG_MAX, &b, NULL, 0) == 0 && (size_t)b > want)
+                    want = (size_t)b;
+            }
     }
     free(names);
     free(values);
@@ -1257,8 +1267,7 @@ static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char 
         log_msg("checkpoint of step %lld complete: every rank's state is on its machine's disk (--resume gathers them)",
                 (long long)h->step + 1);
         char done[32];
-        snprintf(done, sizeof done, "%lld", (long long)h->step);
-        ctl_set(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done);
+        if (proto_int_format((long long)h->step, done, sizeof done) == 0) ctl_set(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done);
         event_emit(c, dp->t0_wall_ms, "checkpoint", "\"step\":%lld,\"kind\":\"%s\",\"machines\":true",
                    (long long)h->step + 1, kind);
         return;
@@ -1280,8 +1289,10 @@ static void persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const vo
     }
     count_persisted(dp, c, h, "persist");
     char k[32], done[32];
-    if (dp->cfg.nnodes > 0 && ctl_get(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0)
-        checkpoint_prune_below(dp->cfg.out, atoll(done));
+    long long g;
+    if (dp->cfg.nnodes > 0 && ctl_get(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
+        proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &g, NULL, 0) == 0)
+        checkpoint_prune_below(dp->cfg.out, g);
 }
 
 /* Runs on a snapshot thread: the previous epoch's may still be finishing a generation (its
@@ -1310,7 +1321,7 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
             else failed = dp->own_pending = 1;
         }
         char bytes[32];
-        snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)h->length);
+        proto_int_format((long long)h->length, bytes, sizeof bytes);
         if (!failed && h->length > dp->gen_bytes_published) {
             if (ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
                 dp->gen_bytes_published = h->length; /* what a waiting spare sizes its buffer for */
@@ -1380,14 +1391,16 @@ static int persist_as_stateless(const SnapHeader *h, const void *payload, const 
  * resumed even if none ever comes; the named writer also writes the failed ranks' states
  * from their replicas. Once per request. */
 static void answer_persist_request(dp_t *dp) {
-    char req[64 + 8 * DP_MAX_RANKS], k[32]; /* "epoch:step:writer:rank,rank,..." (coordinator.c) */
-    long e;
-    long long g;
-    int writer, used = 0;
-    if (dp->persist_answered || ctl_get(dp->ctl, key(k, sizeof k, KEY_PERSIST_REQ, 0, 0), req, sizeof req) != 0 ||
-        sscanf(req, "%ld:%lld:%d:%n", &e, &g, &writer, &used) < 3 || used == 0 || e != dp->epoch || g < 0)
+    char req[PERSIST_REQ_TEXT_MAX], k[32], err[256];
+    PersistRequest pr;
+    if (dp->persist_answered || ctl_get(dp->ctl, key(k, sizeof k, KEY_PERSIST_REQ, 0, 0), req, sizeof req) != 0) return;
+    if (persist_request_parse(req, &pr, err, sizeof err) != 0) {
+        log_msg("ignoring the persist request: %s", err);
         return;
-    char *failed = req + used;
+    }
+    if (pr.epoch != dp->epoch) return;
+    long long g = pr.step;
+    int writer = pr.writer;
     dp->persist_answered = 1;
     SnapHeader h;
     void *payload = NULL;
@@ -1398,8 +1411,8 @@ static void answer_persist_request(dp_t *dp) {
     persist_generation(dp, dp->ctl, &h, payload);
     free(payload);
     if (writer != dp->rank) return;
-    for (char *tok = strtok(failed, ","); tok; tok = strtok(NULL, ",")) {
-        int rank = atoi(tok);
+    for (int i = 0; i < pr.nfailed; i++) {
+        int rank = pr.failed[i];
         payload = NULL;
         if (fetch_from_holders(dp, rank, g, dp->epoch, &h, &payload) != 0) {
             StatelessPersist sp = {dp, rank, -1};
@@ -1452,13 +1465,12 @@ static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
     if (m > 0 && (!v || ctl_proc_get_many(dp->ctl, missing, m, fields, 2, v[0], sizeof v[0]) != 0)) rc = -1;
     for (int j = 0; j < m && rc == 0; j++) {
         ProcFacts *f = &out[where[j]];
-        char *colon = strrchr(v[2 * j], ':');
-        if (!colon) continue; /* not registered (yet) */
-        *colon = 0;
+        Endpoint ep;
+        if (endpoint_parse(v[2 * j], &ep, NULL, 0) != 0) continue; /* not registered (yet) */
         f->proc = missing[j];
         f->h.proc = missing[j];
-        snprintf(f->h.host, sizeof f->h.host, "%.255s", v[2 * j]);
-        f->h.port = atoi(colon + 1);
+        snprintf(f->h.host, sizeof f->h.host, "%s", ep.host);
+        f->h.port = ep.port;
         snprintf(f->node, sizeof f->node, "%.127s", v[2 * j + 1]);
         if (proc_facts_cache.n == proc_facts_cache.cap) {
             int cap = proc_facts_cache.cap ? 2 * proc_facts_cache.cap : 64;
@@ -1628,10 +1640,12 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
 /* --- fault injection ----------------------------------------------------------------- */
 
 static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
-    char value[128], k[32];
+    char value[FAULT_RECORD_TEXT_MAX], k[32];
     const char *name = fault_kind_name(kind == FAULT_RKILL ? FAULT_KILL : kind);
-    snprintf(value, sizeof value, "%s:%d:%lld", name, dp->rank, (long long)wall_ms());
-    ctl_set(dp->ctl, key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
+    FaultRecord fr = {.rank = dp->rank, .wall_ms = wall_ms()};
+    snprintf(fr.kind, sizeof fr.kind, "%s", name);
+    if (fault_record_format(&fr, value, sizeof value) == 0)
+        ctl_set(dp->ctl, key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
     event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"%s\",\"rank\":%d,\"step\":%lld,\"pid\":%d", name,
                dp->rank, step + 1, (int)getpid());
     log_msg("injecting %s at step %lld", name, step + 1);
@@ -1722,12 +1736,13 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
         return -1;
     }
     if (dp->epoch > 0) { /* what this join cost, for the `recovered` event (report_recovery) */
-        char k[64], v[160];
+        char k[64], v[JOIN_STATS_TEXT_MAX];
         double wait, connect;
         comm_rendezvous_ms(dp->comm, &wait, &connect);
-        snprintf(v, sizeof v, "%llu %lu %.3f %.3f %.3f %.3f %lld", ctl_round_trips_since_mark(dp->ctl) + 1,
-                 comm_store_round_trips(dp->comm), t1 - t0, now_ms() - t1, wait, connect, (long long)entered);
-        ctl_set(dp->ctl, key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
+        JoinStats js = {.ctl_round_trips = (long long)ctl_round_trips_since_mark(dp->ctl) + 1,
+                        .store_round_trips = (long long)comm_store_round_trips(dp->comm), .rendezvous_ms = t1 - t0,
+                        .barrier_ms = now_ms() - t1, .wait_ms = wait, .connect_ms = connect, .entered_wall_ms = entered};
+        if (join_stats_format(&js, v, sizeof v) == 0) ctl_set(dp->ctl, key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
     }
     return 0;
 }
@@ -1779,10 +1794,10 @@ static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen
             snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n, dp->snap_locals, dp->nlocals);
         }
     }
-    char k[64], value[128];
-    snprintf(value, sizeof value, "%.3f %.3f %.3f %lld %d", t1 - t0, t2 - t1, now_ms() - t2, (long long)wall_ms(),
-             dp->restore_cold == 0);
-    ctl_set(dp->ctl, key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
+    char k[64], value[JOIN_TIMING_TEXT_MAX];
+    JoinTiming jt = {.restore_ms = t1 - t0, .rebuild_ms = t2 - t1, .resnapshot_ms = now_ms() - t2,
+                     .resumed_wall_ms = wall_ms(), .warm = dp->restore_cold == 0};
+    if (join_timing_format(&jt, value, sizeof value) == 0) ctl_set(dp->ctl, key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
     dp->step_t0 = now_ms();
     return LC_IN_JOINED;
 }
@@ -1812,7 +1827,7 @@ static long wait_for_decision(dp_t *dp, int timeout_ms) {
         if (e < 0) note_failure(dp, dp->ctl);
         if (e > dp->epoch) return e;
         if (dp->rank >= 0) answer_persist_request(dp);
-        if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* Redis unreachable */
+        if (ctl_wait_notice(dp->ctl, dp->proc_id, KEY_NOTICE, 100) < 0) sleep_ms(100); /* Redis unreachable */
     }
     return -1;
 }
@@ -1929,7 +1944,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     int rejoin = 0;
     int launcher_gone = 0;
     while (!atomic_load(&dp->job_over) && !atomic_load(&dp->control_lost)) {
-        if (ctl_wait_notice(dp->ctl, dp->proc_id, "notice", 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
+        if (ctl_wait_notice(dp->ctl, dp->proc_id, KEY_NOTICE, 100) < 0) sleep_ms(100); /* redis unreachable: no spin */
         /* With a shared Redis, a launcher killed with -9 leaves the job's keys (and us) behind.
          * Its key expired and stayed away for --spare-wait: a launcher merely stopped for a
          * while gets that long to come back (the job waits as long for a spare). */
@@ -2113,30 +2128,33 @@ static void report_recovery(dp_t *dp) {
     suffixes[2 * world] = key(names[2 * world], sizeof names[2 * world], KEY_LAST_STEP, 0, 0);
     if (ctl_get_many(dp->ctl, suffixes, nk, values[0], sizeof values[0], NULL) != 0)
         for (int i = 0; i < nk; i++) values[i][0] = 0;
-    for (int r = 0; r < world; r++) {
-        double a, b, c;
-        long long w;
-        unsigned long long rc, rs;
-        if (sscanf(values[r], "%lf %lf %lf %lld %d", &a, &b, &c, &w, &warm[r]) >= 4) {
-            if (a > restore) restore = a;
-            if (b > rebuild) rebuild = b;
-            if (c > resnap) resnap = c;
-            if (w > resumed) resumed = w;
+    for (int r = 0; r < world; r++) { /* an absent record ("") is a member that wrote none: skipped */
+        JoinTiming t;
+        JoinStats s;
+        char err[256];
+        if (values[r][0] && join_timing_parse(values[r], &t, err, sizeof err) != 0) log_msg("rank %d: %s", r, err);
+        else if (values[r][0]) {
+            warm[r] = t.warm;
+            if (t.restore_ms > restore) restore = t.restore_ms;
+            if (t.rebuild_ms > rebuild) rebuild = t.rebuild_ms;
+            if (t.resnapshot_ms > resnap) resnap = t.resnapshot_ms;
+            if (t.resumed_wall_ms > resumed) resumed = t.resumed_wall_ms;
         }
-        double x, y;
-        if (sscanf(values[world + r], "%llu %llu %lf %lf %lf %lf %lld", &rc, &rs, &a, &b, &x, &y, &w) == 7) {
-            if (rc + rs > rtt_max) rtt_max = rc + rs;
-            rtt_total += rc + rs;
-            if (a > rendezvous) rendezvous = a;
-            if (b > barrier) barrier = b;
-            if (x > rwait) rwait = x;
-            if (y > rconnect) rconnect = y;
-            if (!first_in || w < first_in) first_in = w;
-            if (w > last_in) last_in = w;
+        if (values[world + r][0] && join_stats_parse(values[world + r], &s, err, sizeof err) != 0) log_msg("rank %d: %s", r, err);
+        else if (values[world + r][0]) {
+            unsigned long long rtt = (unsigned long long)s.ctl_round_trips + (unsigned long long)s.store_round_trips;
+            if (rtt > rtt_max) rtt_max = rtt;
+            rtt_total += rtt;
+            if (s.rendezvous_ms > rendezvous) rendezvous = s.rendezvous_ms;
+            if (s.barrier_ms > barrier) barrier = s.barrier_ms;
+            if (s.wait_ms > rwait) rwait = s.wait_ms;
+            if (s.connect_ms > rconnect) rconnect = s.connect_ms;
+            if (!first_in || s.entered_wall_ms < first_in) first_in = s.entered_wall_ms;
+            if (s.entered_wall_ms > last_in) last_in = s.entered_wall_ms;
         }
     }
-    char last[32];
-    snprintf(last, sizeof last, "%s", values[2 * world][0] ? values[2 * world] : "0");
+    long long last = 0;
+    if (values[2 * world][0] && proto_int_parse(values[2 * world], "last_step", 0, LLONG_MAX, &last, NULL, 0) != 0) last = 0;
     free(names);
     free(values);
     free(suffixes);
@@ -2153,7 +2171,7 @@ static void report_recovery(dp_t *dp) {
                    "\"restore_warm\":%s",
                    dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
                    (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
-                   rebuild, resnap, total, first_step, atoll(last) - (d->rollback + 1), world, rendezvous, rwait,
+                   rebuild, resnap, total, first_step, last - (d->rollback + 1), world, rendezvous, rwait,
                    rconnect, last_in - first_in, last_in ? last_in - (long long)d->t_decide_ms : 0, barrier, rtt_max,
                    rtt_total, (long long)d->t_fail_ms, resumed, warm[d->failed[i].rank] ? "true" : "false");
     }

@@ -16,6 +16,7 @@
 #include "generation.h"
 #include "model.h"
 #include "modelfile.h"
+#include "protocol.h"
 #include "recovery.h"
 #include "comm_auth.h"
 #include "replica.h"
@@ -172,6 +173,47 @@ static void decisions(void) {
     rep = (Report){.kind = REPORT_COMM_FAILURE, .epoch = 1, .rank = 0, .step = 40, .t_wall_ms = 1, .text = "peer closed"};
     if (report_format(&rep, text, sizeof text) != 0) die("report", "format");
     put("decision", "report_comm_failure", text, strlen(text));
+}
+
+/* The control plane's values (fuzz_protocol), each as its writer formats it. */
+static void protocols(void) {
+    static char text[PERSIST_REQ_TEXT_MAX];
+    static PersistRequest pr;
+    FaultRecord f = {.kind = "kill", .rank = 3, .wall_ms = 1764590000125};
+    if (fault_record_format(&f, text, sizeof text) != 0) die("fault record", "format");
+    put("protocol", "fault_record", text, strlen(text));
+    pr.epoch = 2;
+    pr.step = 17;
+    pr.writer = 0;
+    pr.nfailed = 2;
+    pr.failed[0] = 3;
+    pr.failed[1] = 1;
+    if (persist_request_format(&pr, text, sizeof text) != 0) die("persist request", "format");
+    put("protocol", "persist_request", text, strlen(text));
+    JoinTiming t = {.restore_ms = 12.25, .rebuild_ms = 3, .resnapshot_ms = 0.125, .resumed_wall_ms = 1764590000125, .warm = 1};
+    if (join_timing_format(&t, text, sizeof text) != 0) die("join timing", "format");
+    put("protocol", "join_timing", text, strlen(text));
+    JoinStats js = {.ctl_round_trips = 4, .store_round_trips = 3, .rendezvous_ms = 20.5, .barrier_ms = 1.25, .wait_ms = 10,
+                    .connect_ms = 2.5, .entered_wall_ms = 1764590000100};
+    if (join_stats_format(&js, text, sizeof text) != 0) die("join stats", "format");
+    put("protocol", "join_stats", text, strlen(text));
+    ExitRecord e = {.how = EXITED_DEPARTED, .wall_ms = 1764590000125};
+    if (exit_record_format(&e, text, sizeof text) != 0) die("exit record", "format");
+    put("protocol", "exit_record", text, strlen(text));
+    LauncherId l = {.host = "node-1", .pid = 4242};
+    if (launcher_id_format(&l, text, sizeof text) != 0) die("launcher id", "format");
+    put("protocol", "launcher_id", text, strlen(text));
+    LeaseValue lv = {.holder = "machine0", .token = 3};
+    if (lease_value_format(&lv, text, sizeof text) != 0) die("lease", "format");
+    put("protocol", "lease", text, strlen(text));
+    Endpoint ep = {.host = "127.0.0.1", .port = 40000};
+    if (endpoint_format(&ep, text, sizeof text) != 0) die("endpoint", "format");
+    put("protocol", "endpoint", text, strlen(text));
+    HeldGen h[2] = {{0, 17, 2}, {3, -1, 2}};
+    if (held_format(h, 2, text, sizeof text) != 0) die("held", "format");
+    put("protocol", "held", text, strlen(text));
+    put("protocol", "state", "stopping", 8);
+    put("protocol", "integer", "-3", 2);
 }
 
 /* Replica streams: flags byte (fuzz_replica.c), then requests. */
@@ -370,6 +412,7 @@ int main(int argc, char **argv) {
     datafiles(tmp);
     checkpoints(tmp);
     decisions();
+    protocols();
     replica_streams();
     comm_streams();
     replica_handshakes();

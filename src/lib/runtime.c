@@ -1929,6 +1929,10 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
  * that names it. */
 static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     warm_restore_buffer(dp); /* before entering the pool: a decision may name us at once */
+    /* The epoch before entering the pool: a decision that names us can only come after it,
+     * and may come before the next line runs (a failure waiting for a spare is decided the
+     * moment one joins): read after, it would be taken as already seen. */
+    long seen = ctl_epoch(dp->ctl);
     for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg); ctl_spare_add(dp->ctl, dp->proc_id) != 0;)
         if (!retry_transient(dp->ctl, deadline)) {
             snprintf(err, errlen, "cannot join the spare pool: %s", ctl_last_error(dp->ctl));
@@ -1938,7 +1942,6 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
     atomic_store(&dp->in_pool, 1);
     ctl_wait_replica(dp->ctl, 1000);
     event_emit(dp->ctl, dp->t0_wall_ms, "spare_joined", "\"proc\":%ld,\"pid\":%d", dp->proc_id, (int)getpid());
-    long seen = ctl_epoch(dp->ctl);
     Decision *d = &dp->decision;
     double last = now_ms(), launcher_checked = now_ms(), launcher_missing = 0, warm_checked = 0;
     int rejoin = 0;

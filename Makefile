@@ -36,7 +36,7 @@ LIB_INC  = -Isrc/lib -Isrc/common
 GPT2_INC = -Isrc/gpt2 -Isrc/common
 # What a training process needs is the library; what only the `deadpool` program runs is not
 # (an application links no HTTP server and no launcher).
-TOOL_SRC = src/lib/launcher.c src/lib/coordinator.c src/lib/decide.c src/lib/redis_server.c src/lib/metrics_http.c \
+TOOL_SRC = src/lib/launcher.c src/lib/launcher_roles.c src/lib/coordinator.c src/lib/decide.c src/lib/redis_server.c src/lib/metrics_http.c \
            src/lib/slurm.c
 TOOL_OBJ = $(patsubst src/%.c,$(BUILD)/%.o,$(TOOL_SRC))
 LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(filter-out $(TOOL_SRC),$(wildcard src/lib/*.c)) $(wildcard src/common/*.c)) \

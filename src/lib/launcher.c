@@ -28,6 +28,7 @@
 #include "decide.h"
 #include "events.h"
 #include "inject.h"
+#include "launcher_roles.h"
 #include "metrics_http.h"
 #include "netns.h"
 #include "protocol.h"
@@ -1047,7 +1048,8 @@ static void lease_tick(Launcher *L) {
     if (L->lease_ms && now - L->lease_ms < period) return;
     L->lease_ms = now;
     if (L->coordinating) {
-        if (ctl_lease_renew(L->ctl, L->lease, lease_ttl_ms(L->cfg)) != 0) return; /* renewed, or Redis trouble */
+        int renewed = ctl_lease_renew(L->ctl, L->lease, lease_ttl_ms(L->cfg));
+        if (roles_after_lease(ROLE_COORDINATING, renewed) == ROLE_COORDINATING) return; /* renewed, or Redis trouble */
         log_msg("the coordinator's lease has passed to another machine (this launcher was held up): it follows now");
         coord_free(L->coord);
         L->coord = NULL;
@@ -1057,17 +1059,19 @@ static void lease_tick(Launcher *L) {
     char holder[64];
     snprintf(holder, sizeof holder, "machine%d", L->node_index);
     long long token = ctl_lease_acquire(L->ctl, holder, lease_ttl_ms(L->cfg), L->lease, sizeof L->lease);
-    if (token > 0 && become_coordinator(L, token) != 0) L->lease[0] = 0; /* it expires; another one tries */
+    if (roles_after_lease(ROLE_FOLLOWING, token) == ROLE_COORDINATING && become_coordinator(L, token) != 0)
+        L->lease[0] = 0; /* it expires; another one tries */
 }
 
 static void follow(Launcher *L);
 static void supervise(Launcher *L);
 
-/* Every process this launcher started exited with status 0 (and at least one did). */
-static int all_exited_ok(const Launcher *L) {
+/* How many of the processes this launcher started have exited with status 0. */
+static int count_exited_ok(const Launcher *L) {
+    int n = 0;
     for (int i = 0; i < L->nchildren; i++)
-        if (!L->children[i].exited || !WIFEXITED(L->children[i].status) || WEXITSTATUS(L->children[i].status) != 0) return 0;
-    return L->nchildren > 0;
+        if (L->children[i].exited && WIFEXITED(L->children[i].status) && WEXITSTATUS(L->children[i].status) == 0) n++;
+    return n;
 }
 
 /* Ctrl-C or SIGTERM (scancel, a time limit) keeps the work: the newest generation every rank
@@ -1106,12 +1110,22 @@ static void keep_on_stop(Launcher *L) {
     stop_signal = first;
 }
 
-/* Across machines a launcher may change roles: it coordinates while it holds the lease. */
-static void run_roles(Launcher *L) {
-    while (!stop_signal && !L->failed && !L->job_done && !L->redis_lost) {
-        if (L->coordinating) supervise(L);
-        else follow(L);
+/* The role loop. Across machines a launcher may change roles, a two-state machine:
+ *   following ──(takes the lease: the coordinating machine is gone)──▶ coordinating
+ *   coordinating ──(finds its lease held by another: it was held up)──▶ following
+ * The lease moves it (lease_tick, roles_after_lease); each role's loop returns when the job
+ * ends or the role changes. Returns the role the job ended in: it says how the launcher
+ * finishes (coordinator_finish / follower_finish). */
+static launcher_role run_roles(Launcher *L) {
+    launcher_role role = L->coordinating ? ROLE_COORDINATING : ROLE_FOLLOWING;
+    while (!roles_job_over(stop_signal != 0, L->failed, L->job_done, L->redis_lost)) {
+        switch (role) {
+        case ROLE_COORDINATING: supervise(L); break;
+        case ROLE_FOLLOWING: follow(L); break;
+        }
+        role = L->coordinating ? ROLE_COORDINATING : ROLE_FOLLOWING; /* what lease_tick made it */
     }
+    return role;
 }
 
 static void supervise(Launcher *L) {
@@ -1443,7 +1457,8 @@ static void show_progress(Launcher *L) {
  * its machine key alive, prints the job's progress, and ends when the job does (or when the
  * coordinating launcher is gone: nobody could decide a failure any more). */
 static void follow(Launcher *L) {
-    double state_ms = 0, reached_ms = now_ms(), absent_ms = 0;
+    double state_ms = 0;
+    FollowWatch watch = {.reached_ms = now_ms(), .absent_ms = 0};
     while (!stop_signal && !L->failed && !L->job_done && !L->coordinating) {
         int running = reap_children(L);
         node_beat(L);
@@ -1451,39 +1466,29 @@ static void follow(Launcher *L) {
         if (L->coordinating) return; /* the coordinator's loop takes over */
         double now = now_ms();
         if (now - state_ms >= 100) {
-            char state[32];
+            char state[32] = "";
             state_ms = now;
             int got = ctl_state_get(L->ctl, state, sizeof state);
-            if (got == 0) reached_ms = now;
-            if (got == 0 && !state[0]) {
-                /* No state: the job's keys are gone (its coordinator ended it while this
-                 * launcher was held up) or being republished after an outage. This machine's
-                 * processes see the same and leave; their exits tell how the job ended. */
-                if (!absent_ms) absent_ms = now;
-                if (running == 0) {
-                    L->job_done = all_exited_ok(L);
-                    L->failed = !L->job_done;
-                    log_msg("the job's state is gone from the control plane (it ended while this launcher was held up): "
-                            "this machine's processes %s", L->job_done ? "all finished" : "did not all finish");
-                } else if (now - absent_ms > launcher_ttl_ms(L->cfg)) {
-                    log_msg("the job's state has been gone from the control plane for %.0f s: leaving the job",
-                            (now - absent_ms) / 1e3);
-                    L->failed = 1;
-                }
-            } else if (got == 0) {
-                absent_ms = 0;
-            }
-            if (got == 0 && !strcmp(state, "done")) L->job_done = 1;
-            else if (got == 0 && state[0] && strcmp(state, "running") != 0) {
-                L->failed = 1;
-                L->stopped_elsewhere = !strcmp(state, "stopping");
-            }
-            /* Cut off for as long as the job takes to forget a launcher: this machine's ranks
-             * have been replaced (they stop by themselves once they see it), and so has it. */
-            if (now - reached_ms > launcher_ttl_ms(L->cfg)) {
+            /* No state: the job's keys are gone (its coordinator ended it while this launcher
+             * was held up) or being republished after an outage. This machine's processes see
+             * the same and leave; their exits tell how the job ended. Cut off for as long as
+             * the job takes to forget a launcher: this machine's ranks have been replaced (they
+             * stop by themselves once they see it), and so has it. */
+            follow_verdict v = roles_follow_state(&watch, got, state, running, count_exited_ok(L), L->nchildren, now,
+                                                  launcher_ttl_ms(L->cfg));
+            if (v == FOLLOW_GONE_DONE || v == FOLLOW_GONE_FAILED)
+                log_msg("the job's state is gone from the control plane (it ended while this launcher was held up): "
+                        "this machine's processes %s", v == FOLLOW_GONE_DONE ? "all finished" : "did not all finish");
+            else if (v == FOLLOW_GONE_TOO_LONG)
+                log_msg("the job's state has been gone from the control plane for %.0f s: leaving the job",
+                        (now - watch.absent_ms) / 1e3);
+            else if (v == FOLLOW_UNREACHABLE)
                 log_msg("this machine has not reached the control plane for %.0f s (%s): leaving the job",
-                        (now - reached_ms) / 1e3, ctl_last_error(L->ctl));
+                        (now - watch.reached_ms) / 1e3, ctl_last_error(L->ctl));
+            if (roles_follow_done(v)) L->job_done = 1;
+            else if (roles_follow_failed(v)) {
                 L->failed = 1;
+                L->stopped_elsewhere = roles_follow_stopped_elsewhere(v);
             }
         }
         show_progress(L);
@@ -1519,15 +1524,20 @@ static void wait_other_nodes(Launcher *L, int ms) {
     free(present);
 }
 
-int launcher_run(const JobConfig *cfg) {
-    static Launcher L;
-    memset(&L, 0, sizeof L);
-    L.cfg = cfg;
-    L.run_cfg = *cfg;
-    L.lock_fd = -1;
-    L.last_step = cfg->resume_step + 1; /* resuming a finished job has no step left to run */
+/* --- the launcher's run: start, the roles, the end ----------------------------------------
+ * launcher_run: launcher_init (signals, ids, --metrics-port), launcher_start (outputs, the
+ * control plane, joining the job), the role's own start (coordinator_start / follower_start),
+ * the role loop (run_roles), the end of the role the job ended in (coordinator_finish /
+ * follower_finish), launcher_cleanup. */
+
+/* What precedes the job's files: a failure here has nothing to clean up. 0 / -1 (said). */
+static int launcher_init(Launcher *L, const JobConfig *cfg) {
     char err[1024];
-    int rc = 1;
+    memset(L, 0, sizeof *L);
+    L->cfg = cfg;
+    L->run_cfg = *cfg;
+    L->lock_fd = -1;
+    L->last_step = cfg->resume_step + 1; /* resuming a finished job has no step left to run */
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_stop_signal);
     signal(SIGTERM, on_stop_signal);
@@ -1536,102 +1546,82 @@ int launcher_run(const JobConfig *cfg) {
      * inherit the ignoring: Slurm sends it to every process of the step). */
     if (cfg->slurm) signal(SIGUSR1, cfg->redis[0] ? on_stop_signal : SIG_IGN);
     log_set_role("deadpool");
-    if (cfg->nnodes > 0) snprintf(L.job, sizeof L.job, "%s", cfg->job);
-    else make_job_id(L.job, sizeof L.job);
+    if (cfg->nnodes > 0) snprintf(L->job, sizeof L->job, "%s", cfg->job);
+    else make_job_id(L->job, sizeof L->job);
     if (cfg->node_id[0]) {
-        snprintf(L.node_id, sizeof L.node_id, "%s", cfg->node_id);
-        node_id_clean(L.node_id);
-    } else if (node_id_default(L.node_id, sizeof L.node_id) != 0 && cfg->nnodes > 0) {
+        snprintf(L->node_id, sizeof L->node_id, "%s", cfg->node_id);
+        node_id_clean(L->node_id);
+    } else if (node_id_default(L->node_id, sizeof L->node_id) != 0 && cfg->nnodes > 0) {
         log_msg("--nnodes: cannot read this machine's boot id (/proc/sys/kernel/random/boot_id): give --node-id");
-        return 1;
+        return -1;
     }
-    ssize_t self_len = readlink("/proc/self/exe", L.self_path, sizeof L.self_path - 1);
-    if (self_len > 0) L.self_path[self_len] = 0;
+    ssize_t self_len = readlink("/proc/self/exe", L->self_path, sizeof L->self_path - 1);
+    if (self_len > 0) L->self_path[self_len] = 0;
     /* The control plane must stay responsive while the workers saturate every core: when
      * allowed (root), the launcher and its redis-server run at a higher priority. Workers
      * keep the default one. */
     if (setpriority(PRIO_PROCESS, 0, -5) != 0) { /* not permitted: run at the default priority */ }
 
-    live_metrics_init(&L.live);
-    snprintf(L.live.job, sizeof L.live.job, "%s", L.job);
-    L.live.workers = cfg->workers;
-    L.live.spares_configured = cfg->spares;
-    L.live.steps_target = cfg->steps;
+    live_metrics_init(&L->live);
+    snprintf(L->live.job, sizeof L->live.job, "%s", L->job);
+    L->live.workers = cfg->workers;
+    L->live.spares_configured = cfg->spares;
+    L->live.steps_target = cfg->steps;
     /* --metrics-port first: an address in use stops the job before it starts anything. */
-    if (cfg->metrics_port > 0 && !(L.metrics_srv = metrics_server_start(cfg->bind, cfg->metrics_port, err, sizeof err))) {
+    if (cfg->metrics_port > 0 && !(L->metrics_srv = metrics_server_start(cfg->bind, cfg->metrics_port, err, sizeof err))) {
         log_msg("--metrics-port: %s", err);
-        return 1;
+        return -1;
     }
+    return 0;
+}
+
+/* The job's files, the control plane, and this machine's place in the job: after it,
+ * L->coordinating says whether this launcher starts as the coordinator. 0 / -1 (said). */
+static int launcher_start(Launcher *L) {
+    const JobConfig *cfg = L->cfg;
+    char err[1024];
     int resuming = cfg->nnodes > 0 && cfg->resume[0];
-    if (open_outputs(&L, err, sizeof err) != 0 || start_control_plane(&L, err, sizeof err) != 0 ||
-        (cfg->nnodes > 0 && claim_job_id(&L, err, sizeof err) != 0) || join_as_node(&L, err, sizeof err) != 0 ||
-        (resuming && publish_inventory(&L, err, sizeof err) != 0) ||
-        (L.coordinating && resuming && choose_resume_step(&L, err, sizeof err) != 0) ||
-        (L.coordinating ? setup_netns(&L, err, sizeof err) != 0 || take_first_lease(&L, err, sizeof err) != 0 ||
-                              publish_job(&L, err, sizeof err) != 0
-                        : follow_job(&L, err, sizeof err) != 0) ||
-        (resuming && serve_resumed_states(&L, err, sizeof err) != 0)) {
+    if (open_outputs(L, err, sizeof err) != 0 || start_control_plane(L, err, sizeof err) != 0 ||
+        (cfg->nnodes > 0 && claim_job_id(L, err, sizeof err) != 0) || join_as_node(L, err, sizeof err) != 0 ||
+        (resuming && publish_inventory(L, err, sizeof err) != 0) ||
+        (L->coordinating && resuming && choose_resume_step(L, err, sizeof err) != 0) ||
+        (L->coordinating ? setup_netns(L, err, sizeof err) != 0 || take_first_lease(L, err, sizeof err) != 0 ||
+                               publish_job(L, err, sizeof err) != 0
+                         : follow_job(L, err, sizeof err) != 0) ||
+        (resuming && serve_resumed_states(L, err, sizeof err) != 0)) {
         log_msg("%s", err);
-        if (L.coordinating && L.ctl && cfg->nnodes > 0) ctl_state_set(L.ctl, "failed"); /* the others stop waiting */
-        goto out;
+        if (L->coordinating && L->ctl && cfg->nnodes > 0) ctl_state_set(L->ctl, "failed"); /* the others stop waiting */
+        return -1;
     }
     if (cfg->nnodes > 0) {
-        int worker_node = L.node_index < cfg->nnodes, first = L.node_index * cfg->nproc_per_node;
+        int worker_node = L->node_index < cfg->nnodes, first = L->node_index * cfg->nproc_per_node;
         if (worker_node)
-            log_msg("machine %d of %d (%s, %s): ranks %d..%d%s", L.node_index, cfg->nnodes, L.node_id, L.bind_addr, first,
-                    first + cfg->nproc_per_node - 1, L.coordinating ? "; this machine coordinates the job" : "");
+            log_msg("machine %d of %d (%s, %s): ranks %d..%d%s", L->node_index, cfg->nnodes, L->node_id, L->bind_addr, first,
+                    first + cfg->nproc_per_node - 1, L->coordinating ? "; this machine coordinates the job" : "");
         else
-            log_msg("spare machine %d (%s, %s): %d warm spare processes", L.node_index - cfg->nnodes, L.node_id, L.bind_addr,
+            log_msg("spare machine %d (%s, %s): %d warm spare processes", L->node_index - cfg->nnodes, L->node_id, L->bind_addr,
                     cfg->nproc_per_node);
-        node_event(&L, "node_joined", "\"id\":\"%s\",\"addr\":\"%s\",\"role\":\"%s\"", L.node_id, L.bind_addr,
+        node_event(L, "node_joined", "\"id\":\"%s\",\"addr\":\"%s\",\"role\":\"%s\"", L->node_id, L->bind_addr,
                    worker_node ? "ranks" : "spares");
-        if (L.coordinating && cfg->ft == FT_DEADPOOL && cfg->nnodes > 1 && cfg->replica_placement == PLACE_RING)
+        if (L->coordinating && cfg->ft == FT_DEADPOOL && cfg->nnodes > 1 && cfg->replica_placement == PLACE_RING)
             log_msg("each rank's %d replica(s) live on %d other machine(s): the job survives the loss of any %d machine(s) "
                     "at once, given spare machines to take their ranks", cfg->replicas, cfg->replicas, cfg->replicas);
     }
-    if (!L.coordinating) {
-        if (spawn_all(&L) != 0) {
-            log_msg("cannot start this machine's processes: %s", strerror(errno));
-            L.failed = 1;
-        } else {
-            run_roles(&L);
-        }
-        if (L.coordinating) goto coordinator_end; /* took over, and coordinated the job to its end */
-    follower_end:
-        if (stop_signal && !L.job_done && !L.failed && cfg->ft == FT_DEADPOOL) {
-            /* Stopped by a signal that every machine got (Slurm's): the coordinating machine
-             * has this machine's ranks write the newest committed step first (keep_on_stop).
-             * Bounded like it: 30 s, or a second signal. */
-            sig_atomic_t first = stop_signal;
-            stop_signal = 0;
-            double deadline = now_ms() + 30000;
-            char state[32];
-            while (!stop_signal && now_ms() < deadline && reap_children(&L) > 0 &&
-                   !(ctl_state_get(L.ctl, state, sizeof state) == 0 && state[0] && strcmp(state, "running") != 0)) {
-                node_beat(&L);
-                drain_outputs(&L);
-                sleep_ms(50);
-            }
-            stop_signal = first;
-        }
-        if (!L.job_done) /* the job failed, stopped, or lost its coordinator: nothing to finish */
-            for (int i = 0; i < L.nchildren; i++)
-                if (!L.children[i].exited) kill(L.children[i].pid, SIGTERM);
-        stop_children(&L, 10000);
-        int ok = L.job_done && !stop_signal;
-        if (ok) {
-            char path[1200];
-            snprintf(path, sizeof path, "%s/model.bin", cfg->out);
-            log_msg("done: the job finished%s%s", access(path, R_OK) == 0 ? "; the model is in " : " (no rank ran here at the end: "
-                    "the model is on the machines that ran ranks)", access(path, R_OK) == 0 ? path : "");
-        } else {
-            log_msg("this machine leaves job %s (%s)", L.job, stop_signal ? "stopped by a signal" : L.stopped_elsewhere ? "the job was stopped" : "the job failed or its coordinator is gone");
-        }
-        node_event(&L, "node_left", "\"status\":\"%s\"", ok ? "done" : "failed");
-        ctl_node_beat(L.ctl, L.node_index, 1); /* gone now, not in half a detect timeout */
-        rc = stop_signal ? 130 : ok ? 0 : 1;
-        goto out;
-    }
+    return 0;
+}
+
+/* The following role's start: this machine's processes. 0 / -1 (said; L->failed). */
+static int follower_start(Launcher *L) {
+    if (spawn_all(L) == 0) return 0;
+    log_msg("cannot start this machine's processes: %s", strerror(errno));
+    L->failed = 1;
+    return -1;
+}
+
+/* The coordinating role's start: the job's start event and lines, the lease, the
+ * coordinator, the processes. 0 / -1 (said; L->failed). */
+static int coordinator_start(Launcher *L) {
+    const JobConfig *cfg = L->cfg;
     /* The program as a user reads it: arguments separated by spaces. */
     char program[sizeof cfg->program], program_esc[2 * sizeof cfg->program];
     snprintf(program, sizeof program, "%s", cfg->program);
@@ -1639,118 +1629,186 @@ int launcher_run(const JobConfig *cfg) {
         if (*p == DP_ARG_SEP) *p = ' ';
     json_escape(program, program_esc, sizeof program_esc);
     static const char *const ft_names[] = {"deadpool", "disk", "none"};
-    event_emit(L.ctl, L.t0_wall_ms, "start", "\"job\":\"%s\",\"workers\":%d,\"spares\":%d,\"program\":\"%s\",\"steps\":%d,\"seed\":%llu,"
-               "\"t0_ms\":%lld", L.job, cfg->workers, cfg->spares, program_esc, cfg->steps, (unsigned long long)cfg->seed,
-               (long long)L.t0_wall_ms);
-    if (L.metrics_srv) {
+    event_emit(L->ctl, L->t0_wall_ms, "start", "\"job\":\"%s\",\"workers\":%d,\"spares\":%d,\"program\":\"%s\",\"steps\":%d,\"seed\":%llu,"
+               "\"t0_ms\":%lld", L->job, cfg->workers, cfg->spares, program_esc, cfg->steps, (unsigned long long)cfg->seed,
+               (long long)L->t0_wall_ms);
+    if (L->metrics_srv) {
         const char *host = cfg->bind[0] ? cfg->bind : "127.0.0.1";
         int v6 = strchr(host, ':') != NULL;
         char host_esc[600];
         json_escape(host, host_esc, sizeof host_esc);
         log_msg("metrics: http://%s%s%s:%d/metrics (Prometheus text format)", v6 ? "[" : "", host, v6 ? "]" : "",
-                metrics_server_port(L.metrics_srv));
-        event_emit(L.ctl, L.t0_wall_ms, "metrics_server", "\"bind\":\"%s\",\"port\":%d", host_esc,
-                   metrics_server_port(L.metrics_srv));
+                metrics_server_port(L->metrics_srv));
+        event_emit(L->ctl, L->t0_wall_ms, "metrics_server", "\"bind\":\"%s\",\"port\":%d", host_esc,
+                   metrics_server_port(L->metrics_srv));
     }
-    log_msg("job %s: %d workers + %d spares, %d steps, out %s, ft %s, program: %s", L.job, cfg->workers, cfg->spares,
+    log_msg("job %s: %d workers + %d spares, %d steps, out %s, ft %s, program: %s", L->job, cfg->workers, cfg->spares,
             cfg->steps, cfg->out, ft_names[cfg->ft], program);
-    if (L.run_cfg.resume_step >= 0) {
-        log_msg("resuming from the checkpoint of step %d in %s", L.run_cfg.resume_step + 1, cfg->resume);
-        event_emit(L.ctl, L.t0_wall_ms, "resume", "\"step\":%d", L.run_cfg.resume_step + 1);
+    if (L->run_cfg.resume_step >= 0) {
+        log_msg("resuming from the checkpoint of step %d in %s", L->run_cfg.resume_step + 1, cfg->resume);
+        event_emit(L->ctl, L->t0_wall_ms, "resume", "\"step\":%d", L->run_cfg.resume_step + 1);
     }
-    if (cfg->nnodes > 0 && !(L.lease[0] && ctl_lease_renew(L.ctl, L.lease, lease_ttl_ms(cfg)) == 1) &&
-        ctl_lease_acquire(L.ctl, "machine0", lease_ttl_ms(cfg), L.lease, sizeof L.lease) <= 0) {
-        log_msg("the coordinator's lease of job %s is taken: is another first machine running it?", L.job);
-        L.failed = 1;
-    } else if (become_coordinator(&L, 1) != 0 || spawn_all(&L) != 0) {
+    if (cfg->nnodes > 0 && !(L->lease[0] && ctl_lease_renew(L->ctl, L->lease, lease_ttl_ms(cfg)) == 1) &&
+        ctl_lease_acquire(L->ctl, "machine0", lease_ttl_ms(cfg), L->lease, sizeof L->lease) <= 0) {
+        log_msg("the coordinator's lease of job %s is taken: is another first machine running it?", L->job);
+        L->failed = 1;
+        return -1;
+    }
+    if (become_coordinator(L, 1) != 0 || spawn_all(L) != 0) {
         log_msg("cannot start worker processes: %s", strerror(errno));
-        L.failed = 1;
-    } else {
-        run_roles(&L);
-        if (!L.coordinating) goto follower_end; /* held up, and another machine coordinates now */
+        L->failed = 1;
+        return -1;
     }
-coordinator_end:;
-    if (stop_signal && L.coordinating && !L.failed && !L.job_done && !L.redis_lost && cfg->ft == FT_DEADPOOL)
-        keep_on_stop(&L);
+    return 0;
+}
 
-    const char *state = stop_signal ? "stopping" : L.failed || L.redis_lost ? "failed" : "done";
-    if (L.redis_lost) {
-        /* Spares have nothing to keep and no reason to leave by themselves: they go now. */
-        for (int i = 0; i < L.nchildren; i++)
-            if (!L.children[i].exited && L.coord && !coord_is_member(L.coord, L.children[i].pid)) kill(L.children[i].pid, SIGTERM);
-        /* The workers see the loss within the detect timeout, write their committed state
-         * and leave; give them that long (plus a blocked collective's timeout), then stop them. */
-        stop_children(&L, 3 * cfg->detect_timeout_ms + job_comm_timeout_ms(cfg) + 20000);
-        /* Lost after the last step: every rank finished (exit 0) without the means to say so. */
-        int done = 0;
-        for (int i = 0; i < L.nchildren; i++)
-            if (L.children[i].exited && WIFEXITED(L.children[i].status) && WEXITSTATUS(L.children[i].status) == 0) done++;
-        if (done >= cfg->workers) {
-            log_msg("the control plane was lost after every rank had finished: the job is done");
-            L.redis_lost = 0;
-            L.last_step = cfg->steps;
-            goto finished;
-        }
-        char err[1024], cmd[9000];
-        int64_t ck = checkpoint_latest_intact(cfg->out, err, sizeof err);
-        if (ck >= 0)
-            log_msg("the state of step %lld is in %s/ckpt: continue with `%s`", (long long)ck + 1, cfg->out,
-                    job_config_resume_command(cfg, cmd, sizeof cmd));
-        else
-            log_msg("no checkpoint could be completed without the control plane: %s", err);
-        fprintf(L.events, "{\"event\":\"control_plane_lost\",\"t\":%.3f,\"checkpoint_step\":%lld}\n",
-                (double)(wall_ms() - L.t0_wall_ms) / 1e3, (long long)ck + 1);
-        L.failed = 1;
+/* A follower stopped by a signal that every machine got (Slurm's): the coordinating machine
+ * has this machine's ranks write the newest committed step first (keep_on_stop). Bounded like
+ * it: 30 s, or a second signal. */
+static void follower_wait_kept(Launcher *L) {
+    sig_atomic_t first = stop_signal;
+    stop_signal = 0;
+    double deadline = now_ms() + 30000;
+    char state[32] = "";
+    while (!stop_signal && now_ms() < deadline && reap_children(L) > 0 &&
+           !roles_state_ended(ctl_state_get(L->ctl, state, sizeof state), state)) {
+        node_beat(L);
+        drain_outputs(L);
+        sleep_ms(50);
     }
-finished:
-    ctl_state_set(L.ctl, state);
+    stop_signal = first;
+}
+
+/* The end of a launcher that follows when the job ends: its processes stop, it says how
+ * its part ended and leaves the job. Returns the exit status. */
+static int follower_finish(Launcher *L) {
+    const JobConfig *cfg = L->cfg;
+    if (roles_follower_waits_on_stop(stop_signal != 0, L->job_done, L->failed, cfg->ft)) follower_wait_kept(L);
+    if (!L->job_done) /* the job failed, stopped, or lost its coordinator: nothing to finish */
+        for (int i = 0; i < L->nchildren; i++)
+            if (!L->children[i].exited) kill(L->children[i].pid, SIGTERM);
+    stop_children(L, 10000);
+    roles_end end = roles_follower_end(stop_signal != 0, L->job_done);
+    int ok = end == ROLES_END_DONE;
+    if (ok) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/model.bin", cfg->out);
+        log_msg("done: the job finished%s%s", access(path, R_OK) == 0 ? "; the model is in " : " (no rank ran here at the end: "
+                "the model is on the machines that ran ranks)", access(path, R_OK) == 0 ? path : "");
+    } else {
+        log_msg("this machine leaves job %s (%s)", L->job, roles_leave_reason(stop_signal != 0, L->stopped_elsewhere));
+    }
+    node_event(L, "node_left", "\"status\":\"%s\"", ok ? "done" : "failed");
+    ctl_node_beat(L->ctl, L->node_index, 1); /* gone now, not in half a detect timeout */
+    return roles_exit_code(end);
+}
+
+/* The control plane was lost while coordinating: spares go, the workers keep their
+ * committed state on disk and leave by themselves (bounded). Unless every rank had finished
+ * (then L->redis_lost is cleared: the job is done), the job failed. */
+static void coordinator_lost_control_plane(Launcher *L) {
+    const JobConfig *cfg = L->cfg;
+    /* Spares have nothing to keep and no reason to leave by themselves: they go now. */
+    for (int i = 0; i < L->nchildren; i++)
+        if (!L->children[i].exited && L->coord && !coord_is_member(L->coord, L->children[i].pid)) kill(L->children[i].pid, SIGTERM);
+    /* The workers see the loss within the detect timeout, write their committed state
+     * and leave; give them that long (plus a blocked collective's timeout), then stop them. */
+    stop_children(L, 3 * cfg->detect_timeout_ms + job_comm_timeout_ms(cfg) + 20000);
+    /* Lost after the last step: every rank finished (exit 0) without the means to say so. */
+    if (roles_lost_after_done(count_exited_ok(L), cfg->workers)) {
+        log_msg("the control plane was lost after every rank had finished: the job is done");
+        L->redis_lost = 0;
+        L->last_step = cfg->steps;
+        return;
+    }
+    char err[1024], cmd[9000];
+    int64_t ck = checkpoint_latest_intact(cfg->out, err, sizeof err);
+    if (ck >= 0)
+        log_msg("the state of step %lld is in %s/ckpt: continue with `%s`", (long long)ck + 1, cfg->out,
+                job_config_resume_command(cfg, cmd, sizeof cmd));
+    else
+        log_msg("no checkpoint could be completed without the control plane: %s", err);
+    fprintf(L->events, "{\"event\":\"control_plane_lost\",\"t\":%.3f,\"checkpoint_step\":%lld}\n",
+            (double)(wall_ms() - L->t0_wall_ms) / 1e3, (long long)ck + 1);
+    L->failed = 1;
+}
+
+/* The end of a launcher that coordinates when the job ends: the work kept on a stop, the
+ * job's final state, its processes stopped, the last line and the `finish` event. Returns
+ * the exit status. */
+static int coordinator_finish(Launcher *L) {
+    const JobConfig *cfg = L->cfg;
+    if (roles_keep_on_stop(stop_signal != 0, L->coordinating, L->failed, L->job_done, L->redis_lost, cfg->ft))
+        keep_on_stop(L);
+
+    const char *state = roles_final_state(stop_signal != 0, L->failed, L->redis_lost);
+    if (L->redis_lost) coordinator_lost_control_plane(L);
+    ctl_state_set(L->ctl, state);
     /* After a failure nothing useful is left to finish: survivors may be blocked in a
      * collective with the dead rank, so they get SIGTERM at once. */
-    if (L.failed)
-        for (int i = 0; i < L.nchildren; i++)
-            if (!L.children[i].exited) kill(L.children[i].pid, SIGTERM);
-    stop_children(&L, 10000);
-    int ok = !stop_signal && !L.failed && L.last_step == cfg->steps;
-    if (stop_signal) log_msg("stopped by signal %d after step %d", (int)stop_signal, L.last_step);
+    if (L->failed)
+        for (int i = 0; i < L->nchildren; i++)
+            if (!L->children[i].exited) kill(L->children[i].pid, SIGTERM);
+    stop_children(L, 10000);
+    roles_end end = roles_coordinator_end(stop_signal != 0, L->failed, L->last_step, cfg->steps);
+    int ok = end == ROLES_END_DONE;
+    if (stop_signal) log_msg("stopped by signal %d after step %d", (int)stop_signal, L->last_step);
     else if (ok) {
         char loss[64] = "", model[2100] = "";
-        if (L.have_loss) snprintf(loss, sizeof loss, ", final loss %.4f", L.last_loss);
-        if (!L.model_path[0]) snprintf(L.model_path, sizeof L.model_path, "%.1000s/model.bin", cfg->out);
-        if (access(L.model_path, F_OK) == 0) snprintf(model, sizeof model, ", model in %s", L.model_path);
-        log_msg("done: %d steps%s%s", L.last_step, loss, model);
+        if (L->have_loss) snprintf(loss, sizeof loss, ", final loss %.4f", L->last_loss);
+        if (!L->model_path[0]) snprintf(L->model_path, sizeof L->model_path, "%.1000s/model.bin", cfg->out);
+        if (access(L->model_path, F_OK) == 0) snprintf(model, sizeof model, ", model in %s", L->model_path);
+        log_msg("done: %d steps%s%s", L->last_step, loss, model);
     }
-    else log_msg("job failed after step %d (see %s/events.jsonl)", L.last_step, cfg->out);
+    else log_msg("job failed after step %d (see %s/events.jsonl)", L->last_step, cfg->out);
     /* CPU time of every worker and spare (all reaped by now): what the job cost the machine,
      * a steadier measure than wall time on a busy one. */
     struct rusage ru;
     getrusage(RUSAGE_CHILDREN, &ru);
     double cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    event_emit(L.ctl, L.t0_wall_ms, "finish", "\"status\":\"%s\",\"steps\":%d,\"workers_cpu_s\":%.3f", ok ? "done" : state,
-               L.last_step, cpu_s);
-    drain_outputs(&L);
-    rc = stop_signal ? 130 : ok ? 0 : 1;
-    L.live.finished = 1;
-    metrics_server_publish(L.metrics_srv, &L.live);
-out:
-    metrics_server_stop(L.metrics_srv); /* NULL when off */
-    replica_server_stop(L.shards);      /* NULL when not resuming across machines */
-    forget_children(&L);
-    netns_destroy(&L.netns);
-    coord_free(L.coord);
-    if (L.ctl && cfg->redis[0] && L.coordinating) {
-        if (cfg->nnodes > 0) wait_other_nodes(&L, 15000);
-        ctl_job_delete(L.ctl);
-    } else if (L.ctl && cfg->slurm && !cfg->redis[0] && (L.server.pid || L.ha[0].pid || L.ha[1].pid || L.ha[2].pid || L.ha[3].pid)) {
-        wait_other_nodes(&L, 15000); /* this node serves the job's control plane: until the others have left */
+    event_emit(L->ctl, L->t0_wall_ms, "finish", "\"status\":\"%s\",\"steps\":%d,\"workers_cpu_s\":%.3f", ok ? "done" : state,
+               L->last_step, cpu_s);
+    drain_outputs(L);
+    L->live.finished = 1;
+    metrics_server_publish(L->metrics_srv, &L->live);
+    return roles_exit_code(end);
+}
+
+/* What every run ends with, however far it got: servers, children, the job's keys (the
+ * coordinating machine's, once the others have left), the embedded Redis, files, the report. */
+static void launcher_cleanup(Launcher *L) {
+    const JobConfig *cfg = L->cfg;
+    metrics_server_stop(L->metrics_srv); /* NULL when off */
+    replica_server_stop(L->shards);      /* NULL when not resuming across machines */
+    forget_children(L);
+    netns_destroy(&L->netns);
+    coord_free(L->coord);
+    if (L->ctl && cfg->redis[0] && L->coordinating) {
+        if (cfg->nnodes > 0) wait_other_nodes(L, 15000);
+        ctl_job_delete(L->ctl);
+    } else if (L->ctl && cfg->slurm && !cfg->redis[0] && (L->server.pid || L->ha[0].pid || L->ha[1].pid || L->ha[2].pid || L->ha[3].pid)) {
+        wait_other_nodes(L, 15000); /* this node serves the job's control plane: until the others have left */
     }
-    if (L.ctl) ctl_close(L.ctl);
-    if (L.server.pid > 0) redis_server_stop(&L.server, 3000);
-    explicit_bzero(L.secret, sizeof L.secret);
-    stop_ha(&L);
-    run_dir_remove(L.run_dir);
-    if (L.events) fclose(L.events);
-    if (L.lock_fd >= 0) close(L.lock_fd);
-    if (L.metrics) fclose(L.metrics);
-    if (cfg->report && L.t0_wall_ms) write_report(&L); /* only when this job wrote the logs */
+    if (L->ctl) ctl_close(L->ctl);
+    if (L->server.pid > 0) redis_server_stop(&L->server, 3000);
+    explicit_bzero(L->secret, sizeof L->secret);
+    stop_ha(L);
+    run_dir_remove(L->run_dir);
+    if (L->events) fclose(L->events);
+    if (L->lock_fd >= 0) close(L->lock_fd);
+    if (L->metrics) fclose(L->metrics);
+    if (cfg->report && L->t0_wall_ms) write_report(L); /* only when this job wrote the logs */
+}
+
+int launcher_run(const JobConfig *cfg) {
+    static Launcher L;
+    if (launcher_init(&L, cfg) != 0) return 1;
+    int rc = 1;
+    if (launcher_start(&L) == 0) {
+        launcher_role role = L.coordinating ? ROLE_COORDINATING : ROLE_FOLLOWING;
+        if ((role == ROLE_COORDINATING ? coordinator_start(&L) : follower_start(&L)) == 0) role = run_roles(&L);
+        rc = role == ROLE_COORDINATING ? coordinator_finish(&L) : follower_finish(&L);
+    }
+    launcher_cleanup(&L);
     return rc;
 }

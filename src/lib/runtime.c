@@ -33,103 +33,9 @@
 #include "replica.h"
 #include "rng.h"
 #include "runtime.h"
+#include "runtime_internal.h"
 #include "snapshot.h"
 #include "util.h"
-
-struct dp {
-    /* the process */
-    redis_addr addr;
-    char job[64];
-    JobConfig cfg;
-    char cfg_text[JOB_CONFIG_TEXT_MAX];
-    int64_t t0_wall_ms;
-    long proc_id;
-    ctl_t *ctl;
-    char bind_host[256];
-    char node[128];           /* the machine this process runs on (node_id_default) */
-    char resume_dir[4200];
-    ReplicaServer *replicas; /* holds other ranks' snapshots; every process runs one */
-    unsigned char comm_key[COMM_KEY_BYTES]; /* the data plane's key (comm_key_derive), from the job's secret */
-    FaultSpec faults[INJECT_MAX];
-    int nfaults;
-    pthread_t hb_thread, abort_thread;
-    atomic_int hb_stop;
-    atomic_int job_over;      /* the launcher set the job's state to stopping/done/failed */
-    atomic_int abort_step;    /* the coordinator closed our epoch: abandon the step in flight */
-    atomic_int control_lost;  /* a failure waited --control-wait for an unreachable redis: persist and stop */
-    atomic_long cur_epoch;
-    /* The control plane's outages (issue 27, item 11): training needs Redis only to handle a
-     * failure, so while it is away nothing on the training path waits for it. */
-    atomic_int ctl_down;      /* a call found Redis unreachable; cleared once everything is republished */
-    atomic_int down_logged;   /* ...and the heartbeat thread confirmed it (said so in the log) */
-    _Atomic double down_since; /* when (now_ms) */
-    pthread_mutex_t pub_mu;   /* what this process republishes when Redis is back, and the metrics queue */
-    long long pub_epoch, pub_step; /* newest local commit (epoch, step; -1 none) and its rank */
-    int pub_rank;
-    atomic_int in_pool;       /* a spare in the spare pool */
-    char reg_replica[300], reg_host[256], reg_pid[32]; /* the registration's facts */
-    char *mq[8192];           /* metrics lines waiting for Redis (rank 0), oldest first: a minute of short steps */
-    int mq_n, mq_dropped, mq_flushing;
-    _Atomic double step_ewma; /* a step's usual time, ms (main thread): the training path's Redis bound */
-    pthread_cond_t pub_cv;    /* wakes the heartbeat thread: something waits to be republished */
-    int own_pending;          /* KEY_OWN_STATE not written yet (Redis was away at the commit) */
-    size_t gen_bytes_pending; /* ...KEY_GEN_BYTES likewise (0: none) */
-    char err[1024];           /* dp_last_error */
-    /* membership */
-    dp_callbacks cb;
-    lc_state lc;              /* where the process is in its life (lifecycle.h); changed by lc_feed only */
-    dp_role role;             /* dp_get_role: set by the lifecycle's transitions */
-    int joined;               /* dp_join succeeded once (history, not the state: a process back in
-                               * RETRYING may or may not have been a member; dp_finish asks) */
-    int rank;
-    long epoch;
-    int64_t next_step;
-    comm_t *comm;
-    struct dp_group *groups;  /* the epoch's groups (dp_group_join), ended with the epoch */
-    Snapshot *snap;
-    Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
-    void *warm_buf;           /* a spare's buffer for the state it will restore, pages faulted in */
-    size_t warm_cap;
-    int warm_wanted;          /* the spare restores into warm_buf (not into its declared blocks) */
-    pthread_t warm_thread;    /* grows it in the background (warm_grow_check) */
-    int warm_growing;
-    atomic_int warm_grown;
-    void *warm_next;          /* ...into this buffer of warm_next_cap bytes */
-    size_t warm_next_cap;
-    size_t restore_cold;      /* bytes this recovery received into memory not faulted in before */
-    size_t gen_bytes_published; /* KEY_GEN_BYTES of this rank, as this process set it */
-    ctl_t *snap_ctl;          /* the snapshot threads' own connection (on_commit) */
-    pthread_mutex_t snap_ctl_mu; /* ...shared by the current epoch's thread and a finishing one */
-    int persist_answered;     /* the no-spare persist request of this epoch was answered */
-    int64_t cur_step;
-    double step_t0;           /* when the step in flight started (end of the previous commit) */
-    double snapshot_wait_ms;  /* the step in flight waited this long for the previous generation */
-    long long last_disk_step; /* --ft disk: newest checkpoint, steps completed */
-    /* capture staging: head + table + extra of the generation in flight, and its regions */
-    unsigned char *head;
-    size_t head_cap;
-    dp_region app_regions[GEN_MAX_REGIONS];
-    SnapRegion snap_regions[GEN_MAX_REGIONS + 1];
-    /* ...and its local part (snapshot.h): on ranks other than 0 the DP_IDENTICAL regions
-     * behind a head of their own, kept in this rank's snapshots but not replicated */
-    unsigned char *local_head;
-    size_t local_head_cap;
-    SnapRegion snap_locals[GEN_MAX_REGIONS + 1];
-    int nlocals;
-    int own_published;        /* KEY_OWN_STATE is set for this rank (by this process) */
-    /* state DeadPool owns (dp_state_declare): two blocks, one per generation parity, each
-     * [head area | region 0 | region 1 | ...], so that a generation is one contiguous payload */
-    dp_state_spec state[GEN_MAX_REGIONS];
-    size_t state_off[GEN_MAX_REGIONS]; /* of each region within a block, after the head area */
-    int nstate;
-    int spread_block;         /* dp_replica_spread: prefer holders outside our block of ranks */
-    unsigned char *block[2];
-    size_t head_area, block_bytes;
-    void *restored_extra;     /* the extra state of the generation restored last */
-    size_t restored_extra_len;
-    int restored_identical;   /* ...and whether it carried the DP_IDENTICAL regions */
-    Decision decision;        /* the one being followed (large: not on the stack) */
-};
 
 /* --- small helpers ------------------------------------------------------------------- */
 
@@ -158,7 +64,7 @@ static void emit_error(dp_t *dp, const char *what, const char *err) {
     event_emit(dp->ctl, dp->t0_wall_ms, "error", "\"rank\":%d,\"message\":\"%s\"", dp->rank, esc);
 }
 
-static const char *key(char *buf, size_t len, ctl_key k, long long a, long long b) {
+const char *rt_key(char *buf, size_t len, ctl_key k, long long a, long long b) {
     return ctl_key_suffix(buf, len, k, a, b);
 }
 
@@ -336,13 +242,13 @@ static int republish(dp_t *dp, ctl_t *c) {
     if (rank >= 0 && e <= cur) {
         bad |= ctl_set_rank_owner(c, rank, dp->proc_id);
         if (pe == cur && ps >= 0) bad |= ctl_committed_set(c, pe, rank, ps);
-        if (dp->own_published || dp->own_pending) bad |= ctl_set(c, key(k, sizeof k, KEY_OWN_STATE, rank, 0), "1");
+        if (dp->own_published || dp->own_pending) bad |= ctl_set(c, rt_key(k, sizeof k, KEY_OWN_STATE, rank, 0), "1");
         pthread_mutex_lock(&dp->pub_mu);
         size_t gb = dp->gen_bytes_pending > dp->gen_bytes_published ? dp->gen_bytes_pending : dp->gen_bytes_published;
         pthread_mutex_unlock(&dp->pub_mu);
         char bytes[32];
         proto_int_format((long long)gb, bytes, sizeof bytes);
-        if (gb) bad |= ctl_set(c, key(k, sizeof k, KEY_GEN_BYTES, rank, 0), bytes);
+        if (gb) bad |= ctl_set(c, rt_key(k, sizeof k, KEY_GEN_BYTES, rank, 0), bytes);
     }
     if (atomic_load(&dp->in_pool)) bad |= ctl_spare_add(c, dp->proc_id);
     size_t cap = HELD_TEXT_MAX(dp->cfg.workers);
@@ -1003,7 +909,7 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
     if (dp->cfg.nnodes == 0) return -1;
     /* The machine that has it may still be loading its files (a spare machine joins last). */
     double deadline = now_ms() + dp->cfg.start_timeout_ms;
-    while (ctl_get(dp->ctl, key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0) {
+    while (ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0) {
         if (now_ms() > deadline) {
             snprintf(err, errlen, "rank %d's state of step %lld is neither on this machine's disk nor offered by "
                      "another machine within --start-timeout-ms", rank, (long long)step + 1);
@@ -1038,7 +944,7 @@ static int read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload,
 static int rank_stateless(dp_t *dp, int rank, long long g) {
     if (g == dp->cfg.resume_step) return 0;
     char k[48], value[8];
-    const char *suffix = key(k, sizeof k, KEY_OWN_STATE, rank, 0);
+    const char *suffix = rt_key(k, sizeof k, KEY_OWN_STATE, rank, 0);
     int present = 1;
     return ctl_get_many(dp->ctl, &suffix, 1, value, sizeof value, &present) == 0 && !present;
 }
@@ -1138,7 +1044,7 @@ static void warm_grow_check(dp_t *dp) {
     const char **suffixes = malloc(sizeof *suffixes * (size_t)world);
     size_t want = 0;
     if (names && values && suffixes) {
-        for (int r = 0; r < world; r++) suffixes[r] = key(names[r], sizeof names[r], KEY_GEN_BYTES, r, 0);
+        for (int r = 0; r < world; r++) suffixes[r] = rt_key(names[r], sizeof names[r], KEY_GEN_BYTES, r, 0);
         if (ctl_get_many(dp->ctl, suffixes, world, values[0], sizeof values[0], NULL) == 0)
             for (int r = 0; r < world; r++) {
                 long long b;
@@ -1262,12 +1168,12 @@ static int app_checkpoint(void *arg, const char *dir, int64_t step, int world, c
  * rank, complete the checkpoint. */
 static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char *kind) {
     char k[64], err[1024];
-    if (ctl_set_add_count(c, key(k, sizeof k, KEY_PERSISTED, h->step, 0), h->rank) != dp->cfg.workers) return;
+    if (ctl_set_add_count(c, rt_key(k, sizeof k, KEY_PERSISTED, h->step, 0), h->rank) != dp->cfg.workers) return;
     if (dp->cfg.nnodes > 0) { /* each machine has its ranks' files: complete across machines */
         log_msg("checkpoint of step %lld complete: every rank's state is on its machine's disk (--resume gathers them)",
                 (long long)h->step + 1);
         char done[32];
-        if (proto_int_format((long long)h->step, done, sizeof done) == 0) ctl_set(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done);
+        if (proto_int_format((long long)h->step, done, sizeof done) == 0) ctl_set(c, rt_key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done);
         event_emit(c, dp->t0_wall_ms, "checkpoint", "\"step\":%lld,\"kind\":\"%s\",\"machines\":true",
                    (long long)h->step + 1, kind);
         return;
@@ -1290,7 +1196,7 @@ static void persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const vo
     count_persisted(dp, c, h, "persist");
     char k[32], done[32];
     long long g;
-    if (dp->cfg.nnodes > 0 && ctl_get(c, key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
+    if (dp->cfg.nnodes > 0 && ctl_get(c, rt_key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
         proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &g, NULL, 0) == 0)
         checkpoint_prune_below(dp->cfg.out, g);
 }
@@ -1317,13 +1223,13 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
         char k[48];
         int failed = 0;
         if (!dp->own_published && gen_own_state(payload, h->length)) {
-            if (ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0) dp->own_published = 1;
+            if (ctl_set(dp->snap_ctl, rt_key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0) dp->own_published = 1;
             else failed = dp->own_pending = 1;
         }
         char bytes[32];
         proto_int_format((long long)h->length, bytes, sizeof bytes);
         if (!failed && h->length > dp->gen_bytes_published) {
-            if (ctl_set(dp->snap_ctl, key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
+            if (ctl_set(dp->snap_ctl, rt_key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
                 dp->gen_bytes_published = h->length; /* what a waiting spare sizes its buffer for */
             else failed = 1;
         }
@@ -1393,7 +1299,7 @@ static int persist_as_stateless(const SnapHeader *h, const void *payload, const 
 static void answer_persist_request(dp_t *dp) {
     char req[PERSIST_REQ_TEXT_MAX], k[32], err[256];
     PersistRequest pr;
-    if (dp->persist_answered || ctl_get(dp->ctl, key(k, sizeof k, KEY_PERSIST_REQ, 0, 0), req, sizeof req) != 0) return;
+    if (dp->persist_answered || ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_PERSIST_REQ, 0, 0), req, sizeof req) != 0) return;
     if (persist_request_parse(req, &pr, err, sizeof err) != 0) {
         log_msg("ignoring the persist request: %s", err);
         return;
@@ -1645,7 +1551,7 @@ static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
     FaultRecord fr = {.rank = dp->rank, .wall_ms = wall_ms()};
     snprintf(fr.kind, sizeof fr.kind, "%s", name);
     if (fault_record_format(&fr, value, sizeof value) == 0)
-        ctl_set(dp->ctl, key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
+        ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
     event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"%s\",\"rank\":%d,\"step\":%lld,\"pid\":%d", name,
                dp->rank, step + 1, (int)getpid());
     log_msg("injecting %s at step %lld", name, step + 1);
@@ -1667,13 +1573,13 @@ static void maybe_inject(dp_t *dp, int64_t step) {
         const FaultSpec *f = &dp->faults[i];
         if (f->kind == FAULT_CORRUPT) {
             /* Every process may hold the rank's replicas: each damages its own copies, once. */
-            if (f->at == step + 1 && ctl_set_nx(dp->ctl, key(k, sizeof k, KEY_INJECTED, i, dp->proc_id), "1") == 1) {
+            if (f->at == step + 1 && ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, dp->proc_id), "1") == 1) {
                 replica_server_corrupt_rank(dp->replicas, f->rank);
                 event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"corrupt\",\"rank\":%d,\"holder\":%ld,"
                            "\"step\":%lld", f->rank, dp->proc_id, (long long)step + 1);
             }
         } else if (f->kind != FAULT_RKILL && f->rank == dp->rank && f->at == step + 1 &&
-                   ctl_set_nx(dp->ctl, key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1) {
+                   ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1) {
             fire_fault(dp, f->kind, step);
         }
     }
@@ -1681,7 +1587,7 @@ static void maybe_inject(dp_t *dp, int64_t step) {
         uint64_t h = rng_hash4(dp->cfg.seed, (uint64_t)step, 0xC4A05ULL, 0);
         double u = (double)(h >> 11) / 9007199254740992.0;
         if (u < dp->cfg.chaos && (int)((h >> 3) % (uint64_t)dp->cfg.workers) == dp->rank && step > 0 &&
-            ctl_set_nx(dp->ctl, key(k, sizeof k, KEY_CHAOS, step, 0), "1") == 1)
+            ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_CHAOS, step, 0), "1") == 1)
             fire_fault(dp, (h >> 40) & 1 ? FAULT_STOP : FAULT_KILL, step);
     }
 }
@@ -1692,7 +1598,7 @@ static void maybe_inject_in_recovery(dp_t *dp) {
     for (int i = 0; i < dp->nfaults; i++) {
         const FaultSpec *f = &dp->faults[i];
         if (f->kind == FAULT_RKILL && f->rank == dp->rank && f->at == dp->epoch &&
-            ctl_set_nx(dp->ctl, key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1)
+            ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1)
             fire_fault(dp, FAULT_RKILL, -1);
     }
 }
@@ -1742,7 +1648,7 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
         JoinStats js = {.ctl_round_trips = (long long)ctl_round_trips_since_mark(dp->ctl) + 1,
                         .store_round_trips = (long long)comm_store_round_trips(dp->comm), .rendezvous_ms = t1 - t0,
                         .barrier_ms = now_ms() - t1, .wait_ms = wait, .connect_ms = connect, .entered_wall_ms = entered};
-        if (join_stats_format(&js, v, sizeof v) == 0) ctl_set(dp->ctl, key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
+        if (join_stats_format(&js, v, sizeof v) == 0) ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
     }
     return 0;
 }
@@ -1797,7 +1703,7 @@ static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen
     char k[64], value[JOIN_TIMING_TEXT_MAX];
     JoinTiming jt = {.restore_ms = t1 - t0, .rebuild_ms = t2 - t1, .resnapshot_ms = now_ms() - t2,
                      .resumed_wall_ms = wall_ms(), .warm = dp->restore_cold == 0};
-    if (join_timing_format(&jt, value, sizeof value) == 0) ctl_set(dp->ctl, key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
+    if (join_timing_format(&jt, value, sizeof value) == 0) ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
     dp->step_t0 = now_ms();
     return LC_IN_JOINED;
 }
@@ -2064,7 +1970,7 @@ dp_status dp_step_before_update(dp_t *dp) {
     int saved = ctl_timeout(dp->ctl);
     ctl_set_timeout(dp->ctl, path_timeout_ms(dp));
     char k[64], v[8];
-    int fenced = ctl_get(dp->ctl, key(k, sizeof k, KEY_FENCED, dp->epoch, 0), v, sizeof v) == 0;
+    int fenced = ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_FENCED, dp->epoch, 0), v, sizeof v) == 0;
     if (!fenced) note_failure(dp, dp->ctl);
     ctl_set_timeout(dp->ctl, saved);
     if (fenced) return epoch_closed(dp);
@@ -2125,10 +2031,10 @@ static void report_recovery(dp_t *dp) {
     const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
     if (!names || !values || !suffixes || !warm) { free(names); free(values); free(suffixes); free(warm); return; }
     for (int r = 0; r < world; r++) {
-        suffixes[r] = key(names[r], sizeof names[r], KEY_TIMING, dp->epoch, r);
-        suffixes[world + r] = key(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, dp->epoch, r);
+        suffixes[r] = rt_key(names[r], sizeof names[r], KEY_TIMING, dp->epoch, r);
+        suffixes[world + r] = rt_key(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, dp->epoch, r);
     }
-    suffixes[2 * world] = key(names[2 * world], sizeof names[2 * world], KEY_LAST_STEP, 0, 0);
+    suffixes[2 * world] = rt_key(names[2 * world], sizeof names[2 * world], KEY_LAST_STEP, 0, 0);
     if (ctl_get_many(dp->ctl, suffixes, nk, values[0], sizeof values[0], NULL) != 0)
         for (int i = 0; i < nk; i++) values[i][0] = 0;
     for (int r = 0; r < world; r++) { /* an absent record ("") is a member that wrote none: skipped */

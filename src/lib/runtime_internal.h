@@ -1,0 +1,126 @@
+/* runtime_internal.h — the runtime's own header, shared by runtime.c (deadpool.h's flow and
+ * the lifecycle's driving) and its pieces, src/lib/rt_*.c: struct dp, one process's runtime,
+ * and the functions one piece calls in another. Internal: not installed, and nothing here is
+ * exported from libdeadpool (hidden visibility; deadpool.h's DP_EXPORT functions only). */
+#ifndef DEADPOOL_RUNTIME_INTERNAL_H
+#define DEADPOOL_RUNTIME_INTERNAL_H
+
+#include "deadpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"
+#include "comm_auth.h"
+#include "config.h"
+#include "control.h"
+#include "generation.h"
+#include "inject.h"
+#include "lifecycle.h"
+#include "recovery.h"
+#include "replica.h"
+#include "snapshot.h"
+
+struct dp {
+    /* the process */
+    redis_addr addr;
+    char job[64];
+    JobConfig cfg;
+    char cfg_text[JOB_CONFIG_TEXT_MAX];
+    int64_t t0_wall_ms;
+    long proc_id;
+    ctl_t *ctl;
+    char bind_host[256];
+    char node[128];           /* the machine this process runs on (node_id_default) */
+    char resume_dir[4200];
+    ReplicaServer *replicas; /* holds other ranks' snapshots; every process runs one */
+    unsigned char comm_key[COMM_KEY_BYTES]; /* the data plane's key (comm_key_derive), from the job's secret */
+    FaultSpec faults[INJECT_MAX];
+    int nfaults;
+    pthread_t hb_thread, abort_thread;
+    atomic_int hb_stop;
+    atomic_int job_over;      /* the launcher set the job's state to stopping/done/failed */
+    atomic_int abort_step;    /* the coordinator closed our epoch: abandon the step in flight */
+    atomic_int control_lost;  /* a failure waited --control-wait for an unreachable redis: persist and stop */
+    atomic_long cur_epoch;
+    /* The control plane's outages (issue 27, item 11): training needs Redis only to handle a
+     * failure, so while it is away nothing on the training path waits for it. */
+    atomic_int ctl_down;      /* a call found Redis unreachable; cleared once everything is republished */
+    atomic_int down_logged;   /* ...and the heartbeat thread confirmed it (said so in the log) */
+    _Atomic double down_since; /* when (now_ms) */
+    pthread_mutex_t pub_mu;   /* what this process republishes when Redis is back, and the metrics queue */
+    long long pub_epoch, pub_step; /* newest local commit (epoch, step; -1 none) and its rank */
+    int pub_rank;
+    atomic_int in_pool;       /* a spare in the spare pool */
+    char reg_replica[300], reg_host[256], reg_pid[32]; /* the registration's facts */
+    char *mq[8192];           /* metrics lines waiting for Redis (rank 0), oldest first: a minute of short steps */
+    int mq_n, mq_dropped, mq_flushing;
+    _Atomic double step_ewma; /* a step's usual time, ms (main thread): the training path's Redis bound */
+    pthread_cond_t pub_cv;    /* wakes the heartbeat thread: something waits to be republished */
+    int own_pending;          /* KEY_OWN_STATE not written yet (Redis was away at the commit) */
+    size_t gen_bytes_pending; /* ...KEY_GEN_BYTES likewise (0: none) */
+    char err[1024];           /* dp_last_error */
+    /* membership */
+    dp_callbacks cb;
+    lc_state lc;              /* where the process is in its life (lifecycle.h); changed by lc_feed only */
+    dp_role role;             /* dp_get_role: set by the lifecycle's transitions */
+    int joined;               /* dp_join succeeded once (history, not the state: a process back in
+                               * RETRYING may or may not have been a member; dp_finish asks) */
+    int rank;
+    long epoch;
+    int64_t next_step;
+    comm_t *comm;
+    struct dp_group *groups;  /* the epoch's groups (dp_group_join), ended with the epoch */
+    Snapshot *snap;
+    Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
+    void *warm_buf;           /* a spare's buffer for the state it will restore, pages faulted in */
+    size_t warm_cap;
+    int warm_wanted;          /* the spare restores into warm_buf (not into its declared blocks) */
+    pthread_t warm_thread;    /* grows it in the background (warm_grow_check) */
+    int warm_growing;
+    atomic_int warm_grown;
+    void *warm_next;          /* ...into this buffer of warm_next_cap bytes */
+    size_t warm_next_cap;
+    size_t restore_cold;      /* bytes this recovery received into memory not faulted in before */
+    size_t gen_bytes_published; /* KEY_GEN_BYTES of this rank, as this process set it */
+    ctl_t *snap_ctl;          /* the snapshot threads' own connection (on_commit) */
+    pthread_mutex_t snap_ctl_mu; /* ...shared by the current epoch's thread and a finishing one */
+    int persist_answered;     /* the no-spare persist request of this epoch was answered */
+    int64_t cur_step;
+    double step_t0;           /* when the step in flight started (end of the previous commit) */
+    double snapshot_wait_ms;  /* the step in flight waited this long for the previous generation */
+    long long last_disk_step; /* --ft disk: newest checkpoint, steps completed */
+    /* capture staging: head + table + extra of the generation in flight, and its regions */
+    unsigned char *head;
+    size_t head_cap;
+    dp_region app_regions[GEN_MAX_REGIONS];
+    SnapRegion snap_regions[GEN_MAX_REGIONS + 1];
+    /* ...and its local part (snapshot.h): on ranks other than 0 the DP_IDENTICAL regions
+     * behind a head of their own, kept in this rank's snapshots but not replicated */
+    unsigned char *local_head;
+    size_t local_head_cap;
+    SnapRegion snap_locals[GEN_MAX_REGIONS + 1];
+    int nlocals;
+    int own_published;        /* KEY_OWN_STATE is set for this rank (by this process) */
+    /* state DeadPool owns (dp_state_declare): two blocks, one per generation parity, each
+     * [head area | region 0 | region 1 | ...], so that a generation is one contiguous payload */
+    dp_state_spec state[GEN_MAX_REGIONS];
+    size_t state_off[GEN_MAX_REGIONS]; /* of each region within a block, after the head area */
+    int nstate;
+    int spread_block;         /* dp_replica_spread: prefer holders outside our block of ranks */
+    unsigned char *block[2];
+    size_t head_area, block_bytes;
+    void *restored_extra;     /* the extra state of the generation restored last */
+    size_t restored_extra_len;
+    int restored_identical;   /* ...and whether it carried the DP_IDENTICAL regions */
+    Decision decision;        /* the one being followed (large: not on the stack) */
+};
+
+/* --- runtime.c ---------------------------------------------------------------------- */
+
+/* A key's suffix within the job's namespace (ctl_key_suffix): what ctl_get/ctl_set take. */
+const char *rt_key(char *buf, size_t len, ctl_key k, long long a, long long b);
+
+#endif

@@ -27,11 +27,9 @@
 #include "generation.h"
 #include "inject.h"
 #include "lifecycle.h"
-#include "netns.h"
 #include "protocol.h"
 #include "recovery.h"
 #include "replica.h"
-#include "rng.h"
 #include "runtime.h"
 #include "runtime_internal.h"
 #include "snapshot.h"
@@ -1543,66 +1541,6 @@ static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
     return dp->snap ? 0 : -1;
 }
 
-/* --- fault injection ----------------------------------------------------------------- */
-
-static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
-    char value[FAULT_RECORD_TEXT_MAX], k[32];
-    const char *name = fault_kind_name(kind == FAULT_RKILL ? FAULT_KILL : kind);
-    FaultRecord fr = {.rank = dp->rank, .wall_ms = wall_ms()};
-    snprintf(fr.kind, sizeof fr.kind, "%s", name);
-    if (fault_record_format(&fr, value, sizeof value) == 0)
-        ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
-    event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"%s\",\"rank\":%d,\"step\":%lld,\"pid\":%d", name,
-               dp->rank, step + 1, (int)getpid());
-    log_msg("injecting %s at step %lld", name, step + 1);
-    if (kind == FAULT_KILL || kind == FAULT_RKILL) raise(SIGKILL);
-    else if (kind == FAULT_STOP) raise(SIGSTOP);
-    else if (kind == FAULT_NETDOWN) {
-        Report r = {.kind = REPORT_LINK_DOWN, .epoch = dp->epoch, .rank = dp->rank, .step = step + 1, .t_wall_ms = wall_ms()};
-        report_send(dp->ctl, dp->t0_wall_ms, &r); /* before the link is gone */
-        netns_cut_own_link();
-    }
-}
-
-/* Faults from --inject and --chaos fire once each, even when the step is re-run after a
- * rollback (SET NX in Redis). They fire mid-step, after the forward/backward: where a real
- * failure most likely strikes. */
-static void maybe_inject(dp_t *dp, int64_t step) {
-    char k[32];
-    for (int i = 0; i < dp->nfaults; i++) {
-        const FaultSpec *f = &dp->faults[i];
-        if (f->kind == FAULT_CORRUPT) {
-            /* Every process may hold the rank's replicas: each damages its own copies, once. */
-            if (f->at == step + 1 && ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, dp->proc_id), "1") == 1) {
-                replica_server_corrupt_rank(dp->replicas, f->rank);
-                event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"corrupt\",\"rank\":%d,\"holder\":%ld,"
-                           "\"step\":%lld", f->rank, dp->proc_id, (long long)step + 1);
-            }
-        } else if (f->kind != FAULT_RKILL && f->rank == dp->rank && f->at == step + 1 &&
-                   ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1) {
-            fire_fault(dp, f->kind, step);
-        }
-    }
-    if (dp->cfg.chaos > 0.0f) {
-        uint64_t h = rng_hash4(dp->cfg.seed, (uint64_t)step, 0xC4A05ULL, 0);
-        double u = (double)(h >> 11) / 9007199254740992.0;
-        if (u < dp->cfg.chaos && (int)((h >> 3) % (uint64_t)dp->cfg.workers) == dp->rank && step > 0 &&
-            ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_CHAOS, step, 0), "1") == 1)
-            fire_fault(dp, (h >> 40) & 1 ? FAULT_STOP : FAULT_KILL, step);
-    }
-}
-
-/* rkill: the process taking RANK dies while it recovers into EPOCH. */
-static void maybe_inject_in_recovery(dp_t *dp) {
-    char k[32];
-    for (int i = 0; i < dp->nfaults; i++) {
-        const FaultSpec *f = &dp->faults[i];
-        if (f->kind == FAULT_RKILL && f->rank == dp->rank && f->at == dp->epoch &&
-            ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1)
-            fire_fault(dp, FAULT_RKILL, -1);
-    }
-}
-
 /* --- membership ---------------------------------------------------------------------- */
 
 /* Where the epoch's rendezvous happens: under Sentinel the master the control connection
@@ -1679,7 +1617,7 @@ static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen
     if (restore_generation(dp, dp->restore_src, d->rollback, err, errlen) != 0) return LC_IN_RESTORE_FAILED;
     lc_feed(dp, LC_IN_RESTORED); /* REJOINING: a failure from here on is the rendezvous' */
     log_msg("restored step %lld in %.1f ms", d->rollback + 1, now_ms() - t0);
-    maybe_inject_in_recovery(dp);
+    rt_maybe_inject_in_recovery(dp);
     double t1 = now_ms();
     /* Everyone is warm and restores in parallel: if a member does not show up within this
      * bound it died during recovery, and the coordinator will decide again. */
@@ -1950,7 +1888,7 @@ dp_status dp_step_before_reduce(dp_t *dp, int64_t step) {
         lc_feed(dp, LC_IN_JOB_OVER); /* STOPPED */
         return DP_STOPPED;
     }
-    maybe_inject(dp, step);
+    rt_maybe_inject(dp, step);
     if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
     /* No rank reduces step k+1 before its generation k is committed (see snapshot.h). */
     dp->snapshot_wait_ms = 0;

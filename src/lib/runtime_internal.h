@@ -123,4 +123,11 @@ struct dp {
 /* A key's suffix within the job's namespace (ctl_key_suffix): what ctl_get/ctl_set take. */
 const char *rt_key(char *buf, size_t len, ctl_key k, long long a, long long b);
 
+/* --- rt_inject.c --------------------------------------------------------------------- */
+
+/* dp_step_before_reduce: fires the --inject and --chaos faults of step `step`. */
+void rt_maybe_inject(dp_t *dp, int64_t step);
+/* join_epoch: rkill, the process taking its rank dies while it recovers into dp->epoch. */
+void rt_maybe_inject_in_recovery(dp_t *dp);
+
 #endif

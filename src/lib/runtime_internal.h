@@ -130,4 +130,9 @@ void rt_maybe_inject(dp_t *dp, int64_t step);
 /* join_epoch: rkill, the process taking its rank dies while it recovers into dp->epoch. */
 void rt_maybe_inject_in_recovery(dp_t *dp);
 
+/* --- rt_exec.c ----------------------------------------------------------------------- */
+
+/* What dp_options leaves unset, from the environment a launcher set (worker_env_set). */
+void rt_options_from_env(dp_options *o);
+
 #endif

@@ -128,146 +128,7 @@ static lc_actions lc_feed(dp_t *dp, lc_input in) {
     return a;
 }
 
-/* --- the control plane's outages (issue 27, item 11) ------------------------------------
- * Training needs Redis only to handle a failure. A call that finds it unreachable (its
- * server's absence: ctl_error_transient) marks the control plane down; from then on nothing on
- * the training path asks it (the fence check, rank 0's metrics line, the snapshot thread's
- * commit record), so a stall, a restart or a failover costs the step in flight at most the
- * path's bound, about one step. The heartbeat thread keeps trying; once it reaches Redis it
- * republishes whatever this process owns there (republish: Redis may have come back empty,
- * or as a replica that missed the last writes) and only then clears the mark. A failure
- * meanwhile waits --control-wait for it (wait_for_decision), then the process persists what
- * it committed and stops. */
-
-/* confirmed: the heartbeat thread's own beat failed (logged); else a call on the training path
- * did not answer within its bound, which may be a blip of a busy machine: the heartbeat thread
- * is woken to find out at once, and a blip is over (and republished) within a round trip. */
-static void control_down(dp_t *dp, const ctl_t *c, int confirmed) {
-    if (!atomic_exchange(&dp->ctl_down, 1)) {
-        atomic_store(&dp->down_since, now_ms());
-        /* The heartbeat thread tries at once: what was not written (a commit record above all)
-         * is written the moment Redis answers again, not a heartbeat period later. */
-        pthread_mutex_lock(&dp->pub_mu);
-        pthread_cond_broadcast(&dp->pub_cv);
-        pthread_mutex_unlock(&dp->pub_mu);
-    }
-    if (confirmed && !atomic_exchange(&dp->down_logged, 1))
-        log_msg("the control plane (redis) is unreachable (%s): training goes on; a failure now waits up to %d s for it",
-                ctl_last_error(c), dp->cfg.control_wait);
-}
-
-/* After a failed call on c: was it the server's absence? */
-static void note_failure(dp_t *dp, const ctl_t *c) {
-    if (ctl_error_transient(c)) control_down(dp, c, 0);
-}
-
-/* The bound on a Redis call on the training path: a third of a step (the step that meets an
- * outage may pay it on each of the fence check, the commit record and, across ranks, a
- * collective's partner: about one step in all), 5 ms at least, a quarter of the detect timeout
- * at most (before the first step, that quarter). */
-static int path_timeout_ms(const dp_t *dp) {
-    int cap = dp->cfg.detect_timeout_ms / 4 > 5 ? dp->cfg.detect_timeout_ms / 4 : 5;
-    int t = dp->step_ewma > 0 ? (int)(dp->step_ewma / 3) : cap;
-    return t < 5 ? 5 : t > cap ? cap : t;
-}
-
-/* Metrics lines that could not be pushed wait here, in order (the oldest are dropped past 8192). */
-static void mq_push(dp_t *dp, const char *json) {
-    pthread_mutex_lock(&dp->pub_mu);
-    int cap = (int)(sizeof dp->mq / sizeof dp->mq[0]);
-    if (dp->mq_n == cap) {
-        free(dp->mq[0]);
-        memmove(dp->mq, dp->mq + 1, sizeof dp->mq[0] * (size_t)(cap - 1));
-        dp->mq_n--;
-        dp->mq_dropped++;
-    }
-    char *copy = strdup(json);
-    if (copy) dp->mq[dp->mq_n++] = copy;
-    pthread_mutex_unlock(&dp->pub_mu);
-}
-
-/* Sends queued lines in order on c, at most 256 a call (the heartbeat thread sends the rest at
- * its next beats: its heartbeat must not wait for a long backlog). 0 unless Redis failed. */
-static int mq_flush(dp_t *dp, ctl_t *c) {
-    for (int sent = 0;; sent++) {
-        if (sent == 256) {
-            pthread_mutex_lock(&dp->pub_mu);
-            dp->mq_flushing = 0;
-            pthread_mutex_unlock(&dp->pub_mu);
-            return 0;
-        }
-        pthread_mutex_lock(&dp->pub_mu);
-        if (dp->mq_n == 0) {
-            dp->mq_flushing = 0;
-            pthread_mutex_unlock(&dp->pub_mu);
-            return 0;
-        }
-        dp->mq_flushing = 1; /* rank 0 queues behind us meanwhile: the lines stay in order */
-        const char *json = dp->mq[0];
-        pthread_mutex_unlock(&dp->pub_mu);
-        int ok = ctl_push_metric(c, json) == 0;
-        pthread_mutex_lock(&dp->pub_mu);
-        if (ok) {
-            free(dp->mq[0]);
-            memmove(dp->mq, dp->mq + 1, sizeof dp->mq[0] * (size_t)(dp->mq_n - 1));
-            dp->mq_n--;
-        } else {
-            dp->mq_flushing = 0;
-        }
-        pthread_mutex_unlock(&dp->pub_mu);
-        if (!ok) return -1;
-    }
-}
-
-/* Everything this process owns in Redis, written again: its registration, its rank (while
- * Redis has no newer epoch than ours: a replaced process must not claim its old rank back),
- * its newest commit record and what it published about its state, its place in the spare
- * pool, the newest generation it holds of every other rank (`held`: what a rank that died
- * meanwhile can be restored from, its own commit records may never have arrived), and the
- * metrics lines that waited. 0 when all of it reached Redis. */
-static int republish(dp_t *dp, ctl_t *c) {
-    int bad = 0;
-    long cur = atomic_load(&dp->cur_epoch), e = ctl_epoch(c);
-    if (e < 0) return -1;
-    if (dp->reg_replica[0])
-        bad |= ctl_proc_set(c, dp->proc_id, "replica", dp->reg_replica) | ctl_proc_set(c, dp->proc_id, "host", dp->reg_host) |
-               ctl_proc_set(c, dp->proc_id, "node", dp->node) | ctl_proc_set(c, dp->proc_id, "pid", dp->reg_pid);
-    pthread_mutex_lock(&dp->pub_mu);
-    long long pe = dp->pub_epoch, ps = dp->pub_step;
-    int rank = dp->pub_rank;
-    pthread_mutex_unlock(&dp->pub_mu);
-    char k[48];
-    if (rank >= 0 && e <= cur) {
-        bad |= ctl_set_rank_owner(c, rank, dp->proc_id);
-        if (pe == cur && ps >= 0) bad |= ctl_committed_set(c, pe, rank, ps);
-        if (dp->own_published || dp->own_pending) bad |= ctl_set(c, rt_key(k, sizeof k, KEY_OWN_STATE, rank, 0), "1");
-        pthread_mutex_lock(&dp->pub_mu);
-        size_t gb = dp->gen_bytes_pending > dp->gen_bytes_published ? dp->gen_bytes_pending : dp->gen_bytes_published;
-        pthread_mutex_unlock(&dp->pub_mu);
-        char bytes[32];
-        proto_int_format((long long)gb, bytes, sizeof bytes);
-        if (gb) bad |= ctl_set(c, rt_key(k, sizeof k, KEY_GEN_BYTES, rank, 0), bytes);
-    }
-    if (atomic_load(&dp->in_pool)) bad |= ctl_spare_add(c, dp->proc_id);
-    size_t cap = HELD_TEXT_MAX(dp->cfg.workers);
-    char *held = malloc(cap);
-    HeldGen *hg = malloc(sizeof *hg * (size_t)dp->cfg.workers);
-    if (held && hg) {
-        int n = 0;
-        for (int r = 0; r < dp->cfg.workers; r++) {
-            int64_t st, ep;
-            if (r != rank && replica_server_newest(dp->replicas, r, &st, &ep) == 0) hg[n++] = (HeldGen){r, st, ep};
-        }
-        bad |= held_format(hg, n, held, cap) != 0 ? -1 : ctl_proc_set(c, dp->proc_id, "held", held);
-    }
-    free(held);
-    free(hg);
-    bad |= mq_flush(dp, c);
-    if (!bad) ctl_wait_replica(c, 1000);
-    return bad ? -1 : 0;
-}
-
-/* --- threads: heartbeat, abort watch ------------------------------------------------- */
+/* --- the abort watch (the heartbeat thread: rt_telemetry.c) --------------------------- */
 
 /* Waits on the process's "abort" list; a value e+1 with e >= our epoch raises abort_step. */
 static void *abort_watch_loop(void *arg) {
@@ -280,45 +141,6 @@ static void *abort_watch_loop(void *arg) {
         long v = ctl_wait_notice(c, dp->proc_id, KEY_ABORT, 200);
         if (v < 0) sleep_ms(100);
         else if (v > 0 && v - 1 >= atomic_load(&dp->cur_epoch)) atomic_store(&dp->abort_step, 1);
-    }
-    ctl_close(c);
-    return NULL;
-}
-
-static void *heartbeat_loop(void *arg) {
-    dp_t *dp = arg;
-    pthread_setname_np(pthread_self(), "dp-heartbeat");
-    char err[256];
-    ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
-    if (!c) { log_msg("heartbeat: %s", err); return NULL; }
-    int period = dp->cfg.detect_timeout_ms / 4;
-    /* The beat keeps its generous timeout (2 s): a slow Redis still gets the heartbeat, and a
-     * stalled one answers the beat waiting in its socket the moment it runs again. */
-    while (!atomic_load(&dp->hb_stop)) {
-        int ok = ctl_heartbeat(c, dp->proc_id, dp->cfg.detect_timeout_ms) == 0;
-        if (!ok) control_down(dp, c, 1); /* not answering our heartbeat, whatever the reason */
-        if (ok && atomic_load(&dp->ctl_down)) {
-            if (republish(dp, c) == 0) {
-                if (atomic_exchange(&dp->down_logged, 0))
-                    log_msg("the control plane is back after %.1f s: this process's keys are republished",
-                            (now_ms() - atomic_load(&dp->down_since)) / 1e3);
-                atomic_store(&dp->ctl_down, 0);
-            }
-        } else if (ok) {
-            mq_flush(dp, c); /* lines a failed push left behind */
-        }
-        char state[32];
-        if (ok && ctl_state_get(c, state, sizeof state) == 0 && strcmp(state, "running") != 0)
-            atomic_store(&dp->job_over, 1);
-        /* The next beat after a period, or at once when a call elsewhere found Redis away. */
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        long long ns = until.tv_nsec + (long long)(period > 0 ? period : 1) * 1000000LL;
-        until.tv_sec += (time_t)(ns / 1000000000LL);
-        until.tv_nsec = (long)(ns % 1000000000LL);
-        pthread_mutex_lock(&dp->pub_mu);
-        if (!atomic_load(&dp->hb_stop)) pthread_cond_timedwait(&dp->pub_cv, &dp->pub_mu, &until);
-        pthread_mutex_unlock(&dp->pub_mu);
     }
     ctl_close(c);
     return NULL;
@@ -543,7 +365,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     if (dp->proc_id < 0) { snprintf(err, errlen, "registration failed: %s", ctl_last_error(dp->ctl)); goto fail; }
     if (start_replica_server(dp, err, errlen) != 0) goto fail;
     ctl_heartbeat(dp->ctl, dp->proc_id, dp->cfg.detect_timeout_ms);
-    pthread_create(&dp->hb_thread, NULL, heartbeat_loop, dp);
+    pthread_create(&dp->hb_thread, NULL, rt_heartbeat_loop, dp);
     pthread_create(&dp->abort_thread, NULL, abort_watch_loop, dp);
     dp->rank = o.spare ? -1 : claim_rank(dp, o.rank);
     if (dp->rank == -2) {
@@ -1206,7 +1028,7 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
      * by about a step, so that a stall that begins now costs at most that. */
     if (!atomic_load(&dp->ctl_down)) {
         int saved = ctl_timeout(dp->snap_ctl);
-        ctl_set_timeout(dp->snap_ctl, path_timeout_ms(dp));
+        ctl_set_timeout(dp->snap_ctl, rt_path_timeout_ms(dp));
         /* Before the commit is published: a coordinator that counts this generation as committed
          * must also see that the rank has state of its own (decide.h, stateless). */
         char k[48];
@@ -1223,7 +1045,7 @@ static void on_commit(const SnapHeader *h, const void *payload, void *arg) {
             else failed = 1;
         }
         if (!failed && ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step) != 0) failed = 1;
-        if (failed) control_down(dp, dp->snap_ctl, 0); /* owed: the heartbeat thread writes it as soon as it can */
+        if (failed) rt_control_down(dp, dp->snap_ctl, 0); /* owed: the heartbeat thread writes it as soon as it can */
         else ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
         ctl_set_timeout(dp->snap_ctl, saved);
     } else {
@@ -1659,7 +1481,7 @@ static long wait_for_decision(dp_t *dp, int timeout_ms) {
             continue;
         }
         long e = ctl_epoch(dp->ctl);
-        if (e < 0) note_failure(dp, dp->ctl);
+        if (e < 0) rt_note_failure(dp, dp->ctl);
         if (e > dp->epoch) return e;
         if (dp->rank >= 0) answer_persist_request(dp);
         if (ctl_wait_notice(dp->ctl, dp->proc_id, KEY_NOTICE, 100) < 0) sleep_ms(100); /* Redis unreachable */
@@ -1897,127 +1719,13 @@ dp_status dp_step_before_update(dp_t *dp) {
     if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
     if (atomic_load(&dp->ctl_down)) return DP_OK;
     int saved = ctl_timeout(dp->ctl);
-    ctl_set_timeout(dp->ctl, path_timeout_ms(dp));
+    ctl_set_timeout(dp->ctl, rt_path_timeout_ms(dp));
     char k[64], v[8];
     int fenced = ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_FENCED, dp->epoch, 0), v, sizeof v) == 0;
-    if (!fenced) note_failure(dp, dp->ctl);
+    if (!fenced) rt_note_failure(dp, dp->ctl);
     ctl_set_timeout(dp->ctl, saved);
     if (fenced) return epoch_closed(dp);
     return DP_OK;
-}
-
-/* committed: newest step (1-based) that every rank can restore, 0 if none; with the control
- * plane away, this rank's own newest commit. */
-static long long committed_step(dp_t *dp, int ask) {
-    if (!dp->snap) return dp->last_disk_step;
-    long long c = ask ? ctl_committed_min(dp->ctl, dp->epoch, dp->cfg.workers) : -2;
-    if (c == -2 && ask) note_failure(dp, dp->ctl);
-    if (c == -2) c = snapshot_committed(dp->snap);
-    return c >= 0 ? c + 1 : 0;
-}
-
-/* Rank 0's metrics line: pushed at once, bounded by about a step; queued behind lines that
- * wait for Redis (the heartbeat thread sends them, in order, when it is back). */
-static void push_metrics(dp_t *dp, int64_t step, const dp_metrics *m, double step_ms) {
-    pthread_mutex_lock(&dp->pub_mu);
-    int direct = !atomic_load(&dp->ctl_down) && dp->mq_n == 0 && !dp->mq_flushing;
-    pthread_mutex_unlock(&dp->pub_mu);
-    int saved = ctl_timeout(dp->ctl);
-    if (direct) ctl_set_timeout(dp->ctl, path_timeout_ms(dp));
-    long long committed = committed_step(dp, direct);
-    if (atomic_load(&dp->ctl_down)) direct = 0;
-    char json[640];
-    double tokens = m ? m->tokens : 0.0;
-    snprintf(json, sizeof json,
-             "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_ms\":%.3f,"
-             "\"tokens_per_s\":%.1f,\"epoch\":%ld,\"committed_step\":%lld,\"snapshot_wait_ms\":%.3f,\"t\":%.3f}",
-             (long long)step + 1, m ? m->loss : 0.0, m ? m->lr : 0.0, m ? m->grad_norm : 0.0, step_ms,
-             step_ms > 0 ? tokens / (step_ms / 1e3) : 0.0, dp->epoch, committed, dp->snapshot_wait_ms,
-             (double)(wall_ms() - dp->t0_wall_ms) / 1e3);
-    if (!direct) {
-        mq_push(dp, json);
-    } else if (ctl_push_metric(dp->ctl, json) != 0) {
-        note_failure(dp, dp->ctl);
-        mq_push(dp, json);
-    }
-    ctl_set_timeout(dp->ctl, saved);
-}
-
-/* Rank 0 of a new epoch, after its first step: one `recovered` event with the timeline. */
-static void report_recovery(dp_t *dp) {
-    Report over = {.kind = REPORT_RECOVERED, .epoch = dp->epoch, .rank = dp->rank, .step = -1, .t_wall_ms = wall_ms()};
-    report_send(dp->ctl, dp->t0_wall_ms, &over); /* the launcher may start replacement spares now */
-    Decision *d = &dp->decision; /* the epoch's own: it is what we joined */
-    if (decision_read(dp->ctl, dp->epoch, d) != 0) return;
-    /* The slowest member sets each phase; training resumed when the last member did. Every
-     * member's timing and join costs, and the newest step, in one MGET (per 256 keys). */
-    double restore = 0, rebuild = 0, resnap = 0, rendezvous = 0, barrier = 0, rwait = 0, rconnect = 0;
-    int *warm = calloc((size_t)dp->cfg.workers, sizeof *warm);
-    long long resumed = 0, first_in = 0, last_in = 0;
-    unsigned long long rtt_max = 0, rtt_total = 0;
-    int world = dp->cfg.workers, nk = 2 * world + 1;
-    char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
-    const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
-    if (!names || !values || !suffixes || !warm) { free(names); free(values); free(suffixes); free(warm); return; }
-    for (int r = 0; r < world; r++) {
-        suffixes[r] = rt_key(names[r], sizeof names[r], KEY_TIMING, dp->epoch, r);
-        suffixes[world + r] = rt_key(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, dp->epoch, r);
-    }
-    suffixes[2 * world] = rt_key(names[2 * world], sizeof names[2 * world], KEY_LAST_STEP, 0, 0);
-    if (ctl_get_many(dp->ctl, suffixes, nk, values[0], sizeof values[0], NULL) != 0)
-        for (int i = 0; i < nk; i++) values[i][0] = 0;
-    for (int r = 0; r < world; r++) { /* an absent record ("") is a member that wrote none: skipped */
-        JoinTiming t;
-        JoinStats s;
-        char err[256];
-        if (values[r][0] && join_timing_parse(values[r], &t, err, sizeof err) != 0) log_msg("rank %d: %s", r, err);
-        else if (values[r][0]) {
-            warm[r] = t.warm;
-            if (t.restore_ms > restore) restore = t.restore_ms;
-            if (t.rebuild_ms > rebuild) rebuild = t.rebuild_ms;
-            if (t.resnapshot_ms > resnap) resnap = t.resnapshot_ms;
-            if (t.resumed_wall_ms > resumed) resumed = t.resumed_wall_ms;
-        }
-        if (values[world + r][0] && join_stats_parse(values[world + r], &s, err, sizeof err) != 0) log_msg("rank %d: %s", r, err);
-        else if (values[world + r][0]) {
-            unsigned long long rtt = (unsigned long long)s.ctl_round_trips + (unsigned long long)s.store_round_trips;
-            if (rtt > rtt_max) rtt_max = rtt;
-            rtt_total += rtt;
-            if (s.rendezvous_ms > rendezvous) rendezvous = s.rendezvous_ms;
-            if (s.barrier_ms > barrier) barrier = s.barrier_ms;
-            if (s.wait_ms > rwait) rwait = s.wait_ms;
-            if (s.connect_ms > rconnect) rconnect = s.connect_ms;
-            if (!first_in || s.entered_wall_ms < first_in) first_in = s.entered_wall_ms;
-            if (s.entered_wall_ms > last_in) last_in = s.entered_wall_ms;
-        }
-    }
-    long long last = 0;
-    if (values[2 * world][0] && proto_int_parse(values[2 * world], "last_step", 0, LLONG_MAX, &last, NULL, 0) != 0) last = 0;
-    free(names);
-    free(values);
-    free(suffixes);
-    long long total = resumed - d->t_fail_ms, first_step = wall_ms() - d->t_fail_ms;
-    for (int i = 0; i < d->nfailed; i++) {
-        event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
-                   "\"epoch\":%ld,\"rank\":%d,\"spare\":%ld,\"failure_kind\":\"%s\",\"rollback_step\":%lld,"
-                   "\"detect_ms\":%lld,\"decide_ms\":%lld,\"restore_ms\":%.1f,\"rebuild_ms\":%.1f,\"resnapshot_ms\":%.1f,"
-                   "\"total_ms\":%lld,\"first_step_done_ms\":%lld,\"steps_recomputed\":%lld,\"world\":%d,"
-                   "\"rendezvous_ms\":%.1f,\"rendezvous_wait_ms\":%.1f,\"rendezvous_connect_ms\":%.1f,"
-                   "\"rendezvous_spread_ms\":%lld,\"rendezvous_last_in_ms\":%lld,\"barrier_ms\":%.1f,"
-                   "\"join_round_trips_max\":%llu,"
-                   "\"join_round_trips_total\":%llu,\"failed_wall_ms\":%lld,\"resumed_wall_ms\":%lld,"
-                   "\"restore_warm\":%s",
-                   dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
-                   (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
-                   rebuild, resnap, total, first_step, last - (d->rollback + 1), world, rendezvous, rwait,
-                   rconnect, last_in - first_in, last_in ? last_in - (long long)d->t_decide_ms : 0, barrier, rtt_max,
-                   rtt_total, (long long)d->t_fail_ms, resumed, warm[d->failed[i].rank] ? "true" : "false");
-    }
-    free(warm);
-    if (d->nfailed == 0)
-        event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
-                   "\"epoch\":%ld,\"rank\":-1,\"failure_kind\":\"comm\",\"rollback_step\":%lld,\"total_ms\":%lld",
-                   dp->epoch, d->rollback + 1, total);
 }
 
 /* The step's loss or gradient norm is not finite: its state is never committed. Every rank
@@ -2084,8 +1792,8 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
     if (a.flags & LC_ACT_STEP_TIME) /* the usual step time: the bound on the training path's Redis calls */
         dp->step_ewma = dp->step_ewma > 0 ? 0.9 * dp->step_ewma + 0.1 * (t - dp->step_t0) : t - dp->step_t0;
     if (dp->rank == 0) {
-        push_metrics(dp, step, m, t - dp->step_t0);
-        if (a.flags & LC_ACT_FIRST_COMMIT) report_recovery(dp);
+        rt_push_metrics(dp, step, m, t - dp->step_t0);
+        if (a.flags & LC_ACT_FIRST_COMMIT) rt_report_recovery(dp);
     }
     if ((a.flags & LC_ACT_FIRST_COMMIT) && dp->restore_src) { /* the new epoch has committed its restore point */
         snapshot_abandon(dp->restore_src);
@@ -2293,22 +2001,6 @@ dp_status dp_group_wait_sends(dp_group *g) {
 
 /* --- leaving ------------------------------------------------------------------------- */
 
-static void report_snapshot_stats(dp_t *dp) {
-    SnapshotStats st;
-    snapshot_stats(dp->snap, &st);
-    event_emit(dp->ctl, dp->t0_wall_ms, "snapshot_stats",
-               "\"rank\":%d,\"epoch\":%ld,\"captures\":%llu,\"commits\":%llu,\"failures\":%llu,\"waits\":%llu,"
-               "\"wait_ms_total\":%.3f,\"bytes_copied\":%llu,\"bytes_replicated\":%llu,\"copy_ms_mean\":%.3f,"
-               "\"replicate_ms_mean\":%.3f,\"bytes_pulled\":%llu,\"cpu_ms\":%.1f,\"holder_cpu_ms\":%.1f,"
-               "\"warmup_ms\":%.1f,\"warmup_cpu_ms\":%.1f",
-               dp->rank, dp->epoch, (unsigned long long)st.captures, (unsigned long long)st.commits,
-               (unsigned long long)st.failures, (unsigned long long)st.waits, st.wait_ms_total,
-               (unsigned long long)st.bytes_copied, (unsigned long long)st.bytes_replicated,
-               st.captures ? st.copy_ms_total / st.captures : 0.0, st.captures ? st.replicate_ms_total / st.captures : 0.0,
-               (unsigned long long)st.bytes_pulled, st.cpu_ms_total, replica_server_cpu_ms(dp->replicas), st.warmup_ms,
-               st.warmup_cpu_ms);
-}
-
 int dp_finish(dp_t *dp, dp_status how) {
     if (!dp) return atomic_load(&init_transient) ? DP_EXIT_FAILED : DP_EXIT_BAD_JOB;
     int rc = how == DP_OK ? DP_EXIT_DONE
@@ -2323,7 +2015,7 @@ int dp_finish(dp_t *dp, dp_status how) {
     int done = (a.flags & LC_ACT_REPORT_DONE) != 0;
     if (dp->snap) {
         snapshot_drain(dp->snap, job_comm_timeout_ms(&dp->cfg));
-        report_snapshot_stats(dp);
+        rt_report_snapshot_stats(dp);
         /* Every rank's last replication is done before anyone closes its replica server. */
         if (done) comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg));
         snapshot_destroy(dp->snap);

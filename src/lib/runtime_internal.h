@@ -135,4 +135,22 @@ void rt_maybe_inject_in_recovery(dp_t *dp);
 /* What dp_options leaves unset, from the environment a launcher set (worker_env_set). */
 void rt_options_from_env(dp_options *o);
 
+/* --- rt_telemetry.c ------------------------------------------------------------------ */
+
+/* Marks the control plane down (confirmed: by the heartbeat thread's own beat, which logs it;
+ * else a call on the training path that timed out) and wakes the heartbeat thread. */
+void rt_control_down(dp_t *dp, const ctl_t *c, int confirmed);
+/* After a failed call on c: marks the control plane down when it was the server's absence. */
+void rt_note_failure(dp_t *dp, const ctl_t *c);
+/* The bound on a Redis call on the training path (about a third of a step). */
+int rt_path_timeout_ms(const dp_t *dp);
+/* The heartbeat thread (pthread_create's start routine; arg: the dp_t). */
+void *rt_heartbeat_loop(void *arg);
+/* Rank 0's metrics line of step `step`: pushed at once, or queued while Redis is away. */
+void rt_push_metrics(dp_t *dp, int64_t step, const dp_metrics *m, double step_ms);
+/* Rank 0 of a new epoch, after its first step: the `recovered` event(s) with the timeline. */
+void rt_report_recovery(dp_t *dp);
+/* The `snapshot_stats` event of this process's snapshot engine (dp->snap). */
+void rt_report_snapshot_stats(dp_t *dp);
+
 #endif

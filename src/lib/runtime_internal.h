@@ -153,4 +153,33 @@ void rt_report_recovery(dp_t *dp);
 /* The `snapshot_stats` event of this process's snapshot engine (dp->snap). */
 void rt_report_snapshot_stats(dp_t *dp);
 
+/* --- rt_capture.c -------------------------------------------------------------------- */
+
+/* Captures snapshot generation `step` where the declared state lies (no copy): 1 captured, 0
+ * not possible (gather the regions and copy as usual). */
+int rt_capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t extra_len);
+/* The application's regions now into dp->snap_regions (head first) and the local part into
+ * dp->snap_locals. The number of snapshot regions, -1 + dp->err. */
+int rt_gather_regions(dp_t *dp, int64_t step, const void *extra, size_t extra_len);
+/* Checks a verified payload of this rank (and its local part) and hands it to the application. */
+int rt_restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, const void *local, size_t local_len,
+                       char *err, size_t errlen);
+/* Rank's state of the resumed checkpoint: this machine's disk, else the launcher that has it. */
+int rt_read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload, char *err, size_t errlen);
+/* Puts this rank's state at generation `rollback` (-1: the initial state). 0 / -1 + err. */
+int rt_restore_generation(dp_t *dp, Snapshot *old, long long rollback, char *err, size_t errlen);
+/* After a restore: the identical state's broadcast, then the application's rebuild. */
+dp_status rt_share_and_rebuild(dp_t *dp, int *state_lost, char *err, size_t errlen);
+/* A spare's warm buffer: allocated at join, grown while it waits, taken, released. */
+void rt_warm_restore_buffer(dp_t *dp);
+void rt_warm_grow_check(dp_t *dp);
+void rt_warm_grow_finish(dp_t *dp, int wait);
+void rt_release_warm_buffer(dp_t *dp);
+/* Fetches rank's generation `step` from a holder recorded in recent epochs. 0 / -1. */
+int rt_fetch_from_holders(dp_t *dp, int rank, long long step, long newest_epoch, SnapHeader *h, void **payload);
+/* 1 when no generation of `rank` carried state of its own (so g holds the identical state at most). */
+int rt_rank_stateless(dp_t *dp, int rank, long long g);
+/* A payload in memory DeadPool keeps (not to be freed). */
+int rt_payload_is_ours(const dp_t *dp, const void *p);
+
 #endif

@@ -85,7 +85,7 @@ struct dp {
     size_t warm_next_cap;
     size_t restore_cold;      /* bytes this recovery received into memory not faulted in before */
     size_t gen_bytes_published; /* KEY_GEN_BYTES of this rank, as this process set it */
-    ctl_t *snap_ctl;          /* the snapshot threads' own connection (on_commit) */
+    ctl_t *snap_ctl;          /* the snapshot threads' own connection (rt_on_commit) */
     pthread_mutex_t snap_ctl_mu; /* ...shared by the current epoch's thread and a finishing one */
     int persist_answered;     /* the no-spare persist request of this epoch was answered */
     int64_t cur_step;
@@ -181,5 +181,19 @@ int rt_fetch_from_holders(dp_t *dp, int rank, long long step, long newest_epoch,
 int rt_rank_stateless(dp_t *dp, int rank, long long g);
 /* A payload in memory DeadPool keeps (not to be freed). */
 int rt_payload_is_ours(const dp_t *dp, const void *p);
+
+/* --- rt_persist.c -------------------------------------------------------------------- */
+
+/* Writes a committed generation of rank h->rank to disk and counts it; the last rank
+ * completes the checkpoint. */
+void rt_persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const void *payload);
+/* The snapshot engine's commit callback (SnapshotConfig.on_commit; arg: the dp_t). */
+void rt_on_commit(const SnapHeader *h, const void *payload, void *arg);
+/* --ft disk: every rank writes its live state, then rank 0 completes the checkpoint. */
+dp_status rt_disk_checkpoint(dp_t *dp, int64_t step, const void *extra, size_t extra_len);
+/* While waiting for a decision: the coordinator's no-spare persist request, answered once. */
+void rt_answer_persist_request(dp_t *dp);
+/* The control plane is lost: the generations in the local buffers go to disk (no Redis). */
+void rt_persist_without_control(dp_t *dp);
 
 #endif

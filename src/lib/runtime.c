@@ -248,23 +248,6 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     return -1;
 }
 
-int node_id_default(char *buf, size_t len) {
-    char host[256] = "", boot[64] = "";
-    gethostname(host, sizeof host - 1);
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    int ok = f && fgets(boot, sizeof boot, f) != NULL;
-    if (f) fclose(f);
-    boot[strcspn(boot, "\n")] = 0;
-    snprintf(buf, len, "%.100s-%.12s", host[0] ? host : "host", boot);
-    node_id_clean(buf);
-    return ok && boot[0] ? 0 : -1;
-}
-
-void node_id_clean(char *id) {
-    for (char *p = id; *p; p++)
-        if (!name_char((unsigned char)*p)) *p = '_';
-}
-
 static void free_process(dp_t *dp) {
     if (dp->hb_thread) {
         atomic_store(&dp->hb_stop, 1);
@@ -383,220 +366,6 @@ fail:
     return NULL;
 }
 
-void dp_replica_spread(dp_t *dp, int block) { dp->spread_block = block > 0 ? block : 0; }
-
-/* --- replica placement and snapshots ------------------------------------------------- */
-
-/* A process's replica server address and host never change (a process id names one process),
- * so they are cached for the life of this process: a recovery looks up the new member only,
- * and a spare taking a rank looks up everyone in one round trip. */
-typedef struct {
-    long proc;
-    Holder h;
-    char node[128];
-} ProcFacts;
-
-static struct {
-    pthread_mutex_t lock;
-    char job[64];
-    ProcFacts *v;
-    int n, cap;
-} proc_facts_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-/* Facts of procs[0..n) into out (out[i].proc = 0 when proc i has registered no replica
- * server), the unknown ones fetched in one round trip. 0 / -1 (Redis unreachable). */
-static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
-    static const char *const fields[] = {"replica", "node"};
-    pthread_mutex_lock(&proc_facts_cache.lock);
-    if (strcmp(proc_facts_cache.job, dp->job) != 0) { /* another job in this process */
-        snprintf(proc_facts_cache.job, sizeof proc_facts_cache.job, "%s", dp->job);
-        proc_facts_cache.n = 0;
-    }
-    long *missing = malloc(sizeof *missing * (size_t)(n > 0 ? n : 1));
-    int *where = malloc(sizeof *where * (size_t)(n > 0 ? n : 1)), m = 0, rc = 0;
-    if (!missing || !where) rc = -1;
-    for (int i = 0; i < n && rc == 0; i++) {
-        out[i].proc = 0;
-        for (int k = 0; k < proc_facts_cache.n; k++)
-            if (proc_facts_cache.v[k].proc == procs[i]) { out[i] = proc_facts_cache.v[k]; break; }
-        if (!out[i].proc && procs[i] > 0) { missing[m] = procs[i]; where[m++] = i; }
-    }
-    char (*v)[300] = m > 0 && rc == 0 ? malloc(sizeof *v * 2 * (size_t)m) : NULL;
-    if (m > 0 && (!v || ctl_proc_get_many(dp->ctl, missing, m, fields, 2, v[0], sizeof v[0]) != 0)) rc = -1;
-    for (int j = 0; j < m && rc == 0; j++) {
-        ProcFacts *f = &out[where[j]];
-        Endpoint ep;
-        if (endpoint_parse(v[2 * j], &ep, NULL, 0) != 0) continue; /* not registered (yet) */
-        f->proc = missing[j];
-        f->h.proc = missing[j];
-        snprintf(f->h.host, sizeof f->h.host, "%s", ep.host);
-        f->h.port = ep.port;
-        snprintf(f->node, sizeof f->node, "%.127s", v[2 * j + 1]);
-        if (proc_facts_cache.n == proc_facts_cache.cap) {
-            int cap = proc_facts_cache.cap ? 2 * proc_facts_cache.cap : 64;
-            ProcFacts *grown = realloc(proc_facts_cache.v, sizeof *grown * (size_t)cap);
-            if (!grown) continue; /* not cached: looked up again next time */
-            proc_facts_cache.v = grown;
-            proc_facts_cache.cap = cap;
-        }
-        proc_facts_cache.v[proc_facts_cache.n++] = *f;
-    }
-    pthread_mutex_unlock(&proc_facts_cache.lock);
-    free(v);
-    free(missing);
-    free(where);
-    return rc;
-}
-
-/* owners[r] = the process of rank r in this epoch: from the decision being followed, else one
- * MGET. 0 / -1. */
-static int current_owners(dp_t *dp, long *owners) {
-    int world = dp->cfg.workers;
-    if (dp->epoch > 0 && dp->decision.epoch == dp->epoch && dp->decision.world == world) {
-        memcpy(owners, dp->decision.procs, sizeof *owners * (size_t)world);
-        return 0;
-    }
-    return ctl_rank_owners(dp->ctl, world, owners);
-}
-
-/* The order in which rank looks for holders among the other ranks: offsets P, 2P, ... first
- * (with P ranks per machine, the same local rank on the next machines: one holder per
- * machine, and each machine holds one replica of each other machine's ranks), then the rest
- * of the ring rank+1, rank+2, ... (P = 0: the plain ring). offsets gets world - 1 entries. */
-void holder_offsets(int world, int per_node, int *offsets) {
-    int n = 0;
-    if (per_node > 0 && per_node < world)
-        for (int j = per_node; j < world; j += per_node) offsets[n++] = j;
-    for (int j = 1; j < world; j++)
-        if (!(per_node > 0 && per_node < world && j % per_node == 0)) offsets[n++] = j;
-}
-
-void holder_order(int world, int per_node, int block, int rank, int *order) {
-    int m = world - 1, n = 0;
-    int *off = malloc(sizeof *off * (size_t)(m > 0 ? m : 1));
-    if (!off) { /* the plain ring */
-        for (int j = 1; j < world; j++) order[j - 1] = (rank + j) % world;
-        return;
-    }
-    holder_offsets(world, per_node, off);
-    /* a stable partition: other blocks first */
-    for (int pass = 0; pass < 2; pass++)
-        for (int j = 0; j < m; j++) {
-            int r = (rank + off[j]) % world, other = block <= 0 || r / block != rank / block;
-            if (other == (pass == 0)) order[n++] = r;
-        }
-    free(off);
-}
-
-/* Holders of this rank's replicas: on other machines than ours and than each other's (so
- * that losing any `want` machines leaves a copy), in holder_offsets order. A single-machine
- * job falls back to holders on this machine; a multi-node job only when no other machine runs
- * a rank any more (a holder beside its owner dies with it: it says so). At most two round trips whatever the world: the owners (from the
- * decision being joined, else one MGET) and the facts of the processes not cached yet. */
-static int ring_holders(dp_t *dp, int want, Holder *out) {
-    int world = dp->cfg.workers, m = world - 1, n = 0;
-    long *owners = malloc(sizeof *owners * (size_t)world), *ring = malloc(sizeof *ring * (size_t)(m > 0 ? m : 1));
-    int *order = malloc(sizeof *order * (size_t)(m > 0 ? m : 1));
-    ProcFacts *f = malloc(sizeof *f * (size_t)(m > 0 ? m : 1));
-    const char *used[HOLDERS_MAX + 1];
-    int ok = owners && ring && f && order && current_owners(dp, owners) == 0;
-    if (ok) holder_order(world, dp->cfg.nnodes > 0 ? dp->cfg.nproc_per_node : 0, dp->spread_block, dp->rank, order);
-    for (int j = 0; ok && j < m; j++) ring[j] = owners[order[j]];
-    if (ok) ok = proc_facts(dp, ring, m, f) == 0;
-    used[0] = dp->node;
-    /* pass 0: a machine not used yet; pass 1: any other machine; pass 2 (one machine only): ours */
-    for (int pass = 0; ok && pass < 3 && n < want; pass++) {
-        if (pass == 2 && dp->cfg.nnodes > 0 && n == 0)
-            log_msg("no other machine runs a rank of the job now: this rank's replicas stay on its machine, which it "
-                    "cannot survive losing");
-        if (pass == 2 && dp->cfg.nnodes > 0 && n > 0) break;
-        for (int j = 0; j < m && n < want; j++) {
-            if (f[j].proc <= 0) continue;
-            int seen = 0, taken = 0;
-            for (int u = 0; u <= n; u++) seen |= !strcmp(f[j].node, used[u]);
-            for (int u = 0; u < n; u++) taken |= out[u].proc == f[j].proc;
-            if (taken || (pass == 0 && seen) || (pass == 1 && !strcmp(f[j].node, dp->node))) continue;
-            out[n] = f[j].h;
-            used[++n] = f[j].node;
-        }
-    }
-    free(owners);
-    free(ring);
-    free(order);
-    free(f);
-    return n;
-}
-
-int dp_local_rank(dp_t *dp) {
-    if (dp->rank <= 0) return dp->rank; /* rank 0 is first wherever it runs: no Redis needed */
-    int world = dp->cfg.workers, below = 0;
-    long *owners = malloc(sizeof *owners * (size_t)world);
-    ProcFacts *f = malloc(sizeof *f * (size_t)world);
-    int ok = owners && f && current_owners(dp, owners) == 0;
-    if (ok) ok = proc_facts(dp, owners, dp->rank, f) == 0;
-    for (int r = 0; ok && r < dp->rank; r++) below += f[r].proc > 0 && !strcmp(f[r].node, dp->node);
-    free(owners);
-    free(f);
-    return ok ? below : -1;
-}
-
-/* Spares (sorted by process id) rank, rank+1, ... mod S; waits for enough spares to register. */
-static int spare_holders(dp_t *dp, int want, Holder *out) {
-    long ids[DP_MAX_RANKS], chosen[HOLDERS_MAX] = {0};
-    int n = 0;
-    double deadline = now_ms() + dp->cfg.start_timeout_ms;
-    while ((n = ctl_spare_list(dp->ctl, ids, DP_MAX_RANKS)) < want && now_ms() < deadline) sleep_ms(10);
-    if (n < want || want > HOLDERS_MAX) return -1;
-    ProcFacts f[HOLDERS_MAX];
-    for (int j = 0; j < want; j++) chosen[j] = ids[(dp->rank + j) % n];
-    if (proc_facts(dp, chosen, want, f) != 0) return -1;
-    for (int j = 0; j < want; j++) {
-        if (!f[j].proc) return -1;
-        out[j] = f[j].h;
-    }
-    return want;
-}
-
-static int start_snapshots(dp_t *dp, char *err, size_t errlen) {
-    Holder holders[HOLDERS_MAX];
-    ReplicaTarget targets[HOLDERS_MAX];
-    int want = dp->cfg.replicas, n;
-    /* One worker has no ring peer: its replica goes to a spare (a lone rank must survive too). */
-    if (dp->cfg.replica_placement == PLACE_SPARES || (dp->cfg.workers == 1 && dp->cfg.spares > 0)) {
-        n = spare_holders(dp, want, holders);
-        if (n < 0) { snprintf(err, errlen, "--replica-placement spares: fewer than %d spares registered", want); return -1; }
-    } else {
-        if (want > dp->cfg.workers - 1) want = dp->cfg.workers - 1;
-        n = ring_holders(dp, want, holders);
-        if (n < want) { snprintf(err, errlen, "only %d of %d ring replica holders are registered", n, want); return -1; }
-    }
-    if (dp->rank == 0 && dp->epoch == 0 && n < dp->cfg.replicas)
-        log_msg("%d worker(s): %d replica(s) per rank instead of %d", dp->cfg.workers, n, dp->cfg.replicas);
-    char list[HOLDERS_TEXT_MAX];
-    holders_format(holders, n, list, sizeof list);
-    holders_record(dp->ctl, dp->epoch, dp->rank, list);
-    ctl_wait_replica(dp->ctl, 1000); /* a recovery looks the holders up: on a replica before it commits */
-    for (int i = 0; i < n; i++) {
-        snprintf(targets[i].host, sizeof targets[i].host, "%s", holders[i].host);
-        targets[i].port = holders[i].port;
-        targets[i].proc = holders[i].proc;
-    }
-    if (!dp->snap_ctl) dp->snap_ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen);
-    if (!dp->snap_ctl) return -1;
-    /* The buffers are sized from the state as it is now; they grow if it does. */
-    size_t hint = 0;
-    int nr = rt_gather_regions(dp, dp->next_step - 1, NULL, 0);
-    for (int i = 0; i < nr; i++) hint += dp->snap_regions[i].len;
-    SnapshotConfig sc = {.job = dp->job, .epoch = dp->epoch, .rank = dp->rank, .world = dp->cfg.workers,
-                         .bytes_hint = hint, .targets = targets, .ntargets = n, .timeout_ms = job_comm_timeout_ms(&dp->cfg),
-                         .allow_pull = dp->cfg.replica_transport == TRANSPORT_AUTO,
-                         .external = dp->nstate > 0 && nr == dp->nstate + 1,
-                         .key = replica_server_key(dp->replicas), .on_commit = rt_on_commit, .arg = dp,
-                         .abort = &dp->abort_step};
-    dp->snap = snapshot_create(&sc, err, errlen);
-    return dp->snap ? 0 : -1;
-}
-
 /* --- membership ---------------------------------------------------------------------- */
 
 /* Where the epoch's rendezvous happens: under Sentinel the master the control connection
@@ -684,7 +453,7 @@ static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen
         return state_lost ? LC_IN_RESTORE_FAILED : LC_IN_JOIN_FAILED;
     double t2 = now_ms();
     if (dp->cfg.ft == FT_DEADPOOL) {
-        if (start_snapshots(dp, err, errlen) != 0) return LC_IN_JOIN_FAILED;
+        if (rt_start_snapshots(dp, err, errlen) != 0) return LC_IN_JOIN_FAILED;
         /* The restore point is snapshotted again in the new epoch; the first step waits for
          * its commit before reducing (as every step does), so this overlaps with that step's
          * forward/backward. Until then the old buffers stay as a second copy. */
@@ -815,7 +584,7 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
             return DP_FAILED;
         }
     }
-    if (dp->cfg.ft == FT_DEADPOOL && start_snapshots(dp, err, errlen) != 0) {
+    if (dp->cfg.ft == FT_DEADPOOL && rt_start_snapshots(dp, err, errlen) != 0) {
         emit_error(dp, "snapshots: ", err);
         lc_feed(dp, LC_IN_START_FAILED);
         return DP_ERR;

@@ -196,4 +196,10 @@ void rt_answer_persist_request(dp_t *dp);
 /* The control plane is lost: the generations in the local buffers go to disk (no Redis). */
 void rt_persist_without_control(dp_t *dp);
 
+/* --- rt_placement.c ------------------------------------------------------------------ */
+
+/* Chooses this rank's replica holders for dp->epoch, records them, and starts the epoch's
+ * snapshot engine (dp->snap). 0 / -1 + err. */
+int rt_start_snapshots(dp_t *dp, char *err, size_t errlen);
+
 #endif

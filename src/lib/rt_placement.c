@@ -33,37 +33,26 @@ void node_id_clean(char *id) {
 void dp_replica_spread(dp_t *dp, int block) { dp->spread_block = block > 0 ? block : 0; }
 
 /* A process's replica server address and host never change (a process id names one process),
- * so they are cached for the life of this process: a recovery looks up the new member only,
- * and a spare taking a rank looks up everyone in one round trip. */
-typedef struct {
+ * so they are cached for the life of the process's runtime (struct dp: facts): a recovery
+ * looks up the new member only, and a spare taking a rank looks up everyone in one round trip. */
+typedef struct ProcFacts {
     long proc;
     Holder h;
     char node[128];
 } ProcFacts;
 
-static struct {
-    pthread_mutex_t lock;
-    char job[64];
-    ProcFacts *v;
-    int n, cap;
-} proc_facts_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
 /* Facts of procs[0..n) into out (out[i].proc = 0 when proc i has registered no replica
  * server), the unknown ones fetched in one round trip. 0 / -1 (Redis unreachable). */
 static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
     static const char *const fields[] = {"replica", "node"};
-    pthread_mutex_lock(&proc_facts_cache.lock);
-    if (strcmp(proc_facts_cache.job, dp->job) != 0) { /* another job in this process */
-        snprintf(proc_facts_cache.job, sizeof proc_facts_cache.job, "%s", dp->job);
-        proc_facts_cache.n = 0;
-    }
+    pthread_mutex_lock(&dp->facts_mu);
     long *missing = malloc(sizeof *missing * (size_t)(n > 0 ? n : 1));
     int *where = malloc(sizeof *where * (size_t)(n > 0 ? n : 1)), m = 0, rc = 0;
     if (!missing || !where) rc = -1;
     for (int i = 0; i < n && rc == 0; i++) {
         out[i].proc = 0;
-        for (int k = 0; k < proc_facts_cache.n; k++)
-            if (proc_facts_cache.v[k].proc == procs[i]) { out[i] = proc_facts_cache.v[k]; break; }
+        for (int k = 0; k < dp->nfacts; k++)
+            if (dp->facts[k].proc == procs[i]) { out[i] = dp->facts[k]; break; }
         if (!out[i].proc && procs[i] > 0) { missing[m] = procs[i]; where[m++] = i; }
     }
     char (*v)[300] = m > 0 && rc == 0 ? malloc(sizeof *v * 2 * (size_t)m) : NULL;
@@ -77,16 +66,16 @@ static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
         snprintf(f->h.host, sizeof f->h.host, "%s", ep.host);
         f->h.port = ep.port;
         snprintf(f->node, sizeof f->node, "%.127s", v[2 * j + 1]);
-        if (proc_facts_cache.n == proc_facts_cache.cap) {
-            int cap = proc_facts_cache.cap ? 2 * proc_facts_cache.cap : 64;
-            ProcFacts *grown = realloc(proc_facts_cache.v, sizeof *grown * (size_t)cap);
+        if (dp->nfacts == dp->facts_cap) {
+            int cap = dp->facts_cap ? 2 * dp->facts_cap : 64;
+            ProcFacts *grown = realloc(dp->facts, sizeof *grown * (size_t)cap);
             if (!grown) continue; /* not cached: looked up again next time */
-            proc_facts_cache.v = grown;
-            proc_facts_cache.cap = cap;
+            dp->facts = grown;
+            dp->facts_cap = cap;
         }
-        proc_facts_cache.v[proc_facts_cache.n++] = *f;
+        dp->facts[dp->nfacts++] = *f;
     }
-    pthread_mutex_unlock(&proc_facts_cache.lock);
+    pthread_mutex_unlock(&dp->facts_mu);
     free(v);
     free(missing);
     free(where);

@@ -271,6 +271,7 @@ static void free_process(dp_t *dp) {
     free(dp->block[0]);
     free(dp->block[1]);
     free(dp->restored_extra);
+    free(dp->facts);
     explicit_bzero(dp->comm_key, sizeof dp->comm_key);
     free(dp);
 }
@@ -293,6 +294,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     dp->pub_epoch = dp->pub_step = -1;
     pthread_mutex_init(&dp->snap_ctl_mu, NULL);
     pthread_mutex_init(&dp->pub_mu, NULL);
+    pthread_mutex_init(&dp->facts_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

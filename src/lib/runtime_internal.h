@@ -110,6 +110,10 @@ struct dp {
     size_t state_off[GEN_MAX_REGIONS]; /* of each region within a block, after the head area */
     int nstate;
     int spread_block;         /* dp_replica_spread: prefer holders outside our block of ranks */
+    /* the job's processes' replica addresses and machines, looked up once each (rt_placement.c) */
+    pthread_mutex_t facts_mu;
+    struct ProcFacts *facts;
+    int nfacts, facts_cap;
     unsigned char *block[2];
     size_t head_area, block_bytes;
     void *restored_extra;     /* the extra state of the generation restored last */

@@ -52,8 +52,6 @@ static int retry_transient(const ctl_t *c, double deadline) {
     return 1;
 }
 
-static void end_epoch_comms(dp_t *dp);
-
 static void emit_error(dp_t *dp, const char *what, const char *err) {
     char esc[2048];
     log_msg("%s%s", what, err);
@@ -370,30 +368,11 @@ fail:
 
 /* --- membership ---------------------------------------------------------------------- */
 
-/* Where the epoch's rendezvous happens: under Sentinel the master the control connection
- * found last; the epoch's fence key ends a rendezvous nobody will complete (see fence_epoch). */
-typedef struct {
-    char host[256], fence[256];
-    comm_store_addr addr;
-} EpochStore;
-
-static int epoch_store(dp_t *dp, EpochStore *es, char *err, size_t errlen) {
-    ctl_key_full(dp->ctl, es->fence, sizeof es->fence, KEY_FENCED, dp->epoch, 0);
-    int port = dp->addr.port;
-    snprintf(es->host, sizeof es->host, "%s", dp->addr.host);
-    if (ctl_replicated(dp->ctl) && ctl_server(dp->ctl, es->host, sizeof es->host, &port) != 0) {
-        snprintf(err, errlen, "no Redis master reachable for the rendezvous: %s", ctl_last_error(dp->ctl));
-        return -1;
-    }
-    es->addr = (comm_store_addr){es->host, port, dp->addr.password[0] ? dp->addr.password : NULL, es->fence, dp->comm_key};
-    return 0;
-}
-
 static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen) {
     char prefix[256];
     ctl_key_full(dp->ctl, prefix, sizeof prefix, KEY_GLOO, dp->epoch, 0);
     EpochStore es;
-    if (epoch_store(dp, &es, err, errlen) != 0) return -1;
+    if (rt_epoch_store(dp, &es, err, errlen) != 0) return -1;
     double t0 = now_ms();
     int64_t entered = wall_ms();
     dp->comm = comm_create(&es.addr, prefix, dp->rank, dp->cfg.workers, dp->bind_host, timeout_ms, err, errlen);
@@ -546,7 +525,7 @@ static dp_status follow_decisions(dp_t *dp, Decision *d, char *err, size_t errle
             snprintf(r.text, sizeof r.text, "%s", err);
             report_send(dp->ctl, dp->t0_wall_ms, &r);
         }
-        if (a.flags & LC_ACT_END_COMMS) end_epoch_comms(dp);
+        if (a.flags & LC_ACT_END_COMMS) rt_end_epoch_comms(dp);
         if (!(a.flags & LC_ACT_AWAIT_DECISION)) return DP_ERR; /* not reached: the lifecycle logged why */
         long e;
         a = await_decision(dp, d, &e);
@@ -689,7 +668,7 @@ dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen) {
 
 /* --- the step ------------------------------------------------------------------------ */
 
-static dp_status comm_failed(dp_t *dp, const char *what) {
+dp_status rt_comm_failed(dp_t *dp, const char *what) {
     log_msg("step %lld: %s", (long long)dp->cur_step + 1, what);
     /* With the control plane away the report could not arrive: the coordinator finds the
      * failure through the exit or the silence, once Redis is back. */
@@ -703,7 +682,7 @@ static dp_status comm_failed(dp_t *dp, const char *what) {
     return DP_FAILED;
 }
 
-static dp_status epoch_closed(dp_t *dp) {
+dp_status rt_epoch_closed(dp_t *dp) {
     log_msg("step %lld abandoned: epoch %ld was closed after a failure", (long long)dp->cur_step + 1, dp->epoch);
     snprintf(dp->err, sizeof dp->err, "epoch %ld was closed after a failure", dp->epoch);
     return DP_FAILED;
@@ -716,12 +695,12 @@ dp_status dp_step_before_reduce(dp_t *dp, int64_t step) {
         return DP_STOPPED;
     }
     rt_maybe_inject(dp, step);
-    if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
+    if (atomic_load(&dp->abort_step)) return rt_epoch_closed(dp);
     /* No rank reduces step k+1 before its generation k is committed (see snapshot.h). */
     dp->snapshot_wait_ms = 0;
     if (dp->snap && snapshot_wait_previous(dp->snap, &dp->snapshot_wait_ms) != 0)
-        return atomic_load(&dp->abort_step) ? epoch_closed(dp) /* the wait ended with the epoch */
-                                            : comm_failed(dp, "replication of the previous snapshot failed");
+        return atomic_load(&dp->abort_step) ? rt_epoch_closed(dp) /* the wait ended with the epoch */
+                                            : rt_comm_failed(dp, "replication of the previous snapshot failed");
     return DP_OK;
 }
 
@@ -730,7 +709,7 @@ dp_status dp_step_before_reduce(dp_t *dp, int64_t step) {
  * decides nothing until the processes have republished after its return), and the abort
  * watcher still ends the step when a close reaches it. */
 dp_status dp_step_before_update(dp_t *dp) {
-    if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
+    if (atomic_load(&dp->abort_step)) return rt_epoch_closed(dp);
     if (atomic_load(&dp->ctl_down)) return DP_OK;
     int saved = ctl_timeout(dp->ctl);
     ctl_set_timeout(dp->ctl, rt_path_timeout_ms(dp));
@@ -738,7 +717,7 @@ dp_status dp_step_before_update(dp_t *dp) {
     int fenced = ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_FENCED, dp->epoch, 0), v, sizeof v) == 0;
     if (!fenced) rt_note_failure(dp, dp->ctl);
     ctl_set_timeout(dp->ctl, saved);
-    if (fenced) return epoch_closed(dp);
+    if (fenced) return rt_epoch_closed(dp);
     return DP_OK;
 }
 
@@ -797,7 +776,7 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
     } else if (dp->cfg.ft == FT_DISK && (step + 1) % dp->cfg.ckpt_every == 0) {
         /* A synchronous checkpoint is part of the step it follows. */
         st = rt_disk_checkpoint(dp, step, extra, extra_len);
-        if (st == DP_FAILED) return comm_failed(dp, comm_last_error(dp->comm));
+        if (st == DP_FAILED) return rt_comm_failed(dp, comm_last_error(dp->comm));
         if (st != DP_OK) return st;
     }
     dp->next_step = step + 1;
@@ -819,7 +798,7 @@ dp_status dp_step_commit(dp_t *dp, int64_t step, const void *extra, size_t extra
 
 dp_status dp_recover(dp_t *dp, char *err, size_t errlen) {
     lc_actions a = lc_feed(dp, LC_IN_STEP_FAILED); /* WAITING */
-    if (a.flags & LC_ACT_END_COMMS) end_epoch_comms(dp);
+    if (a.flags & LC_ACT_END_COMMS) rt_end_epoch_comms(dp);
     Decision *d = &dp->decision;
     long e = 0;
     if (atomic_load(&dp->control_lost)) a = lc_feed(dp, LC_IN_CONTROL_LOST); /* lost while an earlier failure waited */
@@ -835,123 +814,6 @@ dp_status dp_recover(dp_t *dp, char *err, size_t errlen) {
         return DP_ERR;
     }
     return follow_decisions(dp, d, err, errlen);
-}
-
-/* --- collectives --------------------------------------------------------------------- */
-
-/* A collective's status on communicator c (the epoch's or one of its groups'). */
-static dp_status result_on(dp_t *dp, comm_t *c, comm_status st) {
-    if (st == COMM_OK) return DP_OK;
-    if (atomic_load(&dp->abort_step)) return epoch_closed(dp);
-    return comm_failed(dp, comm_last_error(c));
-}
-
-static dp_status comm_result(dp_t *dp, comm_status st) { return result_on(dp, dp->comm, st); }
-
-dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n) {
-    if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_allreduce_sum(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
-}
-
-dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n) {
-    if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_allreduce_mean(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
-}
-
-dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n) {
-    if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_allgather(dp->comm, in, out, n, job_comm_timeout_ms(&dp->cfg)));
-}
-
-dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root) {
-    if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_broadcast(dp->comm, buf, nbytes, root, job_comm_timeout_ms(&dp->cfg)));
-}
-
-dp_status dp_barrier(dp_t *dp) {
-    if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)));
-}
-
-/* --- groups --------------------------------------------------------------------------- */
-
-struct dp_group {
-    dp_t *dp;
-    comm_t *comm;
-    int index, size;
-    struct dp_group *next;
-};
-
-/* Groups first: each is a child of the epoch's communicator (comm_create_group). */
-static void end_epoch_comms(dp_t *dp) {
-    while (dp->groups) {
-        struct dp_group *g = dp->groups;
-        dp->groups = g->next;
-        comm_destroy(g->comm);
-        free(g);
-    }
-    comm_destroy(dp->comm);
-    dp->comm = NULL;
-}
-
-dp_group *dp_group_join(dp_t *dp, const char *name, int index, int size, char *err, size_t errlen) {
-    if (!dp->comm) { snprintf(err, errlen, "dp_group_join: not a member of an epoch"); return NULL; }
-    size_t nlen = name ? strlen(name) : 0;
-    for (size_t i = 0; i < nlen; i++)
-        if (!name_char((unsigned char)name[i]) && name[i] != '.') nlen = 0;
-    if (nlen == 0 || nlen > 64 || size < 1 || size > dp->cfg.workers || index < 0 || index >= size) {
-        snprintf(err, errlen, "dp_group_join: expected a name of 1..64 letters, digits, '_', '-' or '.' and 0 <= index < "
-                 "size <= %d, found '%s' index %d size %d", dp->cfg.workers, name ? name : "(null)", index, size);
-        return NULL;
-    }
-    char prefix[256];
-    ctl_key_full(dp->ctl, prefix, sizeof prefix, KEY_GLOO, dp->epoch, 0);
-    size_t pl = strlen(prefix);
-    snprintf(prefix + pl, sizeof prefix - pl, "/g/%s", name);
-    EpochStore es;
-    if (epoch_store(dp, &es, err, errlen) != 0) return NULL;
-    struct dp_group *g = calloc(1, sizeof *g);
-    if (!g) { snprintf(err, errlen, "out of memory"); return NULL; }
-    int timeout = 2 * dp->cfg.detect_timeout_ms + 3000; /* as the epoch's own rendezvous */
-    g->comm = comm_create_group(dp->comm, &es.addr, prefix, index, size, dp->bind_host, timeout, err, errlen);
-    if (g->comm && comm_barrier(g->comm, timeout) != COMM_OK) {
-        snprintf(err, errlen, "group %s: the first barrier failed: %s", name, comm_last_error(g->comm));
-        comm_destroy(g->comm);
-        g->comm = NULL;
-    }
-    if (!g->comm) { free(g); return NULL; }
-    *g = (struct dp_group){dp, g->comm, index, size, dp->groups};
-    dp->groups = g;
-    return g;
-}
-
-int dp_group_index(const dp_group *g) { return g->index; }
-int dp_group_size(const dp_group *g) { return g->size; }
-
-static dp_status group_result(dp_group *g, comm_status st) { return result_on(g->dp, g->comm, st); }
-
-dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n) {
-    return group_result(g, comm_allreduce_sum(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
-}
-
-dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n) {
-    return group_result(g, comm_allreduce_mean(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
-}
-
-dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n) {
-    return group_result(g, comm_allgather(g->comm, in, out, n, job_comm_timeout_ms(&g->dp->cfg)));
-}
-
-dp_status dp_group_send(dp_group *g, const void *buf, size_t nbytes, int dst, uint32_t tag) {
-    return group_result(g, comm_send(g->comm, buf, nbytes, dst, tag));
-}
-
-dp_status dp_group_recv(dp_group *g, void *buf, size_t nbytes, int src, uint32_t tag) {
-    return group_result(g, comm_recv(g->comm, buf, nbytes, src, tag, job_comm_timeout_ms(&g->dp->cfg)));
-}
-
-dp_status dp_group_wait_sends(dp_group *g) {
-    return group_result(g, comm_wait_sends(g->comm, job_comm_timeout_ms(&g->dp->cfg)));
 }
 
 /* --- leaving ------------------------------------------------------------------------- */
@@ -995,7 +857,7 @@ int dp_finish(dp_t *dp, dp_status how) {
     }
     snapshot_abandon(dp->restore_src);
     if (dp->snap_ctl) ctl_close(dp->snap_ctl);
-    end_epoch_comms(dp);
+    rt_end_epoch_comms(dp);
     free_process(dp);
     return rc;
 }

@@ -126,6 +126,10 @@ struct dp {
 
 /* A key's suffix within the job's namespace (ctl_key_suffix): what ctl_get/ctl_set take. */
 const char *rt_key(char *buf, size_t len, ctl_key k, long long a, long long b);
+/* The step's failure: logged, reported to the coordinator (unless Redis is away), in dp->err. */
+dp_status rt_comm_failed(dp_t *dp, const char *what);
+/* The step abandoned: the coordinator closed the epoch after a failure. */
+dp_status rt_epoch_closed(dp_t *dp);
 
 /* --- rt_inject.c --------------------------------------------------------------------- */
 
@@ -205,5 +209,17 @@ void rt_persist_without_control(dp_t *dp);
 /* Chooses this rank's replica holders for dp->epoch, records them, and starts the epoch's
  * snapshot engine (dp->snap). 0 / -1 + err. */
 int rt_start_snapshots(dp_t *dp, char *err, size_t errlen);
+
+/* --- rt_comm.c ----------------------------------------------------------------------- */
+
+/* Where the epoch's rendezvous happens: under Sentinel the master the control connection
+ * found last; the epoch's fence key ends a rendezvous nobody will complete (see fence_epoch). */
+typedef struct {
+    char host[256], fence[256];
+    comm_store_addr addr;
+} EpochStore;
+int rt_epoch_store(dp_t *dp, EpochStore *es, char *err, size_t errlen);
+/* Ends the epoch's groups, then its communicator. */
+void rt_end_epoch_comms(dp_t *dp);
 
 #endif

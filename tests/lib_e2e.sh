@@ -59,7 +59,7 @@ count_lines() { [ -f "$1" ] && wc -l <"$1" || echo 0; }
 # outage's). STALL_OK = 1 when the outage's longest step exceeds the calm longest by at most
 # what the design lets the step that meets an outage pay: its three bounded Redis calls on the
 # training path (fence check, commit record, a collective partner's), each
-# max(5 ms, a third of a step) (runtime.c path_timeout_ms); and the outage's median step is at
+# max(5 ms, a third of a step) (rt_telemetry.c, rt_path_timeout_ms); and the outage's median step is at
 # most twice the calm one. A wait on Redis itself would cost the outage's length; a bounded
 # wait paid on every step would show in the median.
 stall_report() {

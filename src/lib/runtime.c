@@ -1,12 +1,14 @@
-/* runtime.c — deadpool.h: one process's life in a job. Registration, role, heartbeat and
- * abort-watch threads; membership of an epoch (collectives, snapshots of the application's
- * regions, replica placement, persistence); and what happens when a peer fails — wait for the
- * coordinator's decision, restore the rollback generation, rebuild, go on — or, as a spare,
- * waiting warm until a decision hands it a failed rank. It knows nothing of the application:
- * state is regions and callbacks. */
+/* runtime.c — deadpool.h's flow: one process's life in a job. dp_init (registration, rank,
+ * the heartbeat and abort-watch threads), dp_join (membership of an epoch, or a spare waiting
+ * warm until a decision hands it a failed rank), the step hooks, dp_recover (wait for the
+ * coordinator's decision, restore the rollback generation, rebuild, go on) and dp_finish, each
+ * driving the lifecycle (lifecycle.h) through lc_feed. What they carry out is in the pieces
+ * that share runtime_internal.h: capture and restore (rt_capture.c), replica placement
+ * (rt_placement.c), persistence (rt_persist.c), telemetry (rt_telemetry.c), fault injection
+ * (rt_inject.c), collectives and groups (rt_comm.c), launching (rt_exec.c). It knows nothing of
+ * the application: state is regions and callbacks. */
 #include "deadpool.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>

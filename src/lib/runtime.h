@@ -47,7 +47,7 @@ typedef struct {
  * unique: clusters reuse them, containers copy them). Only [A-Za-z0-9._-] (it is part of
  * Redis keys); 0, or -1 when the boot id cannot be read. */
 int node_id_default(char *buf, size_t len);
-/* Where rank looks for replica holders (runtime.c's ring_holders): offsets into the ring of
+/* Where rank looks for replica holders (rt_placement.c's ring_holders): offsets into the ring of
  * world ranks, per_node ranks per machine (0 = one machine); world - 1 entries. */
 void holder_offsets(int world, int per_node, int *offsets);
 /* The ranks `rank` asks to hold its replicas, in order of preference (world - 1 entries): the

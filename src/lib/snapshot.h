@@ -88,7 +88,7 @@ int snapshot_capture_regions(Snapshot *s, int64_t step, const SnapRegion *region
  * first holder that pulls it, in the same pass as its copy (here only before a TCP send, or
  * when there is no holder). The caller must leave those bytes unchanged until the next
  * generation it captures has committed (the training loop's order guarantees that: see
- * runtime.c, zero-copy state). `local` as above (copied). Waits for a generation in flight
+ * rt_capture.c, state DeadPool owns). `local` as above (copied). Waits for a generation in flight
  * first. */
 int snapshot_capture_external(Snapshot *s, int64_t step, const void *payload, size_t len, const SnapRegion *local,
                               int nlocal);

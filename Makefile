@@ -1,16 +1,18 @@
 # DeadPool build. `make` builds ./deadpool, the libraries and the examples; `make test` builds
 # and runs the test suite; `make install PREFIX=DIR` installs header, libraries, binary and
 # pkg-config file. All C is C11 and must stay warning-free with -Wall -Wextra; the only C++ is
-# the Gloo shim (src/lib/comm_gloo*.cc).
+# the Gloo shim (src/data/comm_gloo*.cc).
 #
-#   include/    the public API (deadpool.h)
-#   src/lib/    the library: runtime behind deadpool.h, snapshots, replicas, collectives, the
-#               control-plane client            -> libdeadpool.a / libdeadpool.so
-#               ... and the tool's parts (TOOL_SRC: launcher, coordinator, decisions, embedded
-#               Redis, metrics server)          -> build/libdptool.a, linked into `deadpool` only
-#   src/common/ clocks, logging, files, option tables (library and trainer alike)
-#   src/gpt2/   the built-in GPT-2 trainer, a client of deadpool.h
-#   src/cli/    the `deadpool` command
+#   include/       the public API (deadpool.h)
+#   src/runtime/   the runtime behind deadpool.h: a process's life in a job, its options, events,
+#                  fault injection                                  \
+#   src/data/      the data path: snapshots, replicas, checkpoints,   > libdeadpool.a / .so
+#                  the authenticated collectives                    /
+#   src/control/   the control-plane client: Redis keys and values, decisions, reports
+#   src/common/    clocks, logging, files, option tables (library and trainer alike)
+#   src/tool/      the `deadpool` program: launcher, coordinator, decisions, embedded Redis,
+#                  metrics server, Slurm, report   -> build/libdptool.a + main.c, `deadpool` only
+#   src/gpt2/      the built-in GPT-2 trainer, a client of deadpool.h
 #   examples/   more clients of deadpool.h      -> build/examples/NAME (examples/torch: PyTorch)
 #   python/     the `deadpool` Python package (ctypes over libdeadpool.so; deadpool.torch)
 CC      ?= cc
@@ -32,17 +34,17 @@ LIB_LIBS = -lgloo -lhiredis -lsodium -lstdc++ -lm -pthread
 LDLIBS  = $(LIB_LIBS) -lmicrohttpd -lopenblas -ljansson
 
 BUILD    = build
-LIB_INC  = -Isrc/lib -Isrc/common
+LIB_DIRS = runtime data control
+LIB_INC  = $(patsubst %,-Isrc/%,$(LIB_DIRS)) -Isrc/common
 GPT2_INC = -Isrc/gpt2 -Isrc/common
 # What a training process needs is the library; what only the `deadpool` program runs is not
 # (an application links no HTTP server and no launcher).
-TOOL_SRC = src/lib/launcher.c src/lib/launcher_roles.c src/lib/coordinator.c src/lib/decide.c src/lib/redis_server.c src/lib/metrics_http.c \
-           src/lib/slurm.c
+TOOL_SRC = $(filter-out src/tool/main.c,$(wildcard src/tool/*.c))
 TOOL_OBJ = $(patsubst src/%.c,$(BUILD)/%.o,$(TOOL_SRC))
-LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(filter-out $(TOOL_SRC),$(wildcard src/lib/*.c)) $(wildcard src/common/*.c)) \
-           $(patsubst src/%.cc,$(BUILD)/%.o,$(wildcard src/lib/*.cc))
+LIB_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(wildcard $(patsubst %,src/%/*.c,$(LIB_DIRS)) src/common/*.c)) \
+           $(patsubst src/%.cc,$(BUILD)/%.o,$(wildcard $(patsubst %,src/%/*.cc,$(LIB_DIRS))))
 GPT2_OBJ = $(patsubst src/%.c,$(BUILD)/%.o,$(wildcard src/gpt2/*.c))
-CLI_OBJ  = $(patsubst src/%.c,$(BUILD)/%.o,$(wildcard src/cli/*.c))
+CLI_OBJ  = $(BUILD)/tool/main.o
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 TESTS    = $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c tests/tool_*.c))
 
@@ -62,16 +64,25 @@ $(BUILD)/libdptool.a: $(TOOL_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 # --no-undefined: the library must not reach into the tool's objects.
-$(BUILD)/libdeadpool.so: $(LIB_OBJ) src/lib/libdeadpool.map
-	$(CC) -shared -Wl,--no-undefined -Wl,-soname,libdeadpool.so.$(MAJOR) -Wl,--version-script=src/lib/libdeadpool.map -o $@ $(LIB_OBJ) $(LIB_LIBS)
+$(BUILD)/libdeadpool.so: $(LIB_OBJ) src/runtime/libdeadpool.map
+	$(CC) -shared -Wl,--no-undefined -Wl,-soname,libdeadpool.so.$(MAJOR) -Wl,--version-script=src/runtime/libdeadpool.map -o $@ $(LIB_OBJ) $(LIB_LIBS)
 
-$(BUILD)/lib/%.o: src/lib/%.c
-	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(PIC) $(LIB_INC) -c -o $@ $<
+# The library's directories, one rule each (PIC: they go into the .so).
+define LIB_RULES
+$$(BUILD)/$(1)/%.o: src/$(1)/%.c
+	@mkdir -p $$(@D)
+	$$(CC) $$(CFLAGS) $$(PIC) $$(LIB_INC) -c -o $$@ $$<
 
-$(BUILD)/lib/%.o: src/lib/%.cc
+$$(BUILD)/$(1)/%.o: src/$(1)/%.cc
+	@mkdir -p $$(@D)
+	$$(CXX) $$(CXXFLAGS) $$(PIC) $$(LIB_INC) -c -o $$@ $$<
+endef
+$(foreach d,$(LIB_DIRS),$(eval $(call LIB_RULES,$(d))))
+
+# The tool sees the library's headers too (it is built on the library).
+$(BUILD)/tool/%.o: src/tool/%.c
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) $(PIC) $(LIB_INC) -c -o $@ $<
+	$(CC) $(CFLAGS) $(LIB_INC) -Isrc/tool $(GPT2_INC) -c -o $@ $<
 
 # common/ goes into the library (PIC) and is linked into the trainer from it.
 $(BUILD)/common/%.o: src/common/%.c
@@ -82,10 +93,6 @@ $(BUILD)/gpt2/%.o: src/gpt2/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(GPT2_INC) -c -o $@ $<
 
-$(BUILD)/cli/%.o: src/cli/%.c
-	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LIB_INC) $(GPT2_INC) -c -o $@ $<
-
 # Examples see only the public header.
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libdeadpool.a
 	@mkdir -p $(@D)
@@ -93,7 +100,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libdeadpool.a
 
 $(BUILD)/tests/%: tests/%.c $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LIB_INC) $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LIB_INC) -Isrc/tool $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c
 	@mkdir -p $(@D)
@@ -107,7 +114,7 @@ $(BUILD)/bench/copy_floor $(BUILD)/bench/update_place:
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(GPT2_INC) -o $@ $(filter %.c %.o,$^) -lm
 # The replica payload's MAC against the CRC (replica.c).
-$(BUILD)/bench/payload_mac: bench/payload_mac.c $(BUILD)/lib/checksum.o $(BUILD)/common/util.o
+$(BUILD)/bench/payload_mac: bench/payload_mac.c $(BUILD)/data/checksum.o $(BUILD)/common/util.o
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LIB_INC) -o $@ $^ -lsodium -lm
 
@@ -118,10 +125,10 @@ $(BUILD)/bench/payload_mac: bench/payload_mac.c $(BUILD)/lib/checksum.o $(BUILD)
 FUZZ_CC     ?= clang
 FUZZ_SAN     = -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS  = -O1 -g -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -MMD -MP \
-               -I/usr/include/hiredis -Iinclude $(LIB_INC) $(GPT2_INC) $(FUZZ_SAN)
-FUZZ_SRC     = $(wildcard src/common/*.c) src/lib/checkpoint.c src/lib/checksum.c src/lib/comm_auth.c src/lib/control.c src/lib/events.c \
-               src/lib/secret.c \
-               src/lib/generation.c src/lib/protocol.c src/lib/recovery.c src/lib/replica.c \
+               -I/usr/include/hiredis -Iinclude $(LIB_INC) -Isrc/tool $(GPT2_INC) $(FUZZ_SAN)
+FUZZ_SRC     = $(wildcard src/common/*.c) src/data/checkpoint.c src/data/checksum.c src/data/comm_auth.c src/control/control.c \
+               src/runtime/events.c src/data/secret.c \
+               src/data/generation.c src/control/protocol.c src/control/recovery.c src/data/replica.c \
                src/gpt2/data.c src/gpt2/layers.c src/gpt2/model.c src/gpt2/modelfile.c
 FUZZ_NAMES   = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_LIBS    = $(LDLIBS)
@@ -155,7 +162,7 @@ $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h tests/fuzz/re
 
 $(BUILD)/fuzz/gen_corpus: tests/fuzz/gen_corpus.c $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LIB_INC) $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(LIB_INC) -Isrc/tool $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a $(LDLIBS)
 
 # What is installed may run on another CPU than the one that built it: it is built again
 # without -march=native, in build/portable (the CRC picks its instructions at run time).

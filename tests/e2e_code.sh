@@ -7,8 +7,9 @@
 source "$(dirname "$0")/lib_e2e.sh"
 cd "$ROOT" || exit 1
 
-DECIDING=(src/lib/launcher.c src/lib/launcher_roles.c src/lib/coordinator.c src/lib/decide.c src/lib/recovery.c src/lib/runtime.c src/lib/rt_*.c
-          src/lib/snapshot.c src/lib/replica.c src/lib/comm_gloo.cc src/lib/comm_gloo_transport.cc)
+DECIDING=(src/tool/launcher.c src/tool/launcher_roles.c src/tool/coordinator.c src/tool/decide.c src/control/recovery.c
+          src/runtime/runtime.c src/runtime/rt_*.c src/runtime/lifecycle.c src/data/snapshot.c src/data/replica.c src/data/comm_gloo.cc
+          src/data/comm_gloo_transport.cc)
 hits=$(grep -nE 'strstr|strcasestr|memmem|\.find\("|std::string::npos' "${DECIDING[@]}")
 if [ -z "$hits" ]; then ok "no_decision_from_a_substring (${#DECIDING[@]} files)"
 else notok "no_decision_from_a_substring" "$hits"; fi
@@ -27,6 +28,6 @@ key_sources=$(find src python/deadpool -name '*.c' -o -name '*.h' -o -name '*.cc
 key_hits=$(for f in $key_sources; do
   awk -v f="$f" '/BEGIN the key table/ { skip = 1 } !skip { print f ":" FNR ": " $0 } /END the key table/ { skip = 0 }' "$f"
 done | grep -E '"dp:([%*"a-z])|"dp-fresh|make_key\([^;]*"|ctl_(set|get|set_nx|take|counter_incr|counter_at_least|hash_set|hash_getall|set_add_count|batch_set)\([^,;]*, *"|ctl_(drain|notify|notify_many|wait_notice|batch_notify)\([^;]*"')
-table=$(grep -c 'BEGIN the key table' src/lib/control.c)
+table=$(grep -c 'BEGIN the key table' src/control/control.c)
 if [ -z "$key_hits" ] && [ "$table" -eq 1 ]; then ok "key_names_spelled_once ($(echo "$key_sources" | wc -l) files)"
 else notok "key_names_spelled_once" "table markers: $table; $(echo "$key_hits" | head -5)"; fi

@@ -1,4 +1,4 @@
-/* test_report.c — `deadpool report` (src/cli/report.c, compiled in here) on synthetic logs:
+/* test_report.c — `deadpool report` (src/tool/report.c, compiled in here) on synthetic logs:
  * every failure in every plot, malformed lines named by file and line, nan values, empty
  * logs; and the Prometheus exposition (metrics_http.h): its text, its counters, and one
  * request served over loopback. */
@@ -13,7 +13,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-#include "../src/cli/report.c"
+#include "../src/tool/report.c"
 #include "harness.h"
 #include "metrics_http.h"
 

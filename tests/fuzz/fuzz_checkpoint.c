@@ -1,6 +1,6 @@
-/* fuzz_checkpoint.c — checkpoint files from untrusted bytes: state files (src/lib/checkpoint.c:
+/* fuzz_checkpoint.c — checkpoint files from untrusted bytes: state files (src/data/checkpoint.c:
  * checkpoint_read_state, SnapHeader + payload with CRC32C), the generation payload inside them
- * (src/lib/generation.c: gen_parse) and a checkpoint's MANIFEST (checkpoint_verify).
+ * (src/data/generation.c: gen_parse) and a checkpoint's MANIFEST (checkpoint_verify).
  *
  * Each input is used four ways:
  *   1. as a whole state file, read by checkpoint_read_state as `deadpool run --resume` does;

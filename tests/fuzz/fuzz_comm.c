@@ -1,4 +1,4 @@
-/* fuzz_comm.c — the data plane's handshake and frame parsers (src/lib/comm_auth.c), which the
+/* fuzz_comm.c — the data plane's handshake and frame parsers (src/data/comm_auth.c), which the
  * transport (comm_gloo_transport.cc) runs on every byte a connection brings in.
  *
  * Input: one byte of flags, then the stream.

@@ -1,4 +1,4 @@
-/* fuzz_decision.c — the membership decision's text form (src/lib/recovery.c: decision_parse)
+/* fuzz_decision.c — the membership decision's text form (src/control/recovery.c: decision_parse)
  * and the replica-holder list (holders_parse), both read from Redis, from untrusted bytes.
  *
  * A decision that decision_parse accepts must satisfy what its readers rely on (world in

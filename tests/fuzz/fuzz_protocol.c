@@ -1,4 +1,4 @@
-/* fuzz_protocol.c — the control plane's values (src/lib/protocol.c), read from Redis, from
+/* fuzz_protocol.c — the control plane's values (src/control/protocol.c), read from Redis, from
  * untrusted bytes: every parser of protocol.h gets every input (as Redis hands a value over:
  * NUL-terminated, so a value with a NUL byte is cut there).
  *

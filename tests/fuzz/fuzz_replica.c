@@ -1,4 +1,4 @@
-/* fuzz_replica.c — the replica holder's handshake and request parsing (src/lib/replica.c),
+/* fuzz_replica.c — the replica holder's handshake and request parsing (src/data/replica.c),
  * through a real socket: for each input a fresh in-process holder (replica_server_start on
  * 127.0.0.1, a free port, a job of FUZZ_WORLD ranks, a budget of FUZZ_BUDGET bytes) gets one
  * connection, whose bytes come from the input; it answers as it would any client and is then

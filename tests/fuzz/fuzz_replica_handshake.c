@@ -1,5 +1,5 @@
 /* fuzz_replica_handshake.c — the replica holder's side of the handshake, in-process and without
- * sockets: replica_hs_start / replica_hs_want / replica_hs_feed (src/lib/replica_handshake.h),
+ * sockets: replica_hs_start / replica_hs_want / replica_hs_feed (src/data/replica_handshake.h),
  * the very functions replica.c's accept thread runs on every waiting connection
  * (advance_pending). No holder, no thread, no TCP: some 10^4-10^5 executions a second where
  * fuzz_replica (a fresh holder and connection per input) does about 100.
@@ -60,9 +60,9 @@ static void init_once(void) {
     snprintf(id_short, sizeof id_short, "5@127.0.0.1:7070");
     snprintf(relay_short, sizeof relay_short, "6@127.0.0.1:7070");
     /* "PROC@HOST:PORT" at replica.c's longest: 299 characters (HOLDER_ID_MAX 300 with the NUL) */
-    char host[300];
+    char host[300 - sizeof "5@:65535" + 1]; /* exactly the host that fits, so the compiler sees it does */
     memset(host, 'h', sizeof host);
-    host[299 - strlen("5@:65535")] = 0;
+    host[sizeof host - 1] = 0;
     snprintf(id_long, sizeof id_long, "5@%s:65535", host);
     snprintf(relay_long, sizeof relay_long, "6@%s:65535", host);
     FUZZ_CHECK(strlen(id_long) == 299 && strlen(relay_long) == 299, "identity length");

@@ -1,5 +1,5 @@
 /* runtime_internal.h — the runtime's own header, shared by runtime.c (deadpool.h's flow and
- * the lifecycle's driving) and its pieces, src/lib/rt_*.c: struct dp, one process's runtime,
+ * the lifecycle's driving) and its pieces, src/runtime/rt_*.c: struct dp, one process's runtime,
  * and the functions one piece calls in another. Internal: not installed, and nothing here is
  * exported from libdeadpool (hidden visibility; deadpool.h's DP_EXPORT functions only). */
 #ifndef DEADPOOL_RUNTIME_INTERNAL_H

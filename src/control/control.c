@@ -788,13 +788,16 @@ int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len) {
     return rc;
 }
 
-long ctl_new_proc_id(ctl_t *c) {
+/* INCR of one of the job's counters: the new value, or -1. */
+static long incr_key(ctl_t *c, ctl_key k) {
     char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, KEY_PROCS, 0, 0);
+    make_key(c, key, sizeof key, k, 0, 0);
     long long v;
     if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
     return (long)v;
 }
+
+long ctl_new_proc_id(ctl_t *c) { return incr_key(c, KEY_PROCS); }
 
 int ctl_claim_rank(ctl_t *c, int rank, long proc_id) {
     char key[CTL_KEY_MAX];
@@ -1325,13 +1328,7 @@ long ctl_epoch(ctl_t *c) {
     return epoch;
 }
 
-long ctl_epoch_incr(ctl_t *c) {
-    char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, KEY_EPOCH, 0, 0);
-    long long v;
-    if (ctl_command_integer(c, &v, "INCR %s", key) != 0) return -1;
-    return (long)v;
-}
+long ctl_epoch_incr(ctl_t *c) { return incr_key(c, KEY_EPOCH); }
 
 int ctl_state_set(ctl_t *c, const char *state) {
     char key[CTL_KEY_MAX], err[CTL_ERR_MAX];

@@ -657,7 +657,37 @@ static void test_committed_after_outage(void) {
     CHECK(decide_committed_min(3, committed, failed, held) == -1, "a rank with nothing committed: -1");
 }
 
+/* The coordinator's view of the control plane, one liveness query at a time (detect 2 s, so a
+ * view older than 1 s is stale). */
+static void test_control_view(void) {
+    ControlView v = {.reachable = 1};
+    CHECK(decide_control_observe(&v, 1, 0, 1000, 2000) == CONTROL_OK && v.last_ok_ms == 1000, "first answer: ok");
+    CHECK(decide_control_observe(&v, 1, 0, 1400, 2000) == CONTROL_OK && v.back_since_ms == 0, "0.4 s later: ok");
+    CHECK(decide_control_observe(&v, 0, 1, 1500, 2000) == CONTROL_WENT_AWAY && !v.reachable && v.unreachable_since_ms == 1500,
+          "no answer: the outage begins at 1500");
+    CHECK(decide_control_observe(&v, 0, 1, 4500, 2000) == CONTROL_STILL_AWAY && v.unreachable_since_ms == 1500,
+          "still none: it began at 1500 still");
+    CHECK(decide_control_observe(&v, 1, 0, 5000, 2000) == CONTROL_BACK && v.reachable && v.back_since_ms == 5000 &&
+              v.unreachable_since_ms == 0, "answers again: back, settling from 5000");
+    DecideControl dc = {.now_ms = 6000, .reachable = v.reachable, .back_since_ms = v.back_since_ms, .detect_timeout_ms = 2000};
+    CHECK(!decide_control_settled(&dc), "1 s after: not settled");
+    CHECK(decide_control_observe(&v, 1, 1, 5200, 2000) == CONTROL_BACK && v.back_since_ms == 5200,
+          "a call found Redis absent since the last look (a restart over before this query): back again");
+    CHECK(decide_control_observe(&v, 1, 0, 6500, 2000) == CONTROL_STALE && v.back_since_ms == 6500,
+          "answered 1.3 s after the last answer (more than half a detect timeout): stale, settling again");
+    /* A WAIT Redis answered: the coordinator's own blocking is no gap (the Slurm node loss). */
+    CHECK(decide_control_observe(&v, 1, 0, 6600, 2000) == CONTROL_OK, "0.1 s later: ok");
+    decide_control_waited(&v, 1000);
+    CHECK(decide_control_observe(&v, 1, 0, 7700, 2000) == CONTROL_OK,
+          "1.1 s later, 1 s of it in a WAIT Redis answered: ok, not stale");
+    CHECK(decide_control_observe(&v, 1, 0, 8900, 2000) == CONTROL_STALE, "1.2 s later with no WAIT: stale");
+    ControlView never = {.reachable = 1};
+    decide_control_waited(&never, 1000);
+    CHECK(never.last_ok_ms == 0, "a wait before any answer moves nothing");
+}
+
 int main(void) {
+    RUN_TEST(test_control_view);
     RUN_TEST(test_control_plane_outage);
     RUN_TEST(test_committed_after_outage);
     RUN_TEST(test_resume_choose);

@@ -69,13 +69,11 @@ struct Coordinator {
     int unrestorable;        /* a rank's state could not be restored: the job stops */
     int spares_lost;         /* spares gone (exited, or silent) since the last tick */
     int spares_wanted;       /* spares a failure lacks, for the launcher to start now */
-    double last_liveness_ok;      /* when a liveness query last answered */
     /* The control plane's outages (issue 27, item 11): "Redis unreachable" is no evidence
      * that a process died. While it is away, and for a detect timeout after it answers again
-     * (decide_control_settled), no silence is judged and nothing is decided. */
-    int reachable;                /* the last liveness query answered */
-    double back_since;            /* when it answered again after an outage (0: never away) */
-    double unreachable_since;     /* the outage in progress began (0: none) */
+     * (decide_control_settled), no silence is judged and nothing is decided. The view changes
+     * only through decide_control_observe (pure, unit-tested). */
+    ControlView view;
     long outage_epoch;            /* an outage happened in this epoch (-1: none): commit records may be stale */
     unsigned long absences;       /* ctl_absences of the connection as last seen */
     double decide_after;          /* a takeover under Sentinel: no decision before (coord_take_over) */
@@ -96,7 +94,7 @@ Coordinator *coord_create(ctl_t *ctl, const JobConfig *cfg, int64_t t0_wall_ms, 
     job_config_resume_command(cfg, c->resume, sizeof c->resume);
     c->t0_wall_ms = t0_wall_ms;
     c->rollback = cfg->resume_step;
-    c->reachable = 1;
+    c->view.reachable = 1;
     c->outage_epoch = -1;
     snprintf(c->my_node, sizeof c->my_node, "%s", node);
     return c;
@@ -478,7 +476,7 @@ static void wait_replica(Coordinator *c, int timeout_ms) {
     unsigned long absences = ctl_absences(c->ctl);
     double t = now_ms();
     ctl_wait_replica(c->ctl, timeout_ms);
-    if (ctl_absences(c->ctl) == absences && c->last_liveness_ok > 0) c->last_liveness_ok += now_ms() - t;
+    if (ctl_absences(c->ctl) == absences) decide_control_waited(&c->view, now_ms() - t);
 }
 
 static void republish(Coordinator *c) {
@@ -491,12 +489,12 @@ static void republish(Coordinator *c) {
 }
 
 int coord_control_settled(const Coordinator *c) {
-    DecideControl dc = {.now_ms = now_ms(), .reachable = c->reachable, .back_since_ms = c->back_since,
+    DecideControl dc = {.now_ms = now_ms(), .reachable = c->view.reachable, .back_since_ms = c->view.back_since_ms,
                         .detect_timeout_ms = c->cfg->detect_timeout_ms};
     return decide_control_settled(&dc);
 }
 
-double coord_unreachable_since(const Coordinator *c) { return c->reachable ? 0 : c->unreachable_since; }
+double coord_unreachable_since(const Coordinator *c) { return c->view.reachable ? 0 : c->view.unreachable_since_ms; }
 
 int coord_is_member(const Coordinator *c, pid_t pid) {
     for (int r = 0; c->have_members && r < c->cfg->workers; r++)
@@ -508,37 +506,24 @@ static void check_liveness(Coordinator *c) {
     int alive[RECOVERY_MAX_RANKS];
     if (c->cfg->nnodes > 0) watch_machines(c);
     double now = now_ms();
-    if (ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) != 0) {
-        if (c->reachable) {
-            c->unreachable_since = now;
-            log_msg("the control plane (redis) is unreachable (%s): no failure is judged or decided until it is back",
-                    ctl_last_error(c->ctl));
-        }
-        c->reachable = 0;
-        c->outage_epoch = c->epoch;
-        c->absences = ctl_absences(c->ctl);
-        return;
-    }
-    /* Back after an outage, or our last view of Redis is older than half a heartbeat's life
-     * (Redis stalled or restarted, or this query itself waited that long): keys may have
-     * expired while nobody could refresh them, which says nothing about the processes. They
-     * get one detect timeout to heartbeat again and republish before silence counts. */
+    int answered = ctl_alive_many(c->ctl, c->procs, c->cfg->workers, alive) == 0;
     /* A call on the shared connection failed for Redis's absence since we last looked (a
      * restart that was over before this query, say): an outage too. */
     int absent = ctl_absences(c->ctl) != c->absences;
     c->absences = ctl_absences(c->ctl);
-    if (!c->reachable || absent || (c->last_liveness_ok > 0 && now - c->last_liveness_ok > c->cfg->detect_timeout_ms / 2)) {
-        if (!c->reachable || absent)
-            log_msg("the control plane is back after %.1f s: the processes get %d ms to republish",
-                    c->reachable ? 0.0 : (now - c->unreachable_since) / 1e3, c->cfg->detect_timeout_ms);
-        c->back_since = now;
-        c->outage_epoch = c->epoch;
-        c->reachable = 1;
-        c->unreachable_since = 0;
-        republish(c);
-    }
-    c->last_liveness_ok = now;
-    if (!coord_control_settled(c)) return;
+    double away_since = c->view.unreachable_since_ms;
+    control_seen seen = decide_control_observe(&c->view, answered, absent, now, c->cfg->detect_timeout_ms);
+    if (seen == CONTROL_WENT_AWAY)
+        log_msg("the control plane (redis) is unreachable (%s): no failure is judged or decided until it is back",
+                ctl_last_error(c->ctl));
+    if (seen == CONTROL_BACK)
+        log_msg("the control plane is back after %.1f s: the processes get %d ms to republish",
+                away_since > 0 ? (now - away_since) / 1e3 : 0.0, c->cfg->detect_timeout_ms);
+    /* Away, back, or stale: commit records and heartbeats may be out of date in this epoch;
+     * the processes get a detect timeout to beat again and republish before silence counts. */
+    if (seen != CONTROL_OK) c->outage_epoch = c->epoch;
+    if (seen == CONTROL_BACK || seen == CONTROL_STALE) republish(c);
+    if (!answered || !coord_control_settled(c)) return;
     for (int r = 0; r < c->cfg->workers; r++)
         if (!alive[r] && !c->departed[r] && !pending_has(c, r)) {
             silent_members(c, alive);
@@ -917,7 +902,7 @@ static coord_state tick(Coordinator *c, int *spares_used) {
     if (c->npending == 0 && !suspicion_due) return COORD_RUNNING;
     /* With the control plane away nothing can be closed or published: the failure waits for it
      * (the launcher bounds the wait: --control-wait). */
-    if (!c->reachable) return COORD_RUNNING;
+    if (!c->view.reachable) return COORD_RUNNING;
     rtt_start_counting(c);
     /* Close the epoch at once, then batch failures that come close together into one decision. */
     close_epoch(c);

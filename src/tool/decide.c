@@ -227,6 +227,29 @@ int decide_control_settled(const DecideControl *c) {
     return c->back_since_ms <= 0 || c->now_ms - c->back_since_ms >= c->detect_timeout_ms;
 }
 
+control_seen decide_control_observe(ControlView *v, int answered, int absent_meanwhile, double now_ms, int detect_timeout_ms) {
+    if (!answered) {
+        int went = v->reachable;
+        if (went) v->unreachable_since_ms = now_ms;
+        v->reachable = 0;
+        return went ? CONTROL_WENT_AWAY : CONTROL_STILL_AWAY;
+    }
+    control_seen seen = CONTROL_OK;
+    if (!v->reachable || absent_meanwhile) seen = CONTROL_BACK;
+    else if (v->last_ok_ms > 0 && now_ms - v->last_ok_ms > detect_timeout_ms / 2) seen = CONTROL_STALE;
+    if (seen != CONTROL_OK) {
+        v->back_since_ms = now_ms;
+        v->reachable = 1;
+        v->unreachable_since_ms = 0;
+    }
+    v->last_ok_ms = now_ms;
+    return seen;
+}
+
+void decide_control_waited(ControlView *v, double waited_ms) {
+    if (v->last_ok_ms > 0 && waited_ms > 0) v->last_ok_ms += waited_ms;
+}
+
 long long decide_committed_min(int world, const long long *committed, const int *failed, const long long *held) {
     long long min = -1;
     for (int r = 0; r < world; r++) {

@@ -111,6 +111,30 @@ typedef struct {
  * life to beat again and republish what it owns). 0 otherwise. */
 int decide_control_settled(const DecideControl *c);
 
+/* How the coordinator's view of the control plane changes with one liveness query. */
+typedef struct {
+    int reachable;               /* the last query answered (starts 1) */
+    double back_since_ms;        /* when it answered again after its last outage (0 = never away) */
+    double unreachable_since_ms; /* the outage in progress began (0 = none) */
+    double last_ok_ms;           /* when a query last answered (0 = never) */
+} ControlView;
+typedef enum {
+    CONTROL_OK,         /* answered, as before */
+    CONTROL_WENT_AWAY,  /* did not answer, after answering: an outage begins */
+    CONTROL_STILL_AWAY, /* did not answer, again */
+    CONTROL_BACK,       /* answered after not answering, or a call on the connection found
+                         * Redis absent since the last query (an outage that was over before it) */
+    CONTROL_STALE,      /* answered, but the last answer is older than half a heartbeat's life
+                         * (Redis stalled, or this query waited that long): keys may have expired
+                         * while nobody could renew them */
+} control_seen;
+/* The view after a query at now_ms: answered (1/0), and whether the connection counted Redis
+ * absent since the last query. BACK and STALE restart the settling time (back_since_ms). */
+control_seen decide_control_observe(ControlView *v, int answered, int absent_meanwhile, double now_ms, int detect_timeout_ms);
+/* The coordinator itself blocked waited_ms on a call Redis answered (a WAIT for a replica):
+ * Redis ran meanwhile, so that time is no gap in the view. */
+void decide_control_waited(ControlView *v, double waited_ms);
+
 /* The newest generation every rank can restore, after an outage: committed[r] is rank r's
  * commit record in Redis (-1 none), exact for the members that live (they republished it);
  * a failed rank's record may be older than what it really committed (written while Redis was

@@ -107,3 +107,10 @@ else notok "example_no_spare_persist_then_resume" "rc $rc $rc2 hint '$hint'" "$(
 "$MLP" >"$WORK/bad3.out" 2>&1; rc=$?
 [ $rc -ne 0 ] && grep -q 'deadpool run -- PROGRAM' "$WORK/bad3.out" && ok "program_outside_a_job_says_how_to_start_it" \
   || notok "program_outside_a_job_says_how_to_start_it" "rc $rc $(cat "$WORK/bad3.out")"
+
+# Every transition the runs above took was one the lifecycle accepts (runtime.c logs a refused
+# one as "lifecycle: state S does not accept I"): kills, a hang, failures during recovery,
+# spares started late, persist and resume.
+refused=$(grep -h 'lifecycle: state' "$WORK"/*.log 2>/dev/null | sort | uniq -c | head -5)
+[ -z "$refused" ] && ok "lifecycle_accepted_every_transition ($(ls "$WORK"/*.log | wc -l) logs)" \
+  || notok "lifecycle_accepted_every_transition" "$refused"

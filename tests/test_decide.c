@@ -686,7 +686,24 @@ static void test_control_view(void) {
     CHECK(never.last_ok_ms == 0, "a wait before any answer moves nothing");
 }
 
+/* Which spares a decision may use (the coordinator's live_spares). */
+static void test_spares_usable(void) {
+    long ids[] = {7, 8, 9, 10}, out[4];
+    int alive[] = {1, 0, 1, 1};
+    CHECK(decide_spares_usable(ids, alive, NULL, 4, NULL, 0, out, 4) == 3 && out[0] == 7 && out[1] == 9 && out[2] == 10,
+          "one machine: the live ones, in the pool's order");
+    CHECK(decide_spares_usable(ids, alive, NULL, 4, NULL, 0, out, 2) == 2 && out[1] == 9, "at most max");
+    const char *nodes[] = {"m1", "m2", "m2", ""}, *failed[] = {"m2"};
+    CHECK(decide_spares_usable(ids, alive, nodes, 4, failed, 1, out, 4) == 2 && out[0] == 7 && out[1] == 10,
+          "not a spare on the failed rank's machine; an unknown machine is no suspect");
+    const char *failed2[] = {"m1", "m2"};
+    CHECK(decide_spares_usable(ids, alive, nodes, 4, failed2, 2, out, 4) == 1 && out[0] == 10, "two machines lost: only the unknown one");
+    int none[] = {0, 0, 0, 0};
+    CHECK(decide_spares_usable(ids, none, NULL, 4, NULL, 0, out, 4) == 0, "none alive: none");
+}
+
 int main(void) {
+    RUN_TEST(test_spares_usable);
     RUN_TEST(test_control_view);
     RUN_TEST(test_control_plane_outage);
     RUN_TEST(test_committed_after_outage);

@@ -546,16 +546,15 @@ static int live_spares(Coordinator *c, long *out, int max) {
     static int alive[DP_MAX_RANKS];
     static pid_t pids[DP_MAX_RANKS];
     static char nodes[DP_MAX_RANKS][NODE_ID_MAX];
-    int n = ctl_spare_list(c->ctl, ids, DP_MAX_RANKS), k = 0;
+    static const char *spare_node[DP_MAX_RANKS], *failed_node[DP_MAX_RANKS];
+    int n = ctl_spare_list(c->ctl, ids, DP_MAX_RANKS), nfailed = 0;
     if (n <= 0 || ctl_alive_many(c->ctl, ids, n, alive) != 0) return 0;
-    if (c->cfg->nnodes > 0) member_facts(c, ids, n, pids, nodes, NULL);
-    for (int i = 0; i < n && k < max; i++) {
-        int suspect = 0;
-        for (int f = 0; c->cfg->nnodes > 0 && f < c->npending && !suspect; f++)
-            suspect = nodes[i][0] && !strcmp(nodes[i], c->node[c->pending[f].rank]);
-        if (alive[i] && !suspect) out[k++] = ids[i];
+    if (c->cfg->nnodes > 0) {
+        member_facts(c, ids, n, pids, nodes, NULL);
+        for (int i = 0; i < n; i++) spare_node[i] = nodes[i];
+        for (int f = 0; f < c->npending && nfailed < DP_MAX_RANKS; f++) failed_node[nfailed++] = c->node[c->pending[f].rank];
     }
-    return k;
+    return decide_spares_usable(ids, alive, c->cfg->nnodes > 0 ? spare_node : NULL, n, failed_node, nfailed, out, max);
 }
 
 /* The holders of rank's replicas, recorded in this or a recent epoch (a rank that died while

@@ -227,6 +227,18 @@ int decide_control_settled(const DecideControl *c) {
     return c->back_since_ms <= 0 || c->now_ms - c->back_since_ms >= c->detect_timeout_ms;
 }
 
+int decide_spares_usable(const long *ids, const int *alive, const char *const *spare_node, int n,
+                         const char *const *failed_node, int nfailed, long *out, int max) {
+    int k = 0;
+    for (int i = 0; i < n && k < max; i++) {
+        int suspect = 0;
+        for (int f = 0; f < nfailed && !suspect; f++)
+            suspect = spare_node && spare_node[i] && spare_node[i][0] && failed_node[f] && !strcmp(spare_node[i], failed_node[f]);
+        if (alive[i] && !suspect) out[k++] = ids[i];
+    }
+    return k;
+}
+
 control_seen decide_control_observe(ControlView *v, int answered, int absent_meanwhile, double now_ms, int detect_timeout_ms) {
     if (!answered) {
         int went = v->reachable;

@@ -111,6 +111,14 @@ typedef struct {
  * life to beat again and republish what it owns). 0 otherwise. */
 int decide_control_settled(const DecideControl *c);
 
+/* The spares a decision may use: the live ones, in the pool's order, at most max, and not one
+ * on a machine where a failed rank ran (a crashed machine's spares still heartbeat for up to a
+ * detect timeout; a spare that dies while it joins costs a second decision). spare_node[i]:
+ * spare i's machine ("" or NULL unknown); failed_node: the failed ranks' machines (nfailed 0
+ * on one machine). Writes their ids to out; returns how many. */
+int decide_spares_usable(const long *ids, const int *alive, const char *const *spare_node, int n,
+                         const char *const *failed_node, int nfailed, long *out, int max);
+
 /* How the coordinator's view of the control plane changes with one liveness query. */
 typedef struct {
     int reachable;               /* the last query answered (starts 1) */

@@ -293,11 +293,22 @@ static void node_event(Launcher *L, const char *name, const char *fmt, ...) {
     }
 }
 
-static int publish_job(Launcher *L, char *err, size_t errlen) {
+/* What the launcher owns in the job's hash, written at the start and again after an outage:
+ * the secret, the config text, the start time and the state "running". 0 / -1. */
+static int write_job_keys(Launcher *L, const char *secret) {
     char text[JOB_CONFIG_TEXT_MAX], t0[32];
+    if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) return -1;
+    proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
+    return ctl_config_set(L->ctl, "secret", secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
+                   ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0
+               ? 0
+               : -1;
+}
+
+static int publish_job(Launcher *L, char *err, size_t errlen) {
+    char text[JOB_CONFIG_TEXT_MAX];
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) { snprintf(err, errlen, "job config too large"); return -1; }
     if (!L->t0_wall_ms) L->t0_wall_ms = wall_ms();
-    proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
     /* The replica channel's secret: fresh for every incarnation, kept only in the job's Redis
      * hash (beside, never inside, the "config" text that checkpoints copy to disk). */
     /* The launcher key first: a janitor of another job must never see our config without it. */
@@ -312,8 +323,7 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
         snprintf(err, errlen, "cannot draw the job's secret (libsodium)");
         return -1;
     }
-    int published = ctl_config_set(L->ctl, "secret", secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
-                    ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0;
+    int published = write_job_keys(L, secret) == 0;
     memcpy(L->secret, secret, sizeof L->secret);
     explicit_bzero(secret, sizeof secret);
     if (!published) {
@@ -770,18 +780,14 @@ static void on_report(const char *text, void *arg) {
  * every process republish theirs. */
 static void republish_job(Launcher *L) {
     if (!L->coordinating || !L->secret[0]) return;
-    char text[JOB_CONFIG_TEXT_MAX], t0[32], procs[32];
-    if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) return;
-    proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
+    char procs[32];
     ctl_key_suffix(procs, sizeof procs, KEY_PROCS, 0, 0);
     L->beat_ms = 0;
     launcher_beat(L);
     long long max_proc = 0;
     for (int i = 0; i < L->nchildren; i++)
         if (L->children[i].proc > max_proc) max_proc = L->children[i].proc;
-    int ok = L->beat_ms && ctl_config_set(L->ctl, "secret", L->secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
-             ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0 &&
-             ctl_counter_at_least(L->ctl, procs, max_proc + 1000) == 0; /* spares joined by hand drew ids too */
+    int ok = L->beat_ms && write_job_keys(L, L->secret) == 0 && ctl_counter_at_least(L->ctl, procs, max_proc + 1000) == 0; /* spares joined by hand drew ids too */
     ctl_wait_replica(L->ctl, 1000);
     log_msg("the control plane answers again: the job's keys are %s", ok ? "republished" : "not all republished (tried again)");
     if (!ok) L->redis_failing_since = L->redis_failing_since ? L->redis_failing_since : now_ms();

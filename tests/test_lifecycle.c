@@ -130,9 +130,10 @@ static void test_control_plane_lost_while_waiting(void) {
     expect(LC_WAITING, LC_IN_CONTROL_LOST, LC_STOPPED, LC_ACT_PERSIST_LOCAL, -1);
 }
 
-/* ...after a failed join: stops without writing (runtime.c never did there). */
+/* ...after a failed join alike: a survivor whose join failed still holds what it committed
+ * (its old epoch's snapshots), and with every member retrying nobody else would write it. */
 static void test_control_plane_lost_after_a_failed_join(void) {
-    expect(LC_RETRYING, LC_IN_CONTROL_LOST, LC_STOPPED, 0, -1);
+    expect(LC_RETRYING, LC_IN_CONTROL_LOST, LC_STOPPED, LC_ACT_PERSIST_LOCAL, -1);
 }
 
 static void test_control_plane_lost_as_a_spare(void) {
@@ -192,6 +193,19 @@ static void test_walk_spare_taken_then_fenced(void) {
     CHECK(end == LC_FENCED, "ends %s", lc_state_name(end));
     CHECK((flags & (LC_ACT_LEAVE_POOL | LC_ACT_FIRST_COMMIT | LC_ACT_REPORT_FENCED)) ==
               (LC_ACT_LEAVE_POOL | LC_ACT_FIRST_COMMIT | LC_ACT_REPORT_FENCED), "flags 0x%x", flags);
+}
+
+/* A survivor's recovery whose rendezvous fails (a member died meanwhile), then the control
+ * plane is lost past --control-wait: what it committed before the failure goes to disk. */
+static void test_walk_survivor_failed_join_then_control_lost_persists(void) {
+    static const lc_input ins[] = {
+        LC_IN_RANK_CLAIMED, LC_IN_STARTED, LC_IN_COMMITTED, LC_IN_STEP_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED,
+        LC_IN_JOIN_FAILED, LC_IN_CONTROL_LOST,
+    };
+    unsigned flags;
+    lc_state end = walk(LC_INIT, ins, (int)(sizeof ins / sizeof ins[0]), &flags);
+    CHECK(end == LC_STOPPED, "ends %s", lc_state_name(end));
+    CHECK(flags & LC_ACT_PERSIST_LOCAL, "flags 0x%x: the committed state is not persisted", flags);
 }
 
 /* --- what is rejected ------------------------------------------------------------------- */
@@ -333,6 +347,7 @@ int main(void) {
     RUN_TEST(test_no_decision_fails);
     RUN_TEST(test_walk_survivor_through_three_failures);
     RUN_TEST(test_walk_spare_taken_then_fenced);
+    RUN_TEST(test_walk_survivor_failed_join_then_control_lost_persists);
     RUN_TEST(test_every_other_pair_is_rejected);
     RUN_TEST(test_invalid_transitions_rejected);
     RUN_TEST(test_out_of_range_rejected);

@@ -46,7 +46,7 @@ static lc_state member(lc_state s, lc_input in, lc_actions *a) {
 }
 
 /* WAITING or RETRYING: what the coordinator decided, or why no decision is coming. */
-static lc_state waiting(lc_state s, lc_input in, lc_actions *a) {
+static lc_state waiting(lc_input in, lc_actions *a) {
     switch (in) {
     case LC_IN_DECISION_MINE:
         /* It held a rank in an epoch (a spare too, once its first join began): a survivor. */
@@ -58,8 +58,11 @@ static lc_state waiting(lc_state s, lc_input in, lc_actions *a) {
         return LC_FENCED;
     case LC_IN_JOB_OVER: return LC_STOPPED;
     case LC_IN_CONTROL_LOST:
-        /* After a failed join the committed state is not written (runtime.c's behaviour). */
-        a->flags = s == LC_WAITING ? LC_ACT_PERSIST_LOCAL : 0;
+        /* After a failed join too: a survivor still holds what it committed before (the old
+         * epoch's snapshots stay until the new epoch commits), and with every member retrying
+         * nobody else would write the job's checkpoint. A spare that took a rank and committed
+         * nothing of it has nothing to write (rt_persist_without_control returns at once). */
+        a->flags = LC_ACT_PERSIST_LOCAL;
         return LC_STOPPED;
     case LC_IN_NO_DECISION: return LC_FAILED;
     default: return LC_INVALID;
@@ -102,7 +105,7 @@ static lc_state transition(lc_state s, lc_input in, lc_actions *a) {
     case LC_RESUMING:
     case LC_STEPPING: return member(s, in, a);
     case LC_WAITING:
-    case LC_RETRYING: return waiting(s, in, a);
+    case LC_RETRYING: return waiting(in, a);
     default: return LC_INVALID; /* terminal states, and anything out of range */
     }
 }

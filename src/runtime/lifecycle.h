@@ -20,8 +20,8 @@
  *                  |       v                     +-------------------------------------->+
  *                  |   REJOINING --join failed, state lost-------------------------------+
  *                  |       |    (into RETRYING: [report join_failed, end comms, await])
- *                  |       | joined        RETRYING --fenced--> (FENCED); --job over,
- *                  |       v               control lost--> (STOPPED); --no decision--> (FAILED)
+ *                  |       | joined        RETRYING --fenced--> (FENCED); --job over--> (STOPPED);
+ *                  |       v               --control lost [persist]--> (STOPPED); --no decision--> (FAILED)
  *                  |   RESUMING --committed [first commit]--+
  *                  v                                         v
  *              STEPPING <------------------------------------+
@@ -73,8 +73,9 @@ typedef enum {
      * committed. */
     LC_WAITING,
     /* Joining a new epoch failed (it reported join_failed): it waits for the next decision.
-     * Apart from WAITING because it holds no epoch of its own any more, and because a control
-     * plane lost here stops the process without persisting (as runtime.c always did). */
+     * Apart from WAITING because it holds no epoch of its own any more. A control plane lost
+     * here persists what it committed, as WAITING does: a survivor still has its old epoch's
+     * snapshots; a spare that took a rank has nothing committed, and writes nothing. */
     LC_RETRYING,
     /* Terminal. Every step done (dp_finish with DP_OK). */
     LC_DONE,

@@ -101,10 +101,10 @@ static void test_rejoined_resumes(void) { expect(LC_REJOINING, LC_IN_JOINED, LC_
  * rendezvous fails; they report join_failed "rendezvous" and wait for the next decision. */
 static void test_failure_during_recovery(void) { expect_join_failed(LC_REJOINING, LC_IN_JOIN_FAILED, JOIN_RENDEZVOUS); }
 
-/* ...and the next decision names them again: still survivors (a spare whose first join
- * failed too: it holds a rank since). */
+/* ...and the next decision names them again: they restore, their role unchanged (a
+ * survivor's is survivor, see the walk of a spare whose takeover failed). */
 static void test_decision_after_a_failed_join(void) {
-    expect(LC_RETRYING, LC_IN_DECISION_MINE, LC_RESTORING, LC_ACT_RESTORE, DP_ROLE_SURVIVOR);
+    expect(LC_RETRYING, LC_IN_DECISION_MINE, LC_RESTORING, LC_ACT_RESTORE, -1);
 }
 
 /* No copy of the rank's state is reachable (the coordinator stops the job on this report). */
@@ -193,6 +193,47 @@ static void test_walk_spare_taken_then_fenced(void) {
     CHECK(end == LC_FENCED, "ends %s", lc_state_name(end));
     CHECK((flags & (LC_ACT_LEAVE_POOL | LC_ACT_FIRST_COMMIT | LC_ACT_REPORT_FENCED)) ==
               (LC_ACT_LEAVE_POOL | LC_ACT_FIRST_COMMIT | LC_ACT_REPORT_FENCED), "flags 0x%x", flags);
+}
+
+/* The role a walk leaves, as lc_feed keeps it (a transition's role, or the one before). */
+static int walk_role(const lc_input *ins, int n) {
+    lc_state s = LC_INIT;
+    int role = -1;
+    for (int i = 0; i < n && s != LC_INVALID; i++) {
+        lc_actions a;
+        s = lc_step(s, ins[i], &a);
+        if (a.role >= 0) role = a.role;
+    }
+    return role;
+}
+
+/* e2e_hotswap failure_during_recovery's survivors, seen from a spare: it takes a rank, a
+ * member dies while they recover, the rendezvous fails; the next decision names it again.
+ * It is still the spare that took the rank (DP_ROLE_RECOVERED when dp_join returns), not a
+ * survivor: it never rolled back from buffers of its own. It left the pool once; the second
+ * decision restores as the first did (its own buffers only if they hold its rank's
+ * generation, else a holder). A survivor in the same walk stays a survivor. */
+static void test_walk_spare_whose_takeover_failed_stays_recovered(void) {
+    static const lc_input ins[] = {
+        LC_IN_NO_RANK, LC_IN_DECISION_MINE, LC_IN_RESTORED, LC_IN_JOIN_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED,
+        LC_IN_JOINED, LC_IN_COMMITTED,
+    };
+    int n = (int)(sizeof ins / sizeof ins[0]);
+    unsigned flags;
+    lc_state end = walk(LC_INIT, ins, n, &flags);
+    CHECK(end == LC_STEPPING, "ends %s", lc_state_name(end));
+    int role = walk_role(ins, n);
+    CHECK(role == DP_ROLE_RECOVERED, "role %d, expected %d (recovered)", role, DP_ROLE_RECOVERED);
+    lc_actions a;
+    lc_state s = lc_step(LC_RETRYING, LC_IN_DECISION_MINE, &a);
+    CHECK(s == LC_RESTORING && a.flags == LC_ACT_RESTORE, "the second decision: %s, actions 0x%x", lc_state_name(s),
+          a.flags);
+    static const lc_input survivor[] = {
+        LC_IN_RANK_CLAIMED, LC_IN_STARTED, LC_IN_COMMITTED, LC_IN_STEP_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED,
+        LC_IN_JOIN_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED, LC_IN_JOINED,
+    };
+    role = walk_role(survivor, (int)(sizeof survivor / sizeof survivor[0]));
+    CHECK(role == DP_ROLE_SURVIVOR, "a survivor's role %d, expected %d (survivor)", role, DP_ROLE_SURVIVOR);
 }
 
 /* A survivor's recovery whose rendezvous fails (a member died meanwhile), then the control
@@ -348,6 +389,7 @@ int main(void) {
     RUN_TEST(test_walk_survivor_through_three_failures);
     RUN_TEST(test_walk_spare_taken_then_fenced);
     RUN_TEST(test_walk_survivor_failed_join_then_control_lost_persists);
+    RUN_TEST(test_walk_spare_whose_takeover_failed_stays_recovered);
     RUN_TEST(test_every_other_pair_is_rejected);
     RUN_TEST(test_invalid_transitions_rejected);
     RUN_TEST(test_out_of_range_rejected);

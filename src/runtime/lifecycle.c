@@ -46,12 +46,19 @@ static lc_state member(lc_state s, lc_input in, lc_actions *a) {
 }
 
 /* WAITING or RETRYING: what the coordinator decided, or why no decision is coming. */
-static lc_state waiting(lc_input in, lc_actions *a) {
+static lc_state waiting(lc_state s, lc_input in, lc_actions *a) {
     switch (in) {
     case LC_IN_DECISION_MINE:
-        /* It held a rank in an epoch (a spare too, once its first join began): a survivor. */
+        /* A member whose step failed: a survivor. After a failed join the role stays what the
+         * first decision made it: a survivor's is survivor already, and a spare whose takeover
+         * failed is still a spare taking a rank (recovered), not a member that rolls back from
+         * buffers of its own (it may never have committed that rank's state). The restore does
+         * not depend on the role: rt_restore_generation uses this process's own buffers only
+         * when they hold a generation of its rank at the rollback step (checked by
+         * rt_restore_payload), else a holder or the disk, as for any spare; and the coordinator
+         * counts it as the member of its rank, as it is since the decision that named it. */
         a->flags = LC_ACT_RESTORE;
-        a->role = DP_ROLE_SURVIVOR;
+        if (s == LC_WAITING) a->role = DP_ROLE_SURVIVOR;
         return LC_RESTORING;
     case LC_IN_FENCED:
         a->flags = LC_ACT_REPORT_FENCED;
@@ -105,7 +112,7 @@ static lc_state transition(lc_state s, lc_input in, lc_actions *a) {
     case LC_RESUMING:
     case LC_STEPPING: return member(s, in, a);
     case LC_WAITING:
-    case LC_RETRYING: return waiting(in, a);
+    case LC_RETRYING: return waiting(s, in, a);
     default: return LC_INVALID; /* terminal states, and anything out of range */
     }
 }

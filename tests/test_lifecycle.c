@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "lifecycle.h"
 #include "recovery.h"
+#include "runtime.h"
 
 /* One transition: from `s` on `in` to `next` with exactly these actions. */
 static void expect(lc_state s, lc_input in, lc_state next, unsigned flags, int role) {
@@ -236,6 +237,46 @@ static void test_walk_spare_whose_takeover_failed_stays_recovered(void) {
     CHECK(role == DP_ROLE_SURVIVOR, "a survivor's role %d, expected %d (survivor)", role, DP_ROLE_SURVIVOR);
 }
 
+/* --- the exit status (dp_finish) ------------------------------------------------------------ */
+
+/* A spare takes a rank, its rendezvous fails (a member died recovering), and no decision
+ * comes: it gives up (dp_join returns DP_ERR, never joined). The takeover failed, not the job:
+ * it exits as failed (the launcher replaces it like a crash), not as a bad job (the launcher
+ * would stop the whole job on it, or the coordinator call it unrestorable). */
+static void test_spare_giving_up_after_a_failed_takeover_exits_failed(void) {
+    static const lc_input ins[] = {
+        LC_IN_NO_RANK, LC_IN_DECISION_MINE, LC_IN_RESTORED, LC_IN_JOIN_FAILED, LC_IN_NO_DECISION,
+    };
+    int n = (int)(sizeof ins / sizeof ins[0]);
+    unsigned flags;
+    lc_state end = walk(LC_INIT, ins, n, &flags);
+    CHECK(end == LC_FAILED, "ends %s", lc_state_name(end));
+    int rc = lc_exit_status(DP_ERR, (dp_role)walk_role(ins, n), 0, 0, 0);
+    CHECK(rc == DP_EXIT_FAILED, "exit status %d, expected %d (failed)", rc, DP_EXIT_FAILED);
+    /* ...also when the old table made it a survivor, and after a failed restore (DP_ERR or
+     * DP_FAILED alike) */
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SURVIVOR, 0, 0, 0) == DP_EXIT_FAILED, "as a survivor");
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_RECOVERED, 0, 0, 0) == DP_EXIT_FAILED, "DP_FAILED");
+    /* ...and a takeover that ends otherwise keeps its status */
+    CHECK(lc_exit_status(DP_STOPPED, DP_ROLE_RECOVERED, 0, 0, 0) == DP_EXIT_STOPPED, "stopped");
+    CHECK(lc_exit_status(DP_FENCED, DP_ROLE_RECOVERED, 0, 0, 0) == DP_EXIT_FENCED, "fenced");
+}
+
+/* What did not change: a process that never took a rank and failed to start is a bad job
+ * (unless the control plane was away), and a member's statuses. */
+static void test_exit_status_of_the_other_endings(void) {
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_INITIAL, 0, 0, 0) == DP_EXIT_BAD_JOB, "initial rank, start failed");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SPARE, 0, 0, 0) == DP_EXIT_BAD_JOB, "spare refused by the pool");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SPARE, 0, 1, 0) == DP_EXIT_FAILED, "...for the control plane's absence");
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_INITIAL, 0, 1, 0) == DP_EXIT_FAILED, "start failed, transient");
+    CHECK(lc_exit_status(DP_STOPPED, DP_ROLE_SPARE, 0, 0, 0) == DP_EXIT_STOPPED, "a spare told the job ended");
+    CHECK(lc_exit_status(DP_OK, DP_ROLE_INITIAL, 1, 0, 1) == DP_EXIT_DONE, "done");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_INITIAL, 1, 0, 1) == DP_EXIT_OUTPUT, "trained, output failed");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SURVIVOR, 1, 0, 0) == DP_EXIT_FAILED, "member, no decision");
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_INITIAL, 1, 0, 0) == DP_EXIT_FAILED, "member gave up");
+    CHECK(lc_exit_status(DP_FENCED, DP_ROLE_SURVIVOR, 1, 0, 0) == DP_EXIT_FENCED, "fenced");
+}
+
 /* A survivor's recovery whose rendezvous fails (a member died meanwhile), then the control
  * plane is lost past --control-wait: what it committed before the failure goes to disk. */
 static void test_walk_survivor_failed_join_then_control_lost_persists(void) {
@@ -390,6 +431,8 @@ int main(void) {
     RUN_TEST(test_walk_spare_taken_then_fenced);
     RUN_TEST(test_walk_survivor_failed_join_then_control_lost_persists);
     RUN_TEST(test_walk_spare_whose_takeover_failed_stays_recovered);
+    RUN_TEST(test_spare_giving_up_after_a_failed_takeover_exits_failed);
+    RUN_TEST(test_exit_status_of_the_other_endings);
     RUN_TEST(test_every_other_pair_is_rejected);
     RUN_TEST(test_invalid_transitions_rejected);
     RUN_TEST(test_out_of_range_rejected);

@@ -1,6 +1,8 @@
 /* lifecycle.c — a process's lifecycle as a pure transition function (see lifecycle.h). */
 #include "lifecycle.h"
 
+#include "runtime.h"
+
 static const char *const STATE_NAMES[LC_STATES] = {
     "init", "new", "spare", "restoring", "rejoining", "resuming", "stepping", "waiting", "retrying",
     "done", "stopped", "fenced", "failed",
@@ -16,6 +18,16 @@ const char *lc_state_name(lc_state s) { return s >= 0 && s < LC_STATES ? STATE_N
 const char *lc_input_name(lc_input in) { return (int)in >= 0 && in < LC_INPUTS ? INPUT_NAMES[in] : "invalid"; }
 
 int lc_terminal(lc_state s) { return s == LC_DONE || s == LC_STOPPED || s == LC_FENCED || s == LC_FAILED; }
+
+int lc_exit_status(dp_status how, dp_role role, int joined, int transient, int trained) {
+    int took_a_rank = joined || role == DP_ROLE_SURVIVOR || role == DP_ROLE_RECOVERED;
+    return how == DP_OK ? DP_EXIT_DONE
+         : how == DP_STOPPED ? DP_EXIT_STOPPED
+         : how == DP_FENCED ? DP_EXIT_FENCED
+         : !took_a_rank && !transient ? DP_EXIT_BAD_JOB
+         : how == DP_ERR && trained ? DP_EXIT_OUTPUT /* trained, then failed to write */
+         : DP_EXIT_FAILED;
+}
 
 /* A failed join: report it (from where), drop the epoch's communicators, wait for the next
  * decision. */

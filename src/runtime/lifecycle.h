@@ -139,6 +139,15 @@ typedef struct {
 lc_state lc_step(lc_state s, lc_input in, lc_actions *a);
 /* 1 for DONE, STOPPED, FENCED and FAILED. */
 int lc_terminal(lc_state s);
+/* dp_finish's exit status (runtime.h's dp_exit) for a process that leaves with `how` in role
+ * `role` (dp_get_role): joined, dp_join returned DP_OK once; transient, its last failure to
+ * start was the control plane's absence; trained, every step is done. A bad job (a replacement
+ * would fail alike, the launcher stops the job) only for a process that never took a rank: an
+ * initial rank whose start failed, a spare the pool refused. A spare named by a decision
+ * (role recovered, or survivor) that gives up after a failed takeover exits as failed, as a
+ * member would: the takeover failed, not the job (and a restore that failed for a bad job's
+ * reason is reported as join_failed "restore", on which the coordinator stops the job). */
+int lc_exit_status(dp_status how, dp_role role, int joined, int transient, int trained);
 const char *lc_state_name(lc_state s);
 const char *lc_input_name(lc_input in);
 

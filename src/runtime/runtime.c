@@ -3,7 +3,7 @@
  * warm until a decision hands it a failed rank), the step hooks, dp_recover (wait for the
  * coordinator's decision, restore the rollback generation, rebuild, go on) and dp_finish, each
  * driving the lifecycle (lifecycle.h) through lc_feed. What they carry out is in the pieces
- * that share runtime_internal.h: capture and restore (rt_capture.c), replica placement
+ * that share runtime_internal.h: capture (rt_capture.c), restore (rt_restore.c), replica placement
  * (rt_placement.c), persistence (rt_persist.c), telemetry (rt_telemetry.c), fault injection
  * (rt_inject.c), collectives and groups (rt_comm.c), launching (rt_exec.c). It knows nothing of
  * the application: state is regions and callbacks. */

@@ -223,9 +223,12 @@ int rt_rank_stateless(dp_t *dp, int rank, long long g) {
 
 /* 1 when this rank need not fetch generation `rollback`: it has nothing of its own and some
  * member survives to provide the identical state (or the rank is not 0, whose replica alone
- * carries it). */
+ * carries it). The members besides this process: one that held its rank before this
+ * decision and comes here has no copy in its own buffers (a spare whose takeover failed:
+ * it never committed its rank's state), so it provides nothing. */
 static int nothing_of_its_own(dp_t *dp, long long rollback) {
     int survivors = dp->decision.world - dp->decision.nfailed;
+    if (!decision_rank_replaced(&dp->decision, dp->rank)) survivors--;
     if (dp->rank == 0 && survivors <= 0) return 0;
     return rt_rank_stateless(dp, dp->rank, rollback);
 }

@@ -352,12 +352,32 @@ static int reports_identical(dp_t *dp) {
     return 0;
 }
 
+/* Rank 0, when no member restored the identical state: the members counted on for it (by the
+ * decision, and by nothing_of_its_own) were spares whose takeover had failed, which never had
+ * it. Rank 0's replica carries it: fetched and restored now. 1 when rank 0 has it then. */
+static int identical_from_replica(dp_t *dp) {
+    SnapHeader h;
+    void *payload = NULL;
+    char err[512];
+    long long g = (long long)dp->next_step - 1;
+    if (rt_fetch_from_holders(dp, 0, g, dp->epoch - 1, &h, &payload) != 0) return 0;
+    int rc = rt_restore_payload(dp, &h, payload, NULL, 0, err, sizeof err);
+    if (!rt_payload_is_ours(dp, payload)) free(payload);
+    if (rc != 0) {
+        log_msg("rank 0's replica of step %lld is unusable: %s", g + 1, err);
+        return 0;
+    }
+    if (dp->restored_identical) log_msg("no member restored the identical state: rank 0's replica of step %lld has it", g + 1);
+    return dp->restored_identical;
+}
+
 /* After a restore: the lowest rank whose restored generation carried the DP_IDENTICAL regions
  * (a survivor from its own snapshot, rank 0 from its replica or its checkpoint file)
  * broadcasts them, and the ranks whose generation lacked them (a spare that took another
  * rank, a rank other than 0 resuming from disk) hand them to the application: a second
  * restore call. Then the application rebuilds what is derived. *state_lost (may be NULL) is
- * set when no member restored the identical state: trying again cannot help. */
+ * set when no member restored the identical state, nor could rank 0 from its replica then:
+ * trying again cannot help. */
 dp_status rt_share_and_rebuild(dp_t *dp, int *state_lost, char *err, size_t errlen) {
     if (dp->cfg.workers > 1) {
         int world = dp->cfg.workers, from = -1, to = job_comm_timeout_ms(&dp->cfg);
@@ -369,6 +389,11 @@ dp_status rt_share_and_rebuild(dp_t *dp, int *state_lost, char *err, size_t errl
             if (has[r] != 0.0f) from = r;
         free(has);
         if (st != COMM_OK) goto comm_failed;
+        if (from < 0 && reports_identical(dp)) { /* every rank sees this: rank 0 tries its replica, says if it could */
+            float got = dp->rank == 0 && identical_from_replica(dp) ? 1.0f : 0.0f;
+            if (comm_broadcast(dp->comm, &got, sizeof got, 0, to) != COMM_OK) goto comm_failed;
+            if (got != 0.0f) from = 0;
+        }
         if (from < 0 && reports_identical(dp)) { /* no use trying again: the job stops (join_failed) */
             if (state_lost) *state_lost = 1;
             snprintf(err, errlen, "no member restored the state every rank holds identically (DP_IDENTICAL) of step %lld",

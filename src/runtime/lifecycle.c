@@ -67,8 +67,10 @@ static lc_state waiting(lc_state s, lc_input in, lc_actions *a) {
          * buffers of its own (it may never have committed that rank's state). The restore does
          * not depend on the role: rt_restore_generation uses this process's own buffers only
          * when they hold a generation of its rank at the rollback step (checked by
-         * rt_restore_payload), else a holder or the disk, as for any spare; and the coordinator
-         * counts it as the member of its rank, as it is since the decision that named it. */
+         * rt_restore_payload), else a holder or the disk, as for any spare. The coordinator
+         * counts it as the member of its rank (as it is since the decision that named it) and
+         * among the survivors; the restore does not count on it for the identical state
+         * (rt_restore.c: nothing_of_its_own, identical_from_replica). */
         a->flags = LC_ACT_RESTORE;
         if (s == LC_WAITING) a->role = DP_ROLE_SURVIVOR;
         return LC_RESTORING;

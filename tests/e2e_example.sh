@@ -41,6 +41,18 @@ for pair in 1:2 0:2; do
     && ok "example_plain_kill_${a}_and_${b}_one_decision" \
     || notok "example_plain_kill_${a}_and_${b}_one_decision" "the two failures were not decided together"
 done
+# ... and a spare whose takeover failed holds no identical state: one rank dies, the survivor
+# dies while they recover (rkill), and the next decision names the spare that took the first
+# rank again, with a new spare for the other. Neither has the state in its own buffers: rank
+# 0's comes from its replica (on a spare), not from a "survivor" that never had it (the job
+# used to stop with "no member restored the state every rank holds identically").
+PLAIN2=(--workers 2 --steps 60 --seed 7)
+run_job "$WORK/plain2_ref" 120 "${PLAIN2[@]}" --spares 0 -- "$MLP" --plain
+for pair in 0:1 1:0; do
+  a=${pair%:*} b=${pair#*:}
+  expect_like plain2_ref "example_plain_kill_${a}_then_${b}_in_recovery_rank_0_from_its_replica" 1 "${PLAIN2[@]}" \
+    --spares 3 --replica-placement spares --detect-timeout-ms 1000 --inject "kill:$a@30" --inject "rkill:$b@1" -- "$MLP" --plain
+done
 # ... and with no spare: the committed state goes to disk, rank 1's (empty: nothing of its own)
 # written by rank 0 although its holder died with it, and the resumed job ends the same.
 run_job "$WORK/plain_nospare" 120 "${PLAIN[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 \

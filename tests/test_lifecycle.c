@@ -8,6 +8,7 @@
 #include "harness.h"
 #include "lifecycle.h"
 #include "recovery.h"
+#include "runtime.h"
 
 /* One transition: from `s` on `in` to `next` with exactly these actions. */
 static void expect(lc_state s, lc_input in, lc_state next, unsigned flags, int role) {
@@ -101,10 +102,10 @@ static void test_rejoined_resumes(void) { expect(LC_REJOINING, LC_IN_JOINED, LC_
  * rendezvous fails; they report join_failed "rendezvous" and wait for the next decision. */
 static void test_failure_during_recovery(void) { expect_join_failed(LC_REJOINING, LC_IN_JOIN_FAILED, JOIN_RENDEZVOUS); }
 
-/* ...and the next decision names them again: still survivors (a spare whose first join
- * failed too: it holds a rank since). */
+/* ...and the next decision names them again: they restore, their role unchanged (a
+ * survivor's is survivor, see the walk of a spare whose takeover failed). */
 static void test_decision_after_a_failed_join(void) {
-    expect(LC_RETRYING, LC_IN_DECISION_MINE, LC_RESTORING, LC_ACT_RESTORE, DP_ROLE_SURVIVOR);
+    expect(LC_RETRYING, LC_IN_DECISION_MINE, LC_RESTORING, LC_ACT_RESTORE, -1);
 }
 
 /* No copy of the rank's state is reachable (the coordinator stops the job on this report). */
@@ -130,9 +131,10 @@ static void test_control_plane_lost_while_waiting(void) {
     expect(LC_WAITING, LC_IN_CONTROL_LOST, LC_STOPPED, LC_ACT_PERSIST_LOCAL, -1);
 }
 
-/* ...after a failed join: stops without writing (runtime.c never did there). */
+/* ...after a failed join alike: a survivor whose join failed still holds what it committed
+ * (its old epoch's snapshots), and with every member retrying nobody else would write it. */
 static void test_control_plane_lost_after_a_failed_join(void) {
-    expect(LC_RETRYING, LC_IN_CONTROL_LOST, LC_STOPPED, 0, -1);
+    expect(LC_RETRYING, LC_IN_CONTROL_LOST, LC_STOPPED, LC_ACT_PERSIST_LOCAL, -1);
 }
 
 static void test_control_plane_lost_as_a_spare(void) {
@@ -192,6 +194,100 @@ static void test_walk_spare_taken_then_fenced(void) {
     CHECK(end == LC_FENCED, "ends %s", lc_state_name(end));
     CHECK((flags & (LC_ACT_LEAVE_POOL | LC_ACT_FIRST_COMMIT | LC_ACT_REPORT_FENCED)) ==
               (LC_ACT_LEAVE_POOL | LC_ACT_FIRST_COMMIT | LC_ACT_REPORT_FENCED), "flags 0x%x", flags);
+}
+
+/* The role a walk leaves, as lc_feed keeps it (a transition's role, or the one before). */
+static int walk_role(const lc_input *ins, int n) {
+    lc_state s = LC_INIT;
+    int role = -1;
+    for (int i = 0; i < n && s != LC_INVALID; i++) {
+        lc_actions a;
+        s = lc_step(s, ins[i], &a);
+        if (a.role >= 0) role = a.role;
+    }
+    return role;
+}
+
+/* e2e_hotswap failure_during_recovery's survivors, seen from a spare: it takes a rank, a
+ * member dies while they recover, the rendezvous fails; the next decision names it again.
+ * It is still the spare that took the rank (DP_ROLE_RECOVERED when dp_join returns), not a
+ * survivor: it never rolled back from buffers of its own. It left the pool once; the second
+ * decision restores as the first did (its own buffers only if they hold its rank's
+ * generation, else a holder). A survivor in the same walk stays a survivor. */
+static void test_walk_spare_whose_takeover_failed_stays_recovered(void) {
+    static const lc_input ins[] = {
+        LC_IN_NO_RANK, LC_IN_DECISION_MINE, LC_IN_RESTORED, LC_IN_JOIN_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED,
+        LC_IN_JOINED, LC_IN_COMMITTED,
+    };
+    int n = (int)(sizeof ins / sizeof ins[0]);
+    unsigned flags;
+    lc_state end = walk(LC_INIT, ins, n, &flags);
+    CHECK(end == LC_STEPPING, "ends %s", lc_state_name(end));
+    int role = walk_role(ins, n);
+    CHECK(role == DP_ROLE_RECOVERED, "role %d, expected %d (recovered)", role, DP_ROLE_RECOVERED);
+    lc_actions a;
+    lc_state s = lc_step(LC_RETRYING, LC_IN_DECISION_MINE, &a);
+    CHECK(s == LC_RESTORING && a.flags == LC_ACT_RESTORE, "the second decision: %s, actions 0x%x", lc_state_name(s),
+          a.flags);
+    static const lc_input survivor[] = {
+        LC_IN_RANK_CLAIMED, LC_IN_STARTED, LC_IN_COMMITTED, LC_IN_STEP_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED,
+        LC_IN_JOIN_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED, LC_IN_JOINED,
+    };
+    role = walk_role(survivor, (int)(sizeof survivor / sizeof survivor[0]));
+    CHECK(role == DP_ROLE_SURVIVOR, "a survivor's role %d, expected %d (survivor)", role, DP_ROLE_SURVIVOR);
+}
+
+/* --- the exit status (dp_finish) ------------------------------------------------------------ */
+
+/* A spare takes a rank, its rendezvous fails (a member died recovering), and no decision
+ * comes: it gives up (dp_join returns DP_ERR, never joined). The takeover failed, not the job:
+ * it exits as failed (the launcher replaces it like a crash), not as a bad job (the launcher
+ * would stop the whole job on it, or the coordinator call it unrestorable). */
+static void test_spare_giving_up_after_a_failed_takeover_exits_failed(void) {
+    static const lc_input ins[] = {
+        LC_IN_NO_RANK, LC_IN_DECISION_MINE, LC_IN_RESTORED, LC_IN_JOIN_FAILED, LC_IN_NO_DECISION,
+    };
+    int n = (int)(sizeof ins / sizeof ins[0]);
+    unsigned flags;
+    lc_state end = walk(LC_INIT, ins, n, &flags);
+    CHECK(end == LC_FAILED, "ends %s", lc_state_name(end));
+    int rc = lc_exit_status(DP_ERR, (dp_role)walk_role(ins, n), 0, 0, 0);
+    CHECK(rc == DP_EXIT_FAILED, "exit status %d, expected %d (failed)", rc, DP_EXIT_FAILED);
+    /* ...also when the old table made it a survivor, and after a failed restore (DP_ERR or
+     * DP_FAILED alike) */
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SURVIVOR, 0, 0, 0) == DP_EXIT_FAILED, "as a survivor");
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_RECOVERED, 0, 0, 0) == DP_EXIT_FAILED, "DP_FAILED");
+    /* ...and a takeover that ends otherwise keeps its status */
+    CHECK(lc_exit_status(DP_STOPPED, DP_ROLE_RECOVERED, 0, 0, 0) == DP_EXIT_STOPPED, "stopped");
+    CHECK(lc_exit_status(DP_FENCED, DP_ROLE_RECOVERED, 0, 0, 0) == DP_EXIT_FENCED, "fenced");
+}
+
+/* What did not change: a process that never took a rank and failed to start is a bad job
+ * (unless the control plane was away), and a member's statuses. */
+static void test_exit_status_of_the_other_endings(void) {
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_INITIAL, 0, 0, 0) == DP_EXIT_BAD_JOB, "initial rank, start failed");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SPARE, 0, 0, 0) == DP_EXIT_BAD_JOB, "spare refused by the pool");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SPARE, 0, 1, 0) == DP_EXIT_FAILED, "...for the control plane's absence");
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_INITIAL, 0, 1, 0) == DP_EXIT_FAILED, "start failed, transient");
+    CHECK(lc_exit_status(DP_STOPPED, DP_ROLE_SPARE, 0, 0, 0) == DP_EXIT_STOPPED, "a spare told the job ended");
+    CHECK(lc_exit_status(DP_OK, DP_ROLE_INITIAL, 1, 0, 1) == DP_EXIT_DONE, "done");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_INITIAL, 1, 0, 1) == DP_EXIT_OUTPUT, "trained, output failed");
+    CHECK(lc_exit_status(DP_ERR, DP_ROLE_SURVIVOR, 1, 0, 0) == DP_EXIT_FAILED, "member, no decision");
+    CHECK(lc_exit_status(DP_FAILED, DP_ROLE_INITIAL, 1, 0, 0) == DP_EXIT_FAILED, "member gave up");
+    CHECK(lc_exit_status(DP_FENCED, DP_ROLE_SURVIVOR, 1, 0, 0) == DP_EXIT_FENCED, "fenced");
+}
+
+/* A survivor's recovery whose rendezvous fails (a member died meanwhile), then the control
+ * plane is lost past --control-wait: what it committed before the failure goes to disk. */
+static void test_walk_survivor_failed_join_then_control_lost_persists(void) {
+    static const lc_input ins[] = {
+        LC_IN_RANK_CLAIMED, LC_IN_STARTED, LC_IN_COMMITTED, LC_IN_STEP_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED,
+        LC_IN_JOIN_FAILED, LC_IN_CONTROL_LOST,
+    };
+    unsigned flags;
+    lc_state end = walk(LC_INIT, ins, (int)(sizeof ins / sizeof ins[0]), &flags);
+    CHECK(end == LC_STOPPED, "ends %s", lc_state_name(end));
+    CHECK(flags & LC_ACT_PERSIST_LOCAL, "flags 0x%x: the committed state is not persisted", flags);
 }
 
 /* --- what is rejected ------------------------------------------------------------------- */
@@ -333,6 +429,10 @@ int main(void) {
     RUN_TEST(test_no_decision_fails);
     RUN_TEST(test_walk_survivor_through_three_failures);
     RUN_TEST(test_walk_spare_taken_then_fenced);
+    RUN_TEST(test_walk_survivor_failed_join_then_control_lost_persists);
+    RUN_TEST(test_walk_spare_whose_takeover_failed_stays_recovered);
+    RUN_TEST(test_spare_giving_up_after_a_failed_takeover_exits_failed);
+    RUN_TEST(test_exit_status_of_the_other_endings);
     RUN_TEST(test_every_other_pair_is_rejected);
     RUN_TEST(test_invalid_transitions_rejected);
     RUN_TEST(test_out_of_range_rejected);

@@ -1,6 +1,8 @@
 /* lifecycle.c — a process's lifecycle as a pure transition function (see lifecycle.h). */
 #include "lifecycle.h"
 
+#include "runtime.h"
+
 static const char *const STATE_NAMES[LC_STATES] = {
     "init", "new", "spare", "restoring", "rejoining", "resuming", "stepping", "waiting", "retrying",
     "done", "stopped", "fenced", "failed",
@@ -16,6 +18,16 @@ const char *lc_state_name(lc_state s) { return s >= 0 && s < LC_STATES ? STATE_N
 const char *lc_input_name(lc_input in) { return (int)in >= 0 && in < LC_INPUTS ? INPUT_NAMES[in] : "invalid"; }
 
 int lc_terminal(lc_state s) { return s == LC_DONE || s == LC_STOPPED || s == LC_FENCED || s == LC_FAILED; }
+
+int lc_exit_status(dp_status how, dp_role role, int joined, int transient, int trained) {
+    int took_a_rank = joined || role == DP_ROLE_SURVIVOR || role == DP_ROLE_RECOVERED;
+    return how == DP_OK ? DP_EXIT_DONE
+         : how == DP_STOPPED ? DP_EXIT_STOPPED
+         : how == DP_FENCED ? DP_EXIT_FENCED
+         : !took_a_rank && !transient ? DP_EXIT_BAD_JOB
+         : how == DP_ERR && trained ? DP_EXIT_OUTPUT /* trained, then failed to write */
+         : DP_EXIT_FAILED;
+}
 
 /* A failed join: report it (from where), drop the epoch's communicators, wait for the next
  * decision. */
@@ -49,17 +61,29 @@ static lc_state member(lc_state s, lc_input in, lc_actions *a) {
 static lc_state waiting(lc_state s, lc_input in, lc_actions *a) {
     switch (in) {
     case LC_IN_DECISION_MINE:
-        /* It held a rank in an epoch (a spare too, once its first join began): a survivor. */
+        /* A member whose step failed: a survivor. After a failed join the role stays what the
+         * first decision made it: a survivor's is survivor already, and a spare whose takeover
+         * failed is still a spare taking a rank (recovered), not a member that rolls back from
+         * buffers of its own (it may never have committed that rank's state). The restore does
+         * not depend on the role: rt_restore_generation uses this process's own buffers only
+         * when they hold a generation of its rank at the rollback step (checked by
+         * rt_restore_payload), else a holder or the disk, as for any spare. The coordinator
+         * counts it as the member of its rank (as it is since the decision that named it) and
+         * among the survivors; the restore does not count on it for the identical state
+         * (rt_restore.c: nothing_of_its_own, identical_from_replica). */
         a->flags = LC_ACT_RESTORE;
-        a->role = DP_ROLE_SURVIVOR;
+        if (s == LC_WAITING) a->role = DP_ROLE_SURVIVOR;
         return LC_RESTORING;
     case LC_IN_FENCED:
         a->flags = LC_ACT_REPORT_FENCED;
         return LC_FENCED;
     case LC_IN_JOB_OVER: return LC_STOPPED;
     case LC_IN_CONTROL_LOST:
-        /* After a failed join the committed state is not written (runtime.c's behaviour). */
-        a->flags = s == LC_WAITING ? LC_ACT_PERSIST_LOCAL : 0;
+        /* After a failed join too: a survivor still holds what it committed before (the old
+         * epoch's snapshots stay until the new epoch commits), and with every member retrying
+         * nobody else would write the job's checkpoint. A spare that took a rank and committed
+         * nothing of it has nothing to write (rt_persist_without_control returns at once). */
+        a->flags = LC_ACT_PERSIST_LOCAL;
         return LC_STOPPED;
     case LC_IN_NO_DECISION: return LC_FAILED;
     default: return LC_INVALID;

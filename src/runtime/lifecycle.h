@@ -20,8 +20,8 @@
  *                  |       v                     +-------------------------------------->+
  *                  |   REJOINING --join failed, state lost-------------------------------+
  *                  |       |    (into RETRYING: [report join_failed, end comms, await])
- *                  |       | joined        RETRYING --fenced--> (FENCED); --job over,
- *                  |       v               control lost--> (STOPPED); --no decision--> (FAILED)
+ *                  |       | joined        RETRYING --fenced--> (FENCED); --job over--> (STOPPED);
+ *                  |       v               --control lost [persist]--> (STOPPED); --no decision--> (FAILED)
  *                  |   RESUMING --committed [first commit]--+
  *                  v                                         v
  *              STEPPING <------------------------------------+
@@ -73,8 +73,9 @@ typedef enum {
      * committed. */
     LC_WAITING,
     /* Joining a new epoch failed (it reported join_failed): it waits for the next decision.
-     * Apart from WAITING because it holds no epoch of its own any more, and because a control
-     * plane lost here stops the process without persisting (as runtime.c always did). */
+     * Apart from WAITING because it holds no epoch of its own any more. A control plane lost
+     * here persists what it committed, as WAITING does: a survivor still has its old epoch's
+     * snapshots; a spare that took a rank has nothing committed, and writes nothing. */
     LC_RETRYING,
     /* Terminal. Every step done (dp_finish with DP_OK). */
     LC_DONE,
@@ -138,6 +139,15 @@ typedef struct {
 lc_state lc_step(lc_state s, lc_input in, lc_actions *a);
 /* 1 for DONE, STOPPED, FENCED and FAILED. */
 int lc_terminal(lc_state s);
+/* dp_finish's exit status (runtime.h's dp_exit) for a process that leaves with `how` in role
+ * `role` (dp_get_role): joined, dp_join returned DP_OK once; transient, its last failure to
+ * start was the control plane's absence; trained, every step is done. A bad job (a replacement
+ * would fail alike, the launcher stops the job) only for a process that never took a rank: an
+ * initial rank whose start failed, a spare the pool refused. A spare named by a decision
+ * (role recovered, or survivor) that gives up after a failed takeover exits as failed, as a
+ * member would: the takeover failed, not the job (and a restore that failed for a bad job's
+ * reason is reported as join_failed "restore", on which the coordinator stops the job). */
+int lc_exit_status(dp_status how, dp_role role, int joined, int transient, int trained);
 const char *lc_state_name(lc_state s);
 const char *lc_input_name(lc_input in);
 

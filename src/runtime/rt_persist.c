@@ -195,7 +195,14 @@ void rt_persist_without_control(dp_t *dp) {
     Snapshot *s = dp->snap ? dp->snap : dp->restore_src;
     if (!s) return;
     snapshot_drain(s, job_comm_timeout_ms(&dp->cfg));
+    /* A join that failed after starting the new epoch's snapshots left them empty: what this
+     * process committed is still in the old epoch's, kept until the new epoch commits. */
+    if (snapshot_committed(s) < 0 && s == dp->snap && dp->restore_src) {
+        s = dp->restore_src;
+        snapshot_drain(s, job_comm_timeout_ms(&dp->cfg));
+    }
     int64_t newest = snapshot_committed(s), g[2] = {newest, newest - dp->cfg.snapshot_every};
+    if (newest < 0) return; /* nothing committed (a spare that took a rank): nothing to write or complete */
     char err[1024], cmd[1024];
     for (int i = 0; i < 2; i++) {
         SnapHeader h;

@@ -3,7 +3,7 @@
  * warm until a decision hands it a failed rank), the step hooks, dp_recover (wait for the
  * coordinator's decision, restore the rollback generation, rebuild, go on) and dp_finish, each
  * driving the lifecycle (lifecycle.h) through lc_feed. What they carry out is in the pieces
- * that share runtime_internal.h: capture and restore (rt_capture.c), replica placement
+ * that share runtime_internal.h: capture (rt_capture.c), restore (rt_restore.c), replica placement
  * (rt_placement.c), persistence (rt_persist.c), telemetry (rt_telemetry.c), fault injection
  * (rt_inject.c), collectives and groups (rt_comm.c), launching (rt_exec.c). It knows nothing of
  * the application: state is regions and callbacks. */
@@ -822,12 +822,7 @@ dp_status dp_recover(dp_t *dp, char *err, size_t errlen) {
 
 int dp_finish(dp_t *dp, dp_status how) {
     if (!dp) return atomic_load(&init_transient) ? DP_EXIT_FAILED : DP_EXIT_BAD_JOB;
-    int rc = how == DP_OK ? DP_EXIT_DONE
-           : how == DP_STOPPED ? DP_EXIT_STOPPED
-           : how == DP_FENCED ? DP_EXIT_FENCED
-           : !dp->joined && !atomic_load(&init_transient) ? DP_EXIT_BAD_JOB
-           : how == DP_ERR && dp->next_step >= dp->cfg.steps ? DP_EXIT_OUTPUT /* trained, then failed to write */
-           : DP_EXIT_FAILED;
+    int rc = lc_exit_status(how, dp->role, dp->joined, atomic_load(&init_transient), dp->next_step >= dp->cfg.steps);
     /* Every step done: DONE. Any other status leaves the state as it is (the step or the call
      * that ended the loop moved it already, or the application gave up on its own). */
     lc_actions a = how == DP_OK ? lc_feed(dp, LC_IN_FINISHED) : (lc_actions){.role = -1};

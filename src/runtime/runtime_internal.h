@@ -169,6 +169,18 @@ int rt_capture_zero_copy(dp_t *dp, int64_t step, const void *extra, size_t extra
 /* The application's regions now into dp->snap_regions (head first) and the local part into
  * dp->snap_locals. The number of snapshot regions, -1 + dp->err. */
 int rt_gather_regions(dp_t *dp, int64_t step, const void *extra, size_t extra_len);
+/* The state DeadPool owns (dp_state_declare), as the restore finds it too: the block that
+ * holds generation gen, the index of region `id` among the declared ones (-1: not declared),
+ * generation gen of the k-th declared region. */
+unsigned char *rt_block_of(const dp_t *dp, int64_t gen);
+int rt_state_index(const dp_t *dp, uint32_t id);
+unsigned char *rt_state_at(const dp_t *dp, int k, int64_t gen);
+/* The application's regions now, then the declared state of generation gen (at most max). The
+ * number, -1 + dp->err. */
+int rt_app_regions(dp_t *dp, int64_t gen, dp_region *out, int max);
+
+/* --- rt_restore.c -------------------------------------------------------------------- */
+
 /* Checks a verified payload of this rank (and its local part) and hands it to the application. */
 int rt_restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, const void *local, size_t local_len,
                        char *err, size_t errlen);

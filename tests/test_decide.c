@@ -702,7 +702,47 @@ static void test_spares_usable(void) {
     CHECK(decide_spares_usable(ids, none, NULL, 4, NULL, 0, out, 4) == 0, "none alive: none");
 }
 
+/* A silent local member's kind from its /proc/PID/stat text (coordinator.c silent_kind reads
+ * the file). The comm, in parentheses, may hold spaces and ')': the state follows the last ')'. */
+static void test_silent_kind(void) {
+    const char *tail = " 1 4711 4711 0 -1 4194560 2035 0 0 0 12 3 0 0 20 0 3 0 87211 23404544 2367 "
+                       "18446744073709551615 1 1 0 0 0 0 0 16781312 2 0 0 0 17 1 0 0 0 0 0";
+    char line[512];
+    const struct { char state; const char *kind; } states[] = {
+        {'R', "network"}, {'S', "network"}, {'D', "network"}, {'I', "network"}, {'X', "network"},
+        {'T', "hang"},    {'t', "hang"},    {'Z', "crash"},
+    };
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+        snprintf(line, sizeof line, "4711 (python3) %c%s\n", states[i].state, tail);
+        CHECK(!strcmp(decide_silent_kind(line), states[i].kind), "state %c: %s, expected %s", states[i].state,
+              decide_silent_kind(line), states[i].kind);
+    }
+    CHECK(!strcmp(decide_silent_kind(NULL), "crash"), "no stat file: the process is gone");
+    /* comm names that look like the rest of the line */
+    CHECK(!strcmp(decide_silent_kind("4711 (a) T (b) R 1 4711 4711 0\n"), "network"), "comm 'a) T (b': running");
+    CHECK(!strcmp(decide_silent_kind("4711 (x) R y) T 1 4711 4711 0\n"), "hang"), "comm 'x) R y': stopped");
+    CHECK(!strcmp(decide_silent_kind("4711 (train)) Z 1 4711 4711 0\n"), "crash"), "comm 'train)': zombie");
+    CHECK(!strcmp(decide_silent_kind("4711 (my worker) t 1 4711 4711 0\n"), "hang"), "comm with a space: traced");
+    CHECK(!strcmp(decide_silent_kind("4711 (() Z 1 4711 4711 0\n"), "crash"), "comm '(': zombie");
+    /* nothing to read a state from: running, yet unheard (as before the split) */
+    CHECK(!strcmp(decide_silent_kind(""), "network"), "empty text");
+    CHECK(!strcmp(decide_silent_kind("4711 (pyth"), "network"), "cut inside the comm");
+    CHECK(!strcmp(decide_silent_kind("4711 (python3)"), "network"), "cut after the comm");
+    CHECK(!strcmp(decide_silent_kind("4711 (python3) "), "network"), "cut before the state");
+    CHECK(!strcmp(decide_silent_kind("4711 (python3)T 1"), "network"), "no space before the state");
+    /* this process's own stat, as the kernel writes it: running */
+    char self[512] = "";
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (f) {
+        size_t n = fread(self, 1, sizeof self - 1, f);
+        self[n] = 0;
+        fclose(f);
+    }
+    CHECK(!strcmp(decide_silent_kind(self), "network"), "this process (state R): %s", self);
+}
+
 int main(void) {
+    RUN_TEST(test_silent_kind);
     RUN_TEST(test_spares_usable);
     RUN_TEST(test_control_view);
     RUN_TEST(test_control_plane_outage);

@@ -419,15 +419,11 @@ static const char *silent_kind(pid_t pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
-    if (!f) return "crash";
+    if (!f) return decide_silent_kind(NULL); /* gone */
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
-    char *paren = strrchr(buf, ')');
-    char state = paren && paren[1] == ' ' ? paren[2] : '?';
-    if (state == 'T' || state == 't') return "hang";
-    if (state == 'Z') return "crash";
-    return "network"; /* alive and running, yet unheard: cut off from the job */
+    return decide_silent_kind(buf); /* stopped: hang; zombie: crash; running yet unheard: network */
 }
 
 /* Machines whose launcher key expired: their ranks are probed once (a crashed machine's ranks

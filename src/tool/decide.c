@@ -272,3 +272,12 @@ long long decide_committed_min(int world, const long long *committed, const int 
     }
     return world > 0 ? min : -1;
 }
+
+const char *decide_silent_kind(const char *stat) {
+    if (!stat) return "crash";
+    const char *paren = strrchr(stat, ')');
+    char state = paren && paren[1] == ' ' ? paren[2] : '?';
+    if (state == 'T' || state == 't') return "hang";
+    if (state == 'Z') return "crash";
+    return "network";
+}

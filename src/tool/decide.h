@@ -156,4 +156,13 @@ long long decide_committed_min(int world, const long long *committed, const int 
 /* "wait", "swap", "rebuild", "no_spare", "state_lost", "no_ft", "invalid". */
 const char *decide_outcome_name(decide_outcome o);
 
+/* --- silence, probes and machines (coordinator.c): the choices, without the I/O ---------- */
+
+/* What a local member whose heartbeat expired is doing, from the text of its /proc/PID/stat
+ * (NULL: the file could not be opened, the process is gone). The state is the field after the
+ * comm, which is in parentheses and may itself hold spaces and ')': it is read after the last
+ * ')'. "hang" when stopped (T, t), "crash" for a zombie (Z) or no file, else "network" (it
+ * runs, yet is unheard: cut off from the job), also when the text has no state to read. */
+const char *decide_silent_kind(const char *stat);
+
 #endif

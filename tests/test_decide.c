@@ -741,7 +741,43 @@ static void test_silent_kind(void) {
     CHECK(!strcmp(decide_silent_kind(self), "network"), "this process (state R): %s", self);
 }
 
+/* Probing the members after a failed collective (coordinator.c probe_members): whom it asks,
+ * what a refusal means, and when the death is dated. */
+static void test_probe_members(void) {
+    /* 6 ranks: rank 1 left on purpose, rank 3 failed already */
+    char departed[6] = {0, 1, 0, 0, 0, 0}, pending[6] = {0, 0, 0, 1, 0, 0};
+    int who[6], dead[6];
+    int n = decide_probe_whom(6, departed, pending, who);
+    CHECK(n == 4 && who[0] == 0 && who[1] == 2 && who[2] == 4 && who[3] == 5,
+          "neither departed nor pending, in rank order: %d ranks", n);
+    char none[6] = {0};
+    CHECK(decide_probe_whom(6, none, none, who) == 6 && who[5] == 5, "nobody known: everybody");
+    char all[6] = {1, 1, 1, 1, 1, 1};
+    CHECK(decide_probe_whom(6, all, none, who) == 0 && decide_probe_whom(6, none, all, who) == 0,
+          "everybody departed, or everybody failed: nobody");
+
+    n = decide_probe_whom(6, departed, pending, who);
+    int state[4] = {1, 0, -1, 0}; /* rank 0 answers, 2 refuses, 4 is silent, 5 refuses */
+    memset(dead, 0xAB, sizeof dead);
+    CHECK(decide_probe_dead(6, who, state, n, departed, pending, dead) == 2 && dead[2] && dead[5], "refused: dead");
+    CHECK(!dead[0] && !dead[1] && !dead[3] && !dead[4], "an answer, no answer (a cut link), and the unprobed: not dead");
+    int refused[4] = {0, 0, 0, 0};
+    pending[5] = 1; /* failed meanwhile */
+    departed[2] = 1;
+    CHECK(decide_probe_dead(6, who, refused, n, departed, pending, dead) == 2 && dead[0] && dead[4] && !dead[2] && !dead[5],
+          "a rank departed or pending meanwhile is not failed again");
+    CHECK(decide_probe_dead(6, who, NULL, n, departed, pending, dead) == 0 && !dead[0] && !dead[4],
+          "no probe made: nobody");
+    CHECK(decide_probe_dead(6, who, refused, 0, departed, pending, dead) == 0, "nobody probed: nobody");
+
+    CHECK(decide_fail_time(5000, 0) == 5000, "no report: its own time");
+    CHECK(decide_fail_time(5000, 4200) == 4200, "the report came earlier: dated there");
+    CHECK(decide_fail_time(5000, 5300) == 5000, "a later report: its own time");
+    CHECK(decide_fail_time(5000, -1) == 5000, "a negative time is none");
+}
+
 int main(void) {
+    RUN_TEST(test_probe_members);
     RUN_TEST(test_silent_kind);
     RUN_TEST(test_spares_usable);
     RUN_TEST(test_control_view);

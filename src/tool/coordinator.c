@@ -201,6 +201,13 @@ static int pending_has(const Coordinator *c, int rank) {
     return 0;
 }
 
+/* pending[r] = 1 for the ranks with a pending failure, for the world's ranks. */
+static void pending_flags(const Coordinator *c, char *pending) {
+    memset(pending, 0, (size_t)c->cfg->workers);
+    for (int i = 0; i < c->npending; i++)
+        if (c->pending[i].rank >= 0 && c->pending[i].rank < c->cfg->workers) pending[c->pending[i].rank] = 1;
+}
+
 /* When the failure happened: an injected fault says so; a silent process failed when it last
  * heartbeated; a crash is seen within milliseconds. */
 /* When the failure happened, for the `recovered` event's total_ms. An injected fault records
@@ -293,34 +300,30 @@ static void probe_members(Coordinator *c) {
     if (!c->probe_due || !c->have_members || now_ms() - c->last_probe_ms < 50) return;
     c->probe_due = 0;
     c->last_probe_ms = now_ms();
-    int world = c->cfg->workers, *state = malloc(sizeof *state * (size_t)world), n = 0;
+    int world = c->cfg->workers, *dead = malloc(sizeof *dead * (size_t)world);
     int *who = malloc(sizeof *who * (size_t)world);
     char (*eps)[ENDPOINT_MAX] = malloc(sizeof *eps * (size_t)world);
-    if (!state || !who || !eps) { free(state); free(who); free(eps); return; }
-    /* Only the members not known to have failed: a cut-off machine's ranks would make the
-     * probe wait out its bound for nothing. */
-    for (int r = 0; r < world; r++)
-        if (!c->departed[r] && !pending_has(c, r)) {
-            who[n] = r;
-            memcpy(eps[n++], c->endpoint[r], ENDPOINT_MAX);
-        }
+    char pending[RECOVERY_MAX_RANKS];
+    if (!dead || !who || !eps) { free(dead); free(who); free(eps); return; }
+    /* Only the members not known to have failed (decide_probe_whom). */
+    pending_flags(c, pending);
+    int n = decide_probe_whom(world, c->departed, pending, who);
+    for (int i = 0; i < n; i++) memcpy(eps[i], c->endpoint[who[i]], ENDPOINT_MAX);
     int *st = malloc(sizeof *st * (size_t)(n > 0 ? n : 1));
     if (st) tcp_probe_many(eps[0], ENDPOINT_MAX, n, 200, st);
-    for (int r = 0; r < world; r++) state[r] = 1;
-    for (int i = 0; st && i < n; i++) state[who[i]] = st[i];
+    decide_probe_dead(world, who, st, n, c->departed, pending, dead); /* refused: dead */
     free(st);
     free(who);
     free(eps);
     for (int r = 0; r < world; r++)
-        if (state[r] == 0 && !c->departed[r] && !pending_has(c, r)) {
+        if (dead[r]) {
             ctl_heartbeat_clear(c->ctl, c->procs[r]);
             add_failure(c, r, "crash");
             /* it died before its peer noticed: at the latest when the report came */
             Pending *p = &c->pending[c->npending - 1];
-            if (p->rank == r && c->probe_report_wall_ms > 0 && c->probe_report_wall_ms < p->t_fail_ms)
-                p->t_fail_ms = c->probe_report_wall_ms;
+            if (p->rank == r) p->t_fail_ms = decide_fail_time(p->t_fail_ms, c->probe_report_wall_ms);
         }
-    free(state);
+    free(dead);
     c->probe_report_wall_ms = 0; /* the next sign dates the next failure */
 }
 

@@ -281,3 +281,27 @@ const char *decide_silent_kind(const char *stat) {
     if (state == 'Z') return "crash";
     return "network";
 }
+
+int decide_probe_whom(int world, const char *departed, const char *pending, int *who) {
+    int n = 0;
+    for (int r = 0; r < world; r++)
+        if (!departed[r] && !pending[r]) who[n++] = r;
+    return n;
+}
+
+int decide_probe_dead(int world, const int *who, const int *state, int n, const char *departed, const char *pending,
+                      int *dead) {
+    int count = 0;
+    for (int r = 0; r < world; r++) dead[r] = 0;
+    for (int i = 0; state && i < n; i++) {
+        int r = who[i];
+        if (r < 0 || r >= world || state[i] != 0 || departed[r] || pending[r] || dead[r]) continue;
+        dead[r] = 1;
+        count++;
+    }
+    return count;
+}
+
+int64_t decide_fail_time(int64_t t_fail_ms, int64_t earlier_ms) {
+    return earlier_ms > 0 && earlier_ms < t_fail_ms ? earlier_ms : t_fail_ms;
+}

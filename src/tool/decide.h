@@ -165,4 +165,23 @@ const char *decide_outcome_name(decide_outcome o);
  * runs, yet is unheard: cut off from the job), also when the text has no state to read. */
 const char *decide_silent_kind(const char *stat);
 
+/* Whom a probe of the members asks (coordinator.c probe_members, after a failed collective or
+ * a machine's expired key): the ranks of 0..world neither departed (left on purpose) nor
+ * pending (known failed: a cut-off machine's ranks would only make the probe wait out its
+ * bound), in rank order. Writes their ranks to who; returns how many. */
+int decide_probe_whom(int world, const char *departed, const char *pending, int *who);
+
+/* What the probe of who[0..n) says. state[i] is tcp_probe_many's answer for who[i]: 1 something
+ * listens, 0 refused, -1 no answer. A refused replica port confirms a death (the kernel of a
+ * live machine answers for a live process, even a hung one): dead[r] = 1, a crash, unless r is
+ * departed or pending. No answer proves nothing (a cut link: the heartbeat decides). state
+ * NULL (no probe was made): nobody. dead has world entries, the others 0; returns how many. */
+int decide_probe_dead(int world, const int *who, const int *state, int n, const char *departed, const char *pending,
+                      int *dead);
+
+/* When a confirmed failure happened: t_fail_ms, or earlier_ms when it is earlier and > 0 (the
+ * report that led to the probe: the process died before its peer noticed; the exit record its
+ * machine's launcher wrote). */
+int64_t decide_fail_time(int64_t t_fail_ms, int64_t earlier_ms);
+
 #endif

@@ -776,7 +776,47 @@ static void test_probe_members(void) {
     CHECK(decide_fail_time(5000, -1) == 5000, "a negative time is none");
 }
 
+/* Which machines' ranks get probed when their launcher key expires (coordinator.c
+ * watch_machines). Machines m0 (this launcher's), m1, m2, m3 (no member) and m4 (a slot
+ * outside the marks); ranks 0-1 on m0, 2-3 on m1, 4 on m2, 5 on a machine not known. */
+static void test_machines_to_probe(void) {
+    int index[5] = {0, 1, 2, 3, 6}, present[5] = {1, 1, 1, 1, 1};
+    const char *id[5] = {"m0", "m1", "m2", "m3", "m4"};
+    const char *rank_node[7] = {"m0", "m0", "m1", "m1", "m2", "", "m4"};
+    char probed[8] = {0};
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 &&
+              !memchr(probed, 1, sizeof probed), "every key there: nothing");
+    present[1] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 1 && probed[1] == 1 &&
+              !probed[0] && !probed[2], "m1's key gone: m1 probed");
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[1] == 1,
+          "still gone: not probed again, still marked");
+    present[1] = 1;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[1] == 0,
+          "its key came back (a slow launcher): the mark is cleared");
+    present[1] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 1 && probed[1] == 1,
+          "gone again: probed again");
+    present[0] = 0;
+    probed[0] = 1;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[0] == 0,
+          "my own machine, key gone or not: never probed, its mark cleared");
+    present[3] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && !probed[3],
+          "a machine without members (a spare machine): not probed");
+    present[4] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 7, probed, 6) == 0 && !probed[6] && !probed[7],
+          "a machine whose slot is outside the marks: skipped, nothing written");
+    probed[1] = 0;
+    present[2] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 2 && probed[1] && probed[2],
+          "two machines gone at once: both");
+    CHECK(decide_machines_to_probe(0, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[1] && probed[2],
+          "no machine registered: nothing changes");
+}
+
 int main(void) {
+    RUN_TEST(test_machines_to_probe);
     RUN_TEST(test_probe_members);
     RUN_TEST(test_silent_kind);
     RUN_TEST(test_spares_usable);

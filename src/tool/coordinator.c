@@ -448,15 +448,11 @@ static void watch_machines(Coordinator *c) {
         kp[k] = keys[k];
     }
     if (n == 0 || ctl_get_many(c->ctl, kp, n, vals[0], sizeof vals[0], present) != 0) return;
-    for (int k = 0; k < n; k++) {
-        int idx = c->node_index[k];
-        if (idx < 0 || idx >= DP_MAX_RANKS) continue;
-        if (present[k] || !strcmp(c->node_ids[k], c->my_node)) { c->machine_probed[idx] = 0; continue; }
-        if (c->machine_probed[idx]) continue;
-        int members = 0;
-        for (int r = 0; r < c->cfg->workers; r++) members += !strcmp(c->node[r], c->node_ids[k]);
-        if (!members) continue;
-        c->machine_probed[idx] = 1;
+    static const char *ids[DP_MAX_RANKS], *rank_node[RECOVERY_MAX_RANKS];
+    for (int k = 0; k < n; k++) ids[k] = c->node_ids[k];
+    for (int r = 0; r < c->cfg->workers; r++) rank_node[r] = c->node[r];
+    if (decide_machines_to_probe(n, c->node_index, ids, present, c->my_node, rank_node, c->cfg->workers,
+                                 c->machine_probed, DP_MAX_RANKS) > 0) {
         int64_t t = wall_ms() - node_alive_ttl_ms(c->cfg); /* it went silent before */
         if (!c->probe_due) c->probe_due = now;
         if (c->probe_report_wall_ms == 0 || t < c->probe_report_wall_ms) c->probe_report_wall_ms = t;

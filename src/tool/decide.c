@@ -305,3 +305,20 @@ int decide_probe_dead(int world, const int *who, const int *state, int n, const 
 int64_t decide_fail_time(int64_t t_fail_ms, int64_t earlier_ms) {
     return earlier_ms > 0 && earlier_ms < t_fail_ms ? earlier_ms : t_fail_ms;
 }
+
+int decide_machines_to_probe(int n, const int *index, const char *const *id, const int *present, const char *mine,
+                             const char *const *rank_node, int world, char *probed, int nprobed) {
+    int marked = 0;
+    for (int k = 0; k < n; k++) {
+        int idx = index[k];
+        if (idx < 0 || idx >= nprobed) continue;
+        if (present[k] || !strcmp(id[k], mine)) { probed[idx] = 0; continue; }
+        if (probed[idx]) continue;
+        int members = 0;
+        for (int r = 0; r < world && !members; r++) members = !strcmp(rank_node[r], id[k]);
+        if (!members) continue;
+        probed[idx] = 1;
+        marked++;
+    }
+    return marked;
+}

@@ -184,4 +184,16 @@ int decide_probe_dead(int world, const int *who, const int *state, int n, const 
  * machine's launcher wrote). */
 int64_t decide_fail_time(int64_t t_fail_ms, int64_t earlier_ms);
 
+/* Machines whose launcher key expired (coordinator.c watch_machines), to have their ranks
+ * probed once: a crashed machine's ranks refuse at once, however long the survivors' step runs
+ * before a collective would find the reset. Machine k of n, as registered: index[k] its slot
+ * in probed (0 .. nprobed; a machine outside is skipped), id[k] its name, present[k] its
+ * launcher key is there. A machine is newly probed, probed[index[k]] = 1, when its key is
+ * absent, it is not `mine` (this launcher runs, so its machine is not lost), one of the ranks
+ * 0..world runs on it (rank_node[r] equals id[k]) and it was not probed already. A key that is
+ * there again (a launcher merely slow), and mine, clear the mark. Returns how many machines
+ * were newly marked (> 0: a probe is due). */
+int decide_machines_to_probe(int n, const int *index, const char *const *id, const int *present, const char *mine,
+                             const char *const *rank_node, int world, char *probed, int nprobed);
+
 #endif

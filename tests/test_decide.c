@@ -815,7 +815,108 @@ static void test_machines_to_probe(void) {
           "no machine registered: nothing changes");
 }
 
+/* The verdict on each rank when members fall silent (coordinator.c silent_members). 8 ranks:
+ * machine of rank r = r / 2 for ranks 0-5, rank 6 joined by hand (no machine), rank 7 alone on
+ * machine 3. */
+static struct {
+    int alive[8], node[8], node_alive[4];
+    char departed[8], pending[8];
+    ExitRecord ex[8];
+    silent_verdict v[8];
+    int64_t t[8];
+} g_s;
+static void silent_reset(void) {
+    static const int node[8] = {0, 0, 1, 1, 2, 2, -1, 3};
+    memset(&g_s, 0, sizeof g_s);
+    for (int r = 0; r < 8; r++) {
+        g_s.alive[r] = 1;
+        g_s.node[r] = node[r];
+        g_s.ex[r] = (ExitRecord){.how = EXITED_HOWS, .wall_ms = 0};
+    }
+    for (int k = 0; k < 4; k++) g_s.node_alive[k] = 1;
+}
+static int silent_run(void) {
+    memset(g_s.v, 0xAB, sizeof g_s.v); /* every verdict must be written */
+    memset(g_s.t, 0xAB, sizeof g_s.t);
+    return decide_silent_members(8, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4, g_s.v, g_s.t);
+}
+static int silent_none_but(int a, int b) { /* every verdict SILENT_NONE and t 0, ranks a and b aside */
+    for (int r = 0; r < 8; r++)
+        if (r != a && r != b && (g_s.v[r] != SILENT_NONE || g_s.t[r] != 0)) return 0;
+    return 1;
+}
+static void test_silent_members(void) {
+    silent_reset();
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "all heartbeating: nothing");
+
+    g_s.alive[0] = 0;
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_PROC && g_s.t[0] == 0 && silent_none_but(0, -1),
+          "silent, no exit record, its launcher alive: classed by its process, alone");
+    g_s.ex[0] = (ExitRecord){.how = EXITED_CRASH, .wall_ms = 1234};
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_CRASH && g_s.t[0] == 1234 && silent_none_but(0, -1),
+          "a crash record: crash, dated by the record");
+    g_s.ex[0].wall_ms = 0;
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_CRASH && g_s.t[0] == 0, "a crash record without a time: no date");
+    g_s.ex[0] = (ExitRecord){.how = EXITED_DEPARTED, .wall_ms = 1500};
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_DEPARTED && g_s.t[0] == 0 && silent_none_but(0, -1),
+          "a departed record: departed, no failure");
+    g_s.node_alive[0] = 0;
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_DEPARTED && g_s.v[1] == SILENT_NONE,
+          "departed by its record on a machine whose launcher is silent: its machine is not lost for it");
+    g_s.alive[0] = 1;
+    g_s.node_alive[0] = 1;
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "a departed record of a rank that heartbeats: nothing");
+
+    silent_reset();
+    g_s.alive[2] = 0;
+    g_s.node_alive[1] = 0;
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NODE && g_s.v[3] == SILENT_NODE && silent_none_but(2, 3),
+          "silent on a machine whose launcher is silent: the machine is lost, its heartbeating rank 3 too");
+    g_s.ex[2] = (ExitRecord){.how = EXITED_CRASH, .wall_ms = 900};
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NODE && g_s.t[2] == 900 && g_s.t[3] == 0,
+          "a lost machine's rank with a crash record: lost with its machine, dated by the record");
+    g_s.pending[2] = 1;
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NONE && g_s.v[3] == SILENT_NODE && silent_none_but(3, -1),
+          "the silent rank failed already: not again, but its machine is still lost with rank 3");
+    g_s.pending[2] = 0;
+    g_s.departed[2] = 1;
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "the silent rank departed before: its machine is not lost, nothing");
+    g_s.alive[3] = 0;
+    g_s.departed[3] = 0;
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NONE && g_s.v[3] == SILENT_NODE, "...until rank 3 falls silent");
+
+    silent_reset();
+    g_s.alive[6] = 0; /* no machine: never a machine loss, whatever the launchers */
+    for (int k = 0; k < 4; k++) g_s.node_alive[k] = 0;
+    CHECK(silent_run() == -1 && g_s.v[6] == SILENT_PROC && silent_none_but(6, -1),
+          "a rank joined by hand fails alone; launchers silent without a silent member lose nothing");
+
+    silent_reset();
+    g_s.alive[6] = g_s.alive[7] = 0;
+    g_s.ex[6] = (ExitRecord){.how = EXITED_BAD_JOB, .wall_ms = 700};
+    CHECK(silent_run() == 6 && g_s.v[6] == SILENT_PROC && g_s.t[6] == 700 && g_s.v[7] == SILENT_PROC && g_s.t[7] == 0,
+          "a bad job: reported, the rank still fails, dated by the record");
+    g_s.ex[7] = (ExitRecord){.how = EXITED_BAD_JOB, .wall_ms = 800};
+    CHECK(silent_run() == 7, "two bad jobs: the highest rank is named");
+    g_s.pending[7] = 1;
+    g_s.departed[6] = 1;
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "bad jobs of ranks departed or failed already: nothing");
+    g_s.alive[6] = 1;
+    g_s.departed[6] = 0;
+    CHECK(silent_run() == -1, "a bad job record of a rank that heartbeats: nothing");
+
+    silent_reset();
+    g_s.alive[4] = 0;
+    g_s.ex[4] = (ExitRecord){.how = EXITED_CRASH, .wall_ms = 50};
+    CHECK(decide_silent_members(8, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4, g_s.v, NULL) == -1 &&
+              g_s.v[4] == SILENT_CRASH, "without times: the verdicts alone");
+    CHECK(decide_silent_members(-1, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4, g_s.v, g_s.t) == -1 &&
+              decide_silent_members(DP_MAX_RANKS + 1, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4,
+                                    g_s.v, g_s.t) == -1, "a world out of range: nothing");
+}
+
 int main(void) {
+    RUN_TEST(test_silent_members);
     RUN_TEST(test_machines_to_probe);
     RUN_TEST(test_probe_members);
     RUN_TEST(test_silent_kind);

@@ -337,15 +337,18 @@ static int node_index_of(const Coordinator *c, const char *id) {
 }
 
 /* Silent members: how their own machine's launcher saw them end (KEY_EXIT), and whole
- * machines lost (decide_nodes_lost); the rest failed by their silence alone. */
+ * machines lost (decide_nodes_lost); the rest failed by their silence alone. The verdicts are
+ * decide_silent_members' (pure); this reads their inputs and acts on them. */
 static void silent_members(Coordinator *c, const int *alive) {
     int world = c->cfg->workers;
-    int *node = malloc(sizeof *node * (size_t)world), *fail = malloc(sizeof *fail * (size_t)world);
+    int *node = malloc(sizeof *node * (size_t)world);
+    silent_verdict *verdict = malloc(sizeof *verdict * (size_t)world);
+    int64_t *t_exit = malloc(sizeof *t_exit * (size_t)world);
     int *node_alive = calloc(DP_MAX_RANKS, sizeof *node_alive);
     char (*how)[32] = malloc(sizeof *how * (size_t)world);
     char (*keys)[48] = malloc(sizeof *keys * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
     const char **kp = malloc(sizeof *kp * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
-    if (!node || !fail || !node_alive || !how || !keys || !kp) goto out;
+    if (!node || !verdict || !t_exit || !node_alive || !how || !keys || !kp) goto out;
     for (int r = 0; r < world; r++) {
         ctl_key_suffix(keys[r], sizeof keys[r], KEY_EXIT, c->procs[r], 0);
         kp[r] = keys[r];
@@ -359,15 +362,6 @@ static void silent_members(Coordinator *c, const int *alive) {
         if (!how[r][0] || exit_record_parse(how[r], &ex[r], err, sizeof err) != 0) {
             if (how[r][0]) log_msg("rank %d: %s", r, err);
             ex[r] = (ExitRecord){.how = EXITED_HOWS, .wall_ms = 0};
-        }
-    }
-    for (int r = 0; r < world; r++) {
-        node[r] = -1;
-        if (alive[r] || c->departed[r] || pending_has(c, r)) continue;
-        if (ex[r].how == EXITED_DEPARTED) { c->departed[r] = 1; continue; }
-        if (ex[r].how == EXITED_BAD_JOB) {
-            snprintf(c->message, sizeof c->message, "rank %d's process stopped on a bad job (its machine's log says why)", r);
-            c->unrestorable = 1;
         }
     }
     /* The machines as registered now (a spare machine may have joined since the last look). */
@@ -394,22 +388,30 @@ static void silent_members(Coordinator *c, const int *alive) {
     free(vals);
     int mine = node_index_of(c, c->my_node); /* this launcher runs: its machine is not lost */
     if (mine >= 0 && mine < DP_MAX_RANKS) node_alive[mine] = 1;
-    int effective_alive[RECOVERY_MAX_RANKS];
-    for (int r = 0; r < world; r++) effective_alive[r] = alive[r] || c->departed[r];
-    decide_nodes_lost(world, node, effective_alive, node_alive, DP_MAX_RANKS, fail);
+    char pending[RECOVERY_MAX_RANKS];
+    pending_flags(c, pending);
+    int bad = decide_silent_members(world, alive, c->departed, pending, ex, node, node_alive, DP_MAX_RANKS, verdict, t_exit);
+    if (bad >= 0) {
+        snprintf(c->message, sizeof c->message, "rank %d's process stopped on a bad job (its machine's log says why)", bad);
+        c->unrestorable = 1;
+    }
     for (int r = 0; r < world; r++) {
-        if (c->departed[r] || pending_has(c, r)) continue;
-        if (fail[r]) add_failure(c, r, "node");
-        else if (!alive[r]) add_failure(c, r, ex[r].how == EXITED_CRASH ? "crash" : silent_kind(c->pids[r]));
+        switch (verdict[r]) {
+        case SILENT_NONE: continue;
+        case SILENT_DEPARTED: c->departed[r] = 1; continue;
+        case SILENT_NODE: add_failure(c, r, "node"); break;
+        case SILENT_CRASH: add_failure(c, r, "crash"); break;
+        case SILENT_PROC: add_failure(c, r, silent_kind(c->pids[r])); break;
+        }
         /* its machine's launcher saw the exit then (a coordinator taking over learns it late) */
         Pending *p = c->npending ? &c->pending[c->npending - 1] : NULL;
-        if (ex[r].how != EXITED_HOWS && p && p->rank == r && ex[r].wall_ms > 0 && ex[r].wall_ms < p->t_fail_ms)
-            p->t_fail_ms = ex[r].wall_ms;
+        if (p && p->rank == r) p->t_fail_ms = decide_fail_time(p->t_fail_ms, t_exit[r]);
     }
     free(ex);
 out:
     free(node);
-    free(fail);
+    free(verdict);
+    free(t_exit);
     free(node_alive);
     free(how);
     free(keys);

@@ -322,3 +322,30 @@ int decide_machines_to_probe(int n, const int *index, const char *const *id, con
     }
     return marked;
 }
+
+int decide_silent_members(int world, const int *alive, const char *departed, const char *pending, const ExitRecord *ex,
+                          const int *node, const int *node_alive, int nnodes, silent_verdict *verdict, int64_t *t_exit_ms) {
+    int eff_alive[DP_MAX_RANKS] = {0}, fail[DP_MAX_RANKS], bad_job = -1;
+    if (world < 0 || world > DP_MAX_RANKS) return -1;
+    for (int r = 0; r < world; r++) {
+        verdict[r] = SILENT_NONE;
+        if (t_exit_ms) t_exit_ms[r] = 0;
+        eff_alive[r] = alive[r] || departed[r];
+        if (alive[r] || departed[r] || pending[r]) continue;
+        if (ex[r].how == EXITED_DEPARTED) {
+            verdict[r] = SILENT_DEPARTED;
+            eff_alive[r] = 1;
+        } else if (ex[r].how == EXITED_BAD_JOB) {
+            bad_job = r;
+        }
+    }
+    decide_nodes_lost(world, node, eff_alive, node_alive, nnodes, fail);
+    for (int r = 0; r < world; r++) {
+        if (departed[r] || pending[r] || verdict[r] == SILENT_DEPARTED) continue;
+        if (fail[r]) verdict[r] = SILENT_NODE;
+        else if (!alive[r]) verdict[r] = ex[r].how == EXITED_CRASH ? SILENT_CRASH : SILENT_PROC;
+        else continue;
+        if (t_exit_ms && ex[r].how != EXITED_HOWS && ex[r].wall_ms > 0) t_exit_ms[r] = ex[r].wall_ms;
+    }
+    return bad_job;
+}

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "protocol.h"
 #include "recovery.h"
 
 /* One failed member of the current epoch, in the order the coordinator saw the failures. */
@@ -195,5 +196,31 @@ int64_t decide_fail_time(int64_t t_fail_ms, int64_t earlier_ms);
  * were newly marked (> 0: a probe is due). */
 int decide_machines_to_probe(int n, const int *index, const char *const *id, const int *present, const char *mine,
                              const char *const *rank_node, int world, char *probed, int nprobed);
+
+/* What becomes of a rank when members fall silent (coordinator.c silent_members). */
+typedef enum {
+    SILENT_NONE = 0,  /* nothing: it heartbeats (and its machine is not lost), or it departed or
+                       * failed already */
+    SILENT_DEPARTED,  /* its exit record says it left on purpose (done, fenced, output): it is
+                       * departed, its silence is no failure */
+    SILENT_NODE,      /* lost with its machine (decide_nodes_lost): a failure of kind "node" */
+    SILENT_CRASH,     /* silent, and its machine's launcher recorded a crash: "crash" */
+    SILENT_PROC,      /* silent, no crash recorded: its kind from /proc (decide_silent_kind), or
+                       * "unknown" when it does not run on this machine */
+} silent_verdict;
+
+/* The verdict on each of the ranks 0..world (at most DP_MAX_RANKS) once the liveness query
+ * found some silent. alive[r]: its heartbeat; departed[r], pending[r]: it left on purpose, it
+ * failed already (verdict SILENT_NONE); ex[r]: its exit record (how EXITED_HOWS: none, or
+ * malformed); node[r], node_alive[0..nnodes): as decide_nodes_lost. In this order: a departed
+ * record makes a silent rank departed (and alive for the machine loss); a rank on a lost
+ * machine fails with it, heartbeating or not; a silent rank with a crash record crashed; any
+ * other silent one is classed by its process. t_exit_ms[r] (may be NULL): when the exit
+ * record of a failing rank says it ended, to date the failure earlier (decide_fail_time), 0
+ * when there is none. Returns the highest silent rank whose process stopped on a bad job (the
+ * job cannot go on: its machine's log says why; the rank still gets its verdict), -1 if none
+ * (and for a world out of range, when nothing is written). */
+int decide_silent_members(int world, const int *alive, const char *departed, const char *pending, const ExitRecord *ex,
+                          const int *node, const int *node_alive, int nnodes, silent_verdict *verdict, int64_t *t_exit_ms);
 
 #endif

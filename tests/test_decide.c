@@ -702,7 +702,224 @@ static void test_spares_usable(void) {
     CHECK(decide_spares_usable(ids, none, NULL, 4, NULL, 0, out, 4) == 0, "none alive: none");
 }
 
+/* A silent local member's kind from its /proc/PID/stat text (coordinator.c silent_kind reads
+ * the file). The comm, in parentheses, may hold spaces and ')': the state follows the last ')'. */
+static void test_silent_kind(void) {
+    const char *tail = " 1 4711 4711 0 -1 4194560 2035 0 0 0 12 3 0 0 20 0 3 0 87211 23404544 2367 "
+                       "18446744073709551615 1 1 0 0 0 0 0 16781312 2 0 0 0 17 1 0 0 0 0 0";
+    char line[512];
+    const struct { char state; const char *kind; } states[] = {
+        {'R', "network"}, {'S', "network"}, {'D', "network"}, {'I', "network"}, {'X', "network"},
+        {'T', "hang"},    {'t', "hang"},    {'Z', "crash"},
+    };
+    for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
+        snprintf(line, sizeof line, "4711 (python3) %c%s\n", states[i].state, tail);
+        CHECK(!strcmp(decide_silent_kind(line), states[i].kind), "state %c: %s, expected %s", states[i].state,
+              decide_silent_kind(line), states[i].kind);
+    }
+    CHECK(!strcmp(decide_silent_kind(NULL), "crash"), "no stat file: the process is gone");
+    /* comm names that look like the rest of the line */
+    CHECK(!strcmp(decide_silent_kind("4711 (a) T (b) R 1 4711 4711 0\n"), "network"), "comm 'a) T (b': running");
+    CHECK(!strcmp(decide_silent_kind("4711 (x) R y) T 1 4711 4711 0\n"), "hang"), "comm 'x) R y': stopped");
+    CHECK(!strcmp(decide_silent_kind("4711 (train)) Z 1 4711 4711 0\n"), "crash"), "comm 'train)': zombie");
+    CHECK(!strcmp(decide_silent_kind("4711 (my worker) t 1 4711 4711 0\n"), "hang"), "comm with a space: traced");
+    CHECK(!strcmp(decide_silent_kind("4711 (() Z 1 4711 4711 0\n"), "crash"), "comm '(': zombie");
+    /* nothing to read a state from: running, yet unheard (as before the split) */
+    CHECK(!strcmp(decide_silent_kind(""), "network"), "empty text");
+    CHECK(!strcmp(decide_silent_kind("4711 (pyth"), "network"), "cut inside the comm");
+    CHECK(!strcmp(decide_silent_kind("4711 (python3)"), "network"), "cut after the comm");
+    CHECK(!strcmp(decide_silent_kind("4711 (python3) "), "network"), "cut before the state");
+    CHECK(!strcmp(decide_silent_kind("4711 (python3)T 1"), "network"), "no space before the state");
+    /* this process's own stat, as the kernel writes it: running */
+    char self[512] = "";
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (f) {
+        size_t n = fread(self, 1, sizeof self - 1, f);
+        self[n] = 0;
+        fclose(f);
+    }
+    CHECK(!strcmp(decide_silent_kind(self), "network"), "this process (state R): %s", self);
+}
+
+/* Probing the members after a failed collective (coordinator.c probe_members): whom it asks,
+ * what a refusal means, and when the death is dated. */
+static void test_probe_members(void) {
+    /* 6 ranks: rank 1 left on purpose, rank 3 failed already */
+    char departed[6] = {0, 1, 0, 0, 0, 0}, pending[6] = {0, 0, 0, 1, 0, 0};
+    int who[6], dead[6];
+    int n = decide_probe_whom(6, departed, pending, who);
+    CHECK(n == 4 && who[0] == 0 && who[1] == 2 && who[2] == 4 && who[3] == 5,
+          "neither departed nor pending, in rank order: %d ranks", n);
+    char none[6] = {0};
+    CHECK(decide_probe_whom(6, none, none, who) == 6 && who[5] == 5, "nobody known: everybody");
+    char all[6] = {1, 1, 1, 1, 1, 1};
+    CHECK(decide_probe_whom(6, all, none, who) == 0 && decide_probe_whom(6, none, all, who) == 0,
+          "everybody departed, or everybody failed: nobody");
+
+    n = decide_probe_whom(6, departed, pending, who);
+    int state[4] = {1, 0, -1, 0}; /* rank 0 answers, 2 refuses, 4 is silent, 5 refuses */
+    memset(dead, 0xAB, sizeof dead);
+    CHECK(decide_probe_dead(6, who, state, n, departed, pending, dead) == 2 && dead[2] && dead[5], "refused: dead");
+    CHECK(!dead[0] && !dead[1] && !dead[3] && !dead[4], "an answer, no answer (a cut link), and the unprobed: not dead");
+    int refused[4] = {0, 0, 0, 0};
+    pending[5] = 1; /* failed meanwhile */
+    departed[2] = 1;
+    CHECK(decide_probe_dead(6, who, refused, n, departed, pending, dead) == 2 && dead[0] && dead[4] && !dead[2] && !dead[5],
+          "a rank departed or pending meanwhile is not failed again");
+    CHECK(decide_probe_dead(6, who, NULL, n, departed, pending, dead) == 0 && !dead[0] && !dead[4],
+          "no probe made: nobody");
+    CHECK(decide_probe_dead(6, who, refused, 0, departed, pending, dead) == 0, "nobody probed: nobody");
+
+    CHECK(decide_fail_time(5000, 0) == 5000, "no report: its own time");
+    CHECK(decide_fail_time(5000, 4200) == 4200, "the report came earlier: dated there");
+    CHECK(decide_fail_time(5000, 5300) == 5000, "a later report: its own time");
+    CHECK(decide_fail_time(5000, -1) == 5000, "a negative time is none");
+}
+
+/* Which machines' ranks get probed when their launcher key expires (coordinator.c
+ * watch_machines). Machines m0 (this launcher's), m1, m2, m3 (no member) and m4 (a slot
+ * outside the marks); ranks 0-1 on m0, 2-3 on m1, 4 on m2, 5 on a machine not known. */
+static void test_machines_to_probe(void) {
+    int index[5] = {0, 1, 2, 3, 6}, present[5] = {1, 1, 1, 1, 1};
+    const char *id[5] = {"m0", "m1", "m2", "m3", "m4"};
+    const char *rank_node[7] = {"m0", "m0", "m1", "m1", "m2", "", "m4"};
+    char probed[8] = {0};
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 &&
+              !memchr(probed, 1, sizeof probed), "every key there: nothing");
+    present[1] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 1 && probed[1] == 1 &&
+              !probed[0] && !probed[2], "m1's key gone: m1 probed");
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[1] == 1,
+          "still gone: not probed again, still marked");
+    present[1] = 1;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[1] == 0,
+          "its key came back (a slow launcher): the mark is cleared");
+    present[1] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 1 && probed[1] == 1,
+          "gone again: probed again");
+    present[0] = 0;
+    probed[0] = 1;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[0] == 0,
+          "my own machine, key gone or not: never probed, its mark cleared");
+    present[3] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && !probed[3],
+          "a machine without members (a spare machine): not probed");
+    present[4] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 7, probed, 6) == 0 && !probed[6] && !probed[7],
+          "a machine whose slot is outside the marks: skipped, nothing written");
+    probed[1] = 0;
+    present[2] = 0;
+    CHECK(decide_machines_to_probe(5, index, id, present, "m0", rank_node, 6, probed, 6) == 2 && probed[1] && probed[2],
+          "two machines gone at once: both");
+    CHECK(decide_machines_to_probe(0, index, id, present, "m0", rank_node, 6, probed, 6) == 0 && probed[1] && probed[2],
+          "no machine registered: nothing changes");
+}
+
+/* The verdict on each rank when members fall silent (coordinator.c silent_members). 8 ranks:
+ * machine of rank r = r / 2 for ranks 0-5, rank 6 joined by hand (no machine), rank 7 alone on
+ * machine 3. */
+static struct {
+    int alive[8], node[8], node_alive[4];
+    char departed[8], pending[8];
+    ExitRecord ex[8];
+    silent_verdict v[8];
+    int64_t t[8];
+} g_s;
+static void silent_reset(void) {
+    static const int node[8] = {0, 0, 1, 1, 2, 2, -1, 3};
+    memset(&g_s, 0, sizeof g_s);
+    for (int r = 0; r < 8; r++) {
+        g_s.alive[r] = 1;
+        g_s.node[r] = node[r];
+        g_s.ex[r] = (ExitRecord){.how = EXITED_HOWS, .wall_ms = 0};
+    }
+    for (int k = 0; k < 4; k++) g_s.node_alive[k] = 1;
+}
+static int silent_run(void) {
+    memset(g_s.v, 0xAB, sizeof g_s.v); /* every verdict must be written */
+    memset(g_s.t, 0xAB, sizeof g_s.t);
+    return decide_silent_members(8, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4, g_s.v, g_s.t);
+}
+static int silent_none_but(int a, int b) { /* every verdict SILENT_NONE and t 0, ranks a and b aside */
+    for (int r = 0; r < 8; r++)
+        if (r != a && r != b && (g_s.v[r] != SILENT_NONE || g_s.t[r] != 0)) return 0;
+    return 1;
+}
+static void test_silent_members(void) {
+    silent_reset();
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "all heartbeating: nothing");
+
+    g_s.alive[0] = 0;
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_PROC && g_s.t[0] == 0 && silent_none_but(0, -1),
+          "silent, no exit record, its launcher alive: classed by its process, alone");
+    g_s.ex[0] = (ExitRecord){.how = EXITED_CRASH, .wall_ms = 1234};
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_CRASH && g_s.t[0] == 1234 && silent_none_but(0, -1),
+          "a crash record: crash, dated by the record");
+    g_s.ex[0].wall_ms = 0;
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_CRASH && g_s.t[0] == 0, "a crash record without a time: no date");
+    g_s.ex[0] = (ExitRecord){.how = EXITED_DEPARTED, .wall_ms = 1500};
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_DEPARTED && g_s.t[0] == 0 && silent_none_but(0, -1),
+          "a departed record: departed, no failure");
+    g_s.node_alive[0] = 0;
+    CHECK(silent_run() == -1 && g_s.v[0] == SILENT_DEPARTED && g_s.v[1] == SILENT_NONE,
+          "departed by its record on a machine whose launcher is silent: its machine is not lost for it");
+    g_s.alive[0] = 1;
+    g_s.node_alive[0] = 1;
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "a departed record of a rank that heartbeats: nothing");
+
+    silent_reset();
+    g_s.alive[2] = 0;
+    g_s.node_alive[1] = 0;
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NODE && g_s.v[3] == SILENT_NODE && silent_none_but(2, 3),
+          "silent on a machine whose launcher is silent: the machine is lost, its heartbeating rank 3 too");
+    g_s.ex[2] = (ExitRecord){.how = EXITED_CRASH, .wall_ms = 900};
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NODE && g_s.t[2] == 900 && g_s.t[3] == 0,
+          "a lost machine's rank with a crash record: lost with its machine, dated by the record");
+    g_s.pending[2] = 1;
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NONE && g_s.v[3] == SILENT_NODE && silent_none_but(3, -1),
+          "the silent rank failed already: not again, but its machine is still lost with rank 3");
+    g_s.pending[2] = 0;
+    g_s.departed[2] = 1;
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "the silent rank departed before: its machine is not lost, nothing");
+    g_s.alive[3] = 0;
+    g_s.departed[3] = 0;
+    CHECK(silent_run() == -1 && g_s.v[2] == SILENT_NONE && g_s.v[3] == SILENT_NODE, "...until rank 3 falls silent");
+
+    silent_reset();
+    g_s.alive[6] = 0; /* no machine: never a machine loss, whatever the launchers */
+    for (int k = 0; k < 4; k++) g_s.node_alive[k] = 0;
+    CHECK(silent_run() == -1 && g_s.v[6] == SILENT_PROC && silent_none_but(6, -1),
+          "a rank joined by hand fails alone; launchers silent without a silent member lose nothing");
+
+    silent_reset();
+    g_s.alive[6] = g_s.alive[7] = 0;
+    g_s.ex[6] = (ExitRecord){.how = EXITED_BAD_JOB, .wall_ms = 700};
+    CHECK(silent_run() == 6 && g_s.v[6] == SILENT_PROC && g_s.t[6] == 700 && g_s.v[7] == SILENT_PROC && g_s.t[7] == 0,
+          "a bad job: reported, the rank still fails, dated by the record");
+    g_s.ex[7] = (ExitRecord){.how = EXITED_BAD_JOB, .wall_ms = 800};
+    CHECK(silent_run() == 7, "two bad jobs: the highest rank is named");
+    g_s.pending[7] = 1;
+    g_s.departed[6] = 1;
+    CHECK(silent_run() == -1 && silent_none_but(-1, -1), "bad jobs of ranks departed or failed already: nothing");
+    g_s.alive[6] = 1;
+    g_s.departed[6] = 0;
+    CHECK(silent_run() == -1, "a bad job record of a rank that heartbeats: nothing");
+
+    silent_reset();
+    g_s.alive[4] = 0;
+    g_s.ex[4] = (ExitRecord){.how = EXITED_CRASH, .wall_ms = 50};
+    CHECK(decide_silent_members(8, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4, g_s.v, NULL) == -1 &&
+              g_s.v[4] == SILENT_CRASH, "without times: the verdicts alone");
+    CHECK(decide_silent_members(-1, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4, g_s.v, g_s.t) == -1 &&
+              decide_silent_members(DP_MAX_RANKS + 1, g_s.alive, g_s.departed, g_s.pending, g_s.ex, g_s.node, g_s.node_alive, 4,
+                                    g_s.v, g_s.t) == -1, "a world out of range: nothing");
+}
+
 int main(void) {
+    RUN_TEST(test_silent_members);
+    RUN_TEST(test_machines_to_probe);
+    RUN_TEST(test_probe_members);
+    RUN_TEST(test_silent_kind);
     RUN_TEST(test_spares_usable);
     RUN_TEST(test_control_view);
     RUN_TEST(test_control_plane_outage);

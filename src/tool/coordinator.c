@@ -201,6 +201,13 @@ static int pending_has(const Coordinator *c, int rank) {
     return 0;
 }
 
+/* pending[r] = 1 for the ranks with a pending failure, for the world's ranks. */
+static void pending_flags(const Coordinator *c, char *pending) {
+    memset(pending, 0, (size_t)c->cfg->workers);
+    for (int i = 0; i < c->npending; i++)
+        if (c->pending[i].rank >= 0 && c->pending[i].rank < c->cfg->workers) pending[c->pending[i].rank] = 1;
+}
+
 /* When the failure happened: an injected fault says so; a silent process failed when it last
  * heartbeated; a crash is seen within milliseconds. */
 /* When the failure happened, for the `recovered` event's total_ms. An injected fault records
@@ -293,34 +300,30 @@ static void probe_members(Coordinator *c) {
     if (!c->probe_due || !c->have_members || now_ms() - c->last_probe_ms < 50) return;
     c->probe_due = 0;
     c->last_probe_ms = now_ms();
-    int world = c->cfg->workers, *state = malloc(sizeof *state * (size_t)world), n = 0;
+    int world = c->cfg->workers, *dead = malloc(sizeof *dead * (size_t)world);
     int *who = malloc(sizeof *who * (size_t)world);
     char (*eps)[ENDPOINT_MAX] = malloc(sizeof *eps * (size_t)world);
-    if (!state || !who || !eps) { free(state); free(who); free(eps); return; }
-    /* Only the members not known to have failed: a cut-off machine's ranks would make the
-     * probe wait out its bound for nothing. */
-    for (int r = 0; r < world; r++)
-        if (!c->departed[r] && !pending_has(c, r)) {
-            who[n] = r;
-            memcpy(eps[n++], c->endpoint[r], ENDPOINT_MAX);
-        }
+    char pending[RECOVERY_MAX_RANKS];
+    if (!dead || !who || !eps) { free(dead); free(who); free(eps); return; }
+    /* Only the members not known to have failed (decide_probe_whom). */
+    pending_flags(c, pending);
+    int n = decide_probe_whom(world, c->departed, pending, who);
+    for (int i = 0; i < n; i++) memcpy(eps[i], c->endpoint[who[i]], ENDPOINT_MAX);
     int *st = malloc(sizeof *st * (size_t)(n > 0 ? n : 1));
     if (st) tcp_probe_many(eps[0], ENDPOINT_MAX, n, 200, st);
-    for (int r = 0; r < world; r++) state[r] = 1;
-    for (int i = 0; st && i < n; i++) state[who[i]] = st[i];
+    decide_probe_dead(world, who, st, n, c->departed, pending, dead); /* refused: dead */
     free(st);
     free(who);
     free(eps);
     for (int r = 0; r < world; r++)
-        if (state[r] == 0 && !c->departed[r] && !pending_has(c, r)) {
+        if (dead[r]) {
             ctl_heartbeat_clear(c->ctl, c->procs[r]);
             add_failure(c, r, "crash");
             /* it died before its peer noticed: at the latest when the report came */
             Pending *p = &c->pending[c->npending - 1];
-            if (p->rank == r && c->probe_report_wall_ms > 0 && c->probe_report_wall_ms < p->t_fail_ms)
-                p->t_fail_ms = c->probe_report_wall_ms;
+            if (p->rank == r) p->t_fail_ms = decide_fail_time(p->t_fail_ms, c->probe_report_wall_ms);
         }
-    free(state);
+    free(dead);
     c->probe_report_wall_ms = 0; /* the next sign dates the next failure */
 }
 
@@ -334,15 +337,18 @@ static int node_index_of(const Coordinator *c, const char *id) {
 }
 
 /* Silent members: how their own machine's launcher saw them end (KEY_EXIT), and whole
- * machines lost (decide_nodes_lost); the rest failed by their silence alone. */
+ * machines lost (decide_nodes_lost); the rest failed by their silence alone. The verdicts are
+ * decide_silent_members' (pure); this reads their inputs and acts on them. */
 static void silent_members(Coordinator *c, const int *alive) {
     int world = c->cfg->workers;
-    int *node = malloc(sizeof *node * (size_t)world), *fail = malloc(sizeof *fail * (size_t)world);
+    int *node = malloc(sizeof *node * (size_t)world);
+    silent_verdict *verdict = malloc(sizeof *verdict * (size_t)world);
+    int64_t *t_exit = malloc(sizeof *t_exit * (size_t)world);
     int *node_alive = calloc(DP_MAX_RANKS, sizeof *node_alive);
     char (*how)[32] = malloc(sizeof *how * (size_t)world);
     char (*keys)[48] = malloc(sizeof *keys * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
     const char **kp = malloc(sizeof *kp * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
-    if (!node || !fail || !node_alive || !how || !keys || !kp) goto out;
+    if (!node || !verdict || !t_exit || !node_alive || !how || !keys || !kp) goto out;
     for (int r = 0; r < world; r++) {
         ctl_key_suffix(keys[r], sizeof keys[r], KEY_EXIT, c->procs[r], 0);
         kp[r] = keys[r];
@@ -356,15 +362,6 @@ static void silent_members(Coordinator *c, const int *alive) {
         if (!how[r][0] || exit_record_parse(how[r], &ex[r], err, sizeof err) != 0) {
             if (how[r][0]) log_msg("rank %d: %s", r, err);
             ex[r] = (ExitRecord){.how = EXITED_HOWS, .wall_ms = 0};
-        }
-    }
-    for (int r = 0; r < world; r++) {
-        node[r] = -1;
-        if (alive[r] || c->departed[r] || pending_has(c, r)) continue;
-        if (ex[r].how == EXITED_DEPARTED) { c->departed[r] = 1; continue; }
-        if (ex[r].how == EXITED_BAD_JOB) {
-            snprintf(c->message, sizeof c->message, "rank %d's process stopped on a bad job (its machine's log says why)", r);
-            c->unrestorable = 1;
         }
     }
     /* The machines as registered now (a spare machine may have joined since the last look). */
@@ -391,22 +388,30 @@ static void silent_members(Coordinator *c, const int *alive) {
     free(vals);
     int mine = node_index_of(c, c->my_node); /* this launcher runs: its machine is not lost */
     if (mine >= 0 && mine < DP_MAX_RANKS) node_alive[mine] = 1;
-    int effective_alive[RECOVERY_MAX_RANKS];
-    for (int r = 0; r < world; r++) effective_alive[r] = alive[r] || c->departed[r];
-    decide_nodes_lost(world, node, effective_alive, node_alive, DP_MAX_RANKS, fail);
+    char pending[RECOVERY_MAX_RANKS];
+    pending_flags(c, pending);
+    int bad = decide_silent_members(world, alive, c->departed, pending, ex, node, node_alive, DP_MAX_RANKS, verdict, t_exit);
+    if (bad >= 0) {
+        snprintf(c->message, sizeof c->message, "rank %d's process stopped on a bad job (its machine's log says why)", bad);
+        c->unrestorable = 1;
+    }
     for (int r = 0; r < world; r++) {
-        if (c->departed[r] || pending_has(c, r)) continue;
-        if (fail[r]) add_failure(c, r, "node");
-        else if (!alive[r]) add_failure(c, r, ex[r].how == EXITED_CRASH ? "crash" : silent_kind(c->pids[r]));
+        switch (verdict[r]) {
+        case SILENT_NONE: continue;
+        case SILENT_DEPARTED: c->departed[r] = 1; continue;
+        case SILENT_NODE: add_failure(c, r, "node"); break;
+        case SILENT_CRASH: add_failure(c, r, "crash"); break;
+        case SILENT_PROC: add_failure(c, r, silent_kind(c->pids[r])); break;
+        }
         /* its machine's launcher saw the exit then (a coordinator taking over learns it late) */
         Pending *p = c->npending ? &c->pending[c->npending - 1] : NULL;
-        if (ex[r].how != EXITED_HOWS && p && p->rank == r && ex[r].wall_ms > 0 && ex[r].wall_ms < p->t_fail_ms)
-            p->t_fail_ms = ex[r].wall_ms;
+        if (p && p->rank == r) p->t_fail_ms = decide_fail_time(p->t_fail_ms, t_exit[r]);
     }
     free(ex);
 out:
     free(node);
-    free(fail);
+    free(verdict);
+    free(t_exit);
     free(node_alive);
     free(how);
     free(keys);
@@ -419,15 +424,11 @@ static const char *silent_kind(pid_t pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
-    if (!f) return "crash";
+    if (!f) return decide_silent_kind(NULL); /* gone */
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
-    char *paren = strrchr(buf, ')');
-    char state = paren && paren[1] == ' ' ? paren[2] : '?';
-    if (state == 'T' || state == 't') return "hang";
-    if (state == 'Z') return "crash";
-    return "network"; /* alive and running, yet unheard: cut off from the job */
+    return decide_silent_kind(buf); /* stopped: hang; zombie: crash; running yet unheard: network */
 }
 
 /* Machines whose launcher key expired: their ranks are probed once (a crashed machine's ranks
@@ -449,15 +450,11 @@ static void watch_machines(Coordinator *c) {
         kp[k] = keys[k];
     }
     if (n == 0 || ctl_get_many(c->ctl, kp, n, vals[0], sizeof vals[0], present) != 0) return;
-    for (int k = 0; k < n; k++) {
-        int idx = c->node_index[k];
-        if (idx < 0 || idx >= DP_MAX_RANKS) continue;
-        if (present[k] || !strcmp(c->node_ids[k], c->my_node)) { c->machine_probed[idx] = 0; continue; }
-        if (c->machine_probed[idx]) continue;
-        int members = 0;
-        for (int r = 0; r < c->cfg->workers; r++) members += !strcmp(c->node[r], c->node_ids[k]);
-        if (!members) continue;
-        c->machine_probed[idx] = 1;
+    static const char *ids[DP_MAX_RANKS], *rank_node[RECOVERY_MAX_RANKS];
+    for (int k = 0; k < n; k++) ids[k] = c->node_ids[k];
+    for (int r = 0; r < c->cfg->workers; r++) rank_node[r] = c->node[r];
+    if (decide_machines_to_probe(n, c->node_index, ids, present, c->my_node, rank_node, c->cfg->workers,
+                                 c->machine_probed, DP_MAX_RANKS) > 0) {
         int64_t t = wall_ms() - node_alive_ttl_ms(c->cfg); /* it went silent before */
         if (!c->probe_due) c->probe_due = now;
         if (c->probe_report_wall_ms == 0 || t < c->probe_report_wall_ms) c->probe_report_wall_ms = t;

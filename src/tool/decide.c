@@ -272,3 +272,80 @@ long long decide_committed_min(int world, const long long *committed, const int 
     }
     return world > 0 ? min : -1;
 }
+
+const char *decide_silent_kind(const char *stat) {
+    if (!stat) return "crash";
+    const char *paren = strrchr(stat, ')');
+    char state = paren && paren[1] == ' ' ? paren[2] : '?';
+    if (state == 'T' || state == 't') return "hang";
+    if (state == 'Z') return "crash";
+    return "network";
+}
+
+int decide_probe_whom(int world, const char *departed, const char *pending, int *who) {
+    int n = 0;
+    for (int r = 0; r < world; r++)
+        if (!departed[r] && !pending[r]) who[n++] = r;
+    return n;
+}
+
+int decide_probe_dead(int world, const int *who, const int *state, int n, const char *departed, const char *pending,
+                      int *dead) {
+    int count = 0;
+    for (int r = 0; r < world; r++) dead[r] = 0;
+    for (int i = 0; state && i < n; i++) {
+        int r = who[i];
+        if (r < 0 || r >= world || state[i] != 0 || departed[r] || pending[r] || dead[r]) continue;
+        dead[r] = 1;
+        count++;
+    }
+    return count;
+}
+
+int64_t decide_fail_time(int64_t t_fail_ms, int64_t earlier_ms) {
+    return earlier_ms > 0 && earlier_ms < t_fail_ms ? earlier_ms : t_fail_ms;
+}
+
+int decide_machines_to_probe(int n, const int *index, const char *const *id, const int *present, const char *mine,
+                             const char *const *rank_node, int world, char *probed, int nprobed) {
+    int marked = 0;
+    for (int k = 0; k < n; k++) {
+        int idx = index[k];
+        if (idx < 0 || idx >= nprobed) continue;
+        if (present[k] || !strcmp(id[k], mine)) { probed[idx] = 0; continue; }
+        if (probed[idx]) continue;
+        int members = 0;
+        for (int r = 0; r < world && !members; r++) members = !strcmp(rank_node[r], id[k]);
+        if (!members) continue;
+        probed[idx] = 1;
+        marked++;
+    }
+    return marked;
+}
+
+int decide_silent_members(int world, const int *alive, const char *departed, const char *pending, const ExitRecord *ex,
+                          const int *node, const int *node_alive, int nnodes, silent_verdict *verdict, int64_t *t_exit_ms) {
+    int eff_alive[DP_MAX_RANKS] = {0}, fail[DP_MAX_RANKS], bad_job = -1;
+    if (world < 0 || world > DP_MAX_RANKS) return -1;
+    for (int r = 0; r < world; r++) {
+        verdict[r] = SILENT_NONE;
+        if (t_exit_ms) t_exit_ms[r] = 0;
+        eff_alive[r] = alive[r] || departed[r];
+        if (alive[r] || departed[r] || pending[r]) continue;
+        if (ex[r].how == EXITED_DEPARTED) {
+            verdict[r] = SILENT_DEPARTED;
+            eff_alive[r] = 1;
+        } else if (ex[r].how == EXITED_BAD_JOB) {
+            bad_job = r;
+        }
+    }
+    decide_nodes_lost(world, node, eff_alive, node_alive, nnodes, fail);
+    for (int r = 0; r < world; r++) {
+        if (departed[r] || pending[r] || verdict[r] == SILENT_DEPARTED) continue;
+        if (fail[r]) verdict[r] = SILENT_NODE;
+        else if (!alive[r]) verdict[r] = ex[r].how == EXITED_CRASH ? SILENT_CRASH : SILENT_PROC;
+        else continue;
+        if (t_exit_ms && ex[r].how != EXITED_HOWS && ex[r].wall_ms > 0) t_exit_ms[r] = ex[r].wall_ms;
+    }
+    return bad_job;
+}

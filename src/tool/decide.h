@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "protocol.h"
 #include "recovery.h"
 
 /* One failed member of the current epoch, in the order the coordinator saw the failures. */
@@ -155,5 +156,71 @@ long long decide_committed_min(int world, const long long *committed, const int 
 
 /* "wait", "swap", "rebuild", "no_spare", "state_lost", "no_ft", "invalid". */
 const char *decide_outcome_name(decide_outcome o);
+
+/* --- silence, probes and machines (coordinator.c): the choices, without the I/O ---------- */
+
+/* What a local member whose heartbeat expired is doing, from the text of its /proc/PID/stat
+ * (NULL: the file could not be opened, the process is gone). The state is the field after the
+ * comm, which is in parentheses and may itself hold spaces and ')': it is read after the last
+ * ')'. "hang" when stopped (T, t), "crash" for a zombie (Z) or no file, else "network" (it
+ * runs, yet is unheard: cut off from the job), also when the text has no state to read. */
+const char *decide_silent_kind(const char *stat);
+
+/* Whom a probe of the members asks (coordinator.c probe_members, after a failed collective or
+ * a machine's expired key): the ranks of 0..world neither departed (left on purpose) nor
+ * pending (known failed: a cut-off machine's ranks would only make the probe wait out its
+ * bound), in rank order. Writes their ranks to who; returns how many. */
+int decide_probe_whom(int world, const char *departed, const char *pending, int *who);
+
+/* What the probe of who[0..n) says. state[i] is tcp_probe_many's answer for who[i]: 1 something
+ * listens, 0 refused, -1 no answer. A refused replica port confirms a death (the kernel of a
+ * live machine answers for a live process, even a hung one): dead[r] = 1, a crash, unless r is
+ * departed or pending. No answer proves nothing (a cut link: the heartbeat decides). state
+ * NULL (no probe was made): nobody. dead has world entries, the others 0; returns how many. */
+int decide_probe_dead(int world, const int *who, const int *state, int n, const char *departed, const char *pending,
+                      int *dead);
+
+/* When a confirmed failure happened: t_fail_ms, or earlier_ms when it is earlier and > 0 (the
+ * report that led to the probe: the process died before its peer noticed; the exit record its
+ * machine's launcher wrote). */
+int64_t decide_fail_time(int64_t t_fail_ms, int64_t earlier_ms);
+
+/* Machines whose launcher key expired (coordinator.c watch_machines), to have their ranks
+ * probed once: a crashed machine's ranks refuse at once, however long the survivors' step runs
+ * before a collective would find the reset. Machine k of n, as registered: index[k] its slot
+ * in probed (0 .. nprobed; a machine outside is skipped), id[k] its name, present[k] its
+ * launcher key is there. A machine is newly probed, probed[index[k]] = 1, when its key is
+ * absent, it is not `mine` (this launcher runs, so its machine is not lost), one of the ranks
+ * 0..world runs on it (rank_node[r] equals id[k]) and it was not probed already. A key that is
+ * there again (a launcher merely slow), and mine, clear the mark. Returns how many machines
+ * were newly marked (> 0: a probe is due). */
+int decide_machines_to_probe(int n, const int *index, const char *const *id, const int *present, const char *mine,
+                             const char *const *rank_node, int world, char *probed, int nprobed);
+
+/* What becomes of a rank when members fall silent (coordinator.c silent_members). */
+typedef enum {
+    SILENT_NONE = 0,  /* nothing: it heartbeats (and its machine is not lost), or it departed or
+                       * failed already */
+    SILENT_DEPARTED,  /* its exit record says it left on purpose (done, fenced, output): it is
+                       * departed, its silence is no failure */
+    SILENT_NODE,      /* lost with its machine (decide_nodes_lost): a failure of kind "node" */
+    SILENT_CRASH,     /* silent, and its machine's launcher recorded a crash: "crash" */
+    SILENT_PROC,      /* silent, no crash recorded: its kind from /proc (decide_silent_kind), or
+                       * "unknown" when it does not run on this machine */
+} silent_verdict;
+
+/* The verdict on each of the ranks 0..world (at most DP_MAX_RANKS) once the liveness query
+ * found some silent. alive[r]: its heartbeat; departed[r], pending[r]: it left on purpose, it
+ * failed already (verdict SILENT_NONE); ex[r]: its exit record (how EXITED_HOWS: none, or
+ * malformed); node[r], node_alive[0..nnodes): as decide_nodes_lost. In this order: a departed
+ * record makes a silent rank departed (and alive for the machine loss); a rank on a lost
+ * machine fails with it, heartbeating or not; a silent rank with a crash record crashed; any
+ * other silent one is classed by its process. t_exit_ms[r] (may be NULL): when the exit
+ * record of a failing rank says it ended, to date the failure earlier (decide_fail_time), 0
+ * when there is none. Returns the highest silent rank whose process stopped on a bad job (the
+ * job cannot go on: its machine's log says why; the rank still gets its verdict), -1 if none
+ * (and for a world out of range, when nothing is written). */
+int decide_silent_members(int world, const int *alive, const char *departed, const char *pending, const ExitRecord *ex,
+                          const int *node, const int *node_alive, int nnodes, silent_verdict *verdict, int64_t *t_exit_ms);
 
 #endif

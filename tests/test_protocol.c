@@ -54,6 +54,21 @@ static void test_key_names_unchanged(void) {
     CHECK(strlen(s) == 7 && !strncmp(s, "e123456", 7), "truncated key '%s'", s);
 }
 
+/* The hashes' field names as they were spelled at the call sites before the enums. */
+static void test_field_names_unchanged(void) {
+    static const char *const config[CFG_FIELDS] = {[CFG_CONFIG] = "config", [CFG_SECRET] = "secret", [CFG_T0_MS] = "t0_ms"};
+    static const char *const proc[PROC_FIELDS] = {[PROC_REPLICA] = "replica", [PROC_HOST] = "host", [PROC_NODE] = "node",
+                                                  [PROC_PID] = "pid", [PROC_HELD] = "held"};
+    for (int f = 0; f < CFG_FIELDS; f++)
+        CHECK(config[f] && !strcmp(ctl_config_field_name((ctl_config_field)f), config[f]), "config field %d: '%s'", f,
+              ctl_config_field_name((ctl_config_field)f));
+    for (int f = 0; f < PROC_FIELDS; f++)
+        CHECK(proc[f] && !strcmp(ctl_proc_field_name((ctl_proc_field)f), proc[f]), "process field %d: '%s'", f,
+              ctl_proc_field_name((ctl_proc_field)f));
+    CHECK(!strcmp(ctl_config_field_name(CFG_FIELDS), "?") && !strcmp(ctl_proc_field_name((ctl_proc_field)-1), "?"),
+          "a field outside the enum has a name");
+}
+
 static void test_integers(void) {
     long long v;
     CHECK(proto_int_format(-42, buf, sizeof buf) == 0 && !strcmp(buf, "-42"), "format: '%s'", buf);
@@ -240,6 +255,7 @@ static void test_held_and_state(void) {
 
 int main(void) {
     RUN_TEST(test_key_names_unchanged);
+    RUN_TEST(test_field_names_unchanged);
     RUN_TEST(test_integers);
     RUN_TEST(test_fault_record);
     RUN_TEST(test_persist_request);

@@ -720,7 +720,25 @@ static const char *const KEY_NAMES[KEY_COUNT] = {
     [KEY_OWN_STATE] = "own:#",
     [KEY_GEN_BYTES] = "gen_bytes:#",
 };
+/* The fields of the two hashes (control.h: ctl_config_field, ctl_proc_field). */
+static const char *const CONFIG_FIELD_NAMES[CFG_FIELDS] = {
+    [CFG_CONFIG] = "config",
+    [CFG_SECRET] = "secret",
+    [CFG_T0_MS] = "t0_ms",
+};
+static const char *const PROC_FIELD_NAMES[PROC_FIELDS] = {
+    [PROC_REPLICA] = "replica",
+    [PROC_HOST] = "host",
+    [PROC_NODE] = "node",
+    [PROC_PID] = "pid",
+    [PROC_HELD] = "held",
+};
 /* --- END the key table ----------------------------------------------------------------- */
+
+const char *ctl_config_field_name(ctl_config_field f) {
+    return (int)f >= 0 && f < CFG_FIELDS ? CONFIG_FIELD_NAMES[f] : "?";
+}
+const char *ctl_proc_field_name(ctl_proc_field f) { return (int)f >= 0 && f < PROC_FIELDS ? PROC_FIELD_NAMES[f] : "?"; }
 
 /* Key k's suffix into buf: its numbers a then b, or '*' for each when pattern. */
 static const char *expand_key(char *buf, size_t len, ctl_key k, long long a, long long b, int pattern) {
@@ -768,20 +786,36 @@ static int copy_reply_string(ctl_t *c, const redisReply *r, char *out, size_t le
 /* configuration, membership, heartbeats, epoch, state                                    */
 /* ------------------------------------------------------------------------------------- */
 
-int ctl_config_set(ctl_t *c, const char *field, const char *value) {
+/* A field of ctl_config_field / ctl_proc_field: its name, or NULL with c's error set. */
+static const char *config_field(ctl_t *c, ctl_config_field f) {
+    if ((int)f >= 0 && f < CFG_FIELDS) return CONFIG_FIELD_NAMES[f];
+    ctl_set_error(c, "config field %d: not a ctl_config_field", (int)f);
+    return NULL;
+}
+static const char *proc_field(ctl_t *c, ctl_proc_field f) {
+    if ((int)f >= 0 && f < PROC_FIELDS) return PROC_FIELD_NAMES[f];
+    ctl_set_error(c, "process field %d: not a ctl_proc_field", (int)f);
+    return NULL;
+}
+
+int ctl_config_set(ctl_t *c, ctl_config_field f, const char *value) {
     char key[CTL_KEY_MAX];
+    const char *field = config_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
-int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len) {
+int ctl_config_get(ctl_t *c, ctl_config_field f, char *value, size_t len) {
     char key[CTL_KEY_MAX];
+    const char *field = config_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     redisReply *r = ctl_command(c, "HGET %s %s", key, field);
     if (!r) return -1;
     int rc = -1;
     if (r->type == REDIS_REPLY_STRING)
-        rc = copy_reply_string(c, r, value, len, "config");
+        rc = copy_reply_string(c, r, value, len, field);
     else
         ctl_set_error(c, "config field '%s' is not set", field);
     freeReplyObject(r);
@@ -866,19 +900,23 @@ int ctl_spare_list(ctl_t *c, long *ids, int max) {
     return n;
 }
 
-int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value) {
+int ctl_proc_set(ctl_t *c, long proc_id, ctl_proc_field f, const char *value) {
     char key[CTL_KEY_MAX];
+    const char *field = proc_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_PROC, proc_id, 0);
     return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
-int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len) {
+int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field f, char *value, size_t len) {
     char key[CTL_KEY_MAX];
+    const char *field = proc_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_PROC, proc_id, 0);
     redisReply *r = ctl_command(c, "HGET %s %s", key, field);
     if (!r) return -1;
     int rc = -1;
-    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, "proc");
+    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, field);
     else ctl_set_error(c, "process %ld has no '%s'", proc_id, field);
     freeReplyObject(r);
     return rc;
@@ -1136,12 +1174,15 @@ static void copy_proc_fields(int i, const redisReply *r, void *arg) {
     }
 }
 
-int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fields, int nfields, char *values,
+int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const ctl_proc_field *fields, int nfields, char *values,
                       size_t len) {
     if (nfields < 1 || nfields > 8 || len == 0) {
         ctl_set_error(c, "ctl_proc_get_many: %d fields, %zu-byte values", nfields, len);
         return -1;
     }
+    const char *names[8];
+    for (int f = 0; f < nfields; f++)
+        if (!(names[f] = proc_field(c, fields[f]))) return -1;
     for (size_t i = 0; i < (size_t)n * (size_t)nfields; i++) values[i * len] = '\0';
     if (n <= 0) return 0;
     if (ensure_connected(c) != 0) return -1;
@@ -1151,7 +1192,7 @@ int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fie
         make_key(c, key, sizeof key, KEY_PROC, procs[i], 0);
         argv[0] = "HMGET";
         argv[1] = key;
-        for (int f = 0; f < nfields; f++) argv[2 + f] = fields[f];
+        for (int f = 0; f < nfields; f++) argv[2 + f] = names[f];
         if (redisAppendCommandArgv(c->rc, 2 + nfields, argv, NULL) != REDIS_OK) {
             ctl_set_error(c, "redis: HMGET: cannot queue the command");
             redisFree(c->rc); /* drop what was queued: the next call reconnects */

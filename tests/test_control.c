@@ -451,6 +451,48 @@ static void test_epoch(void) {
     ctl_close(c);
 }
 
+/* The integers the control plane stores (epoch, rank owner, committed generation, wake-ups)
+ * are read by protocol.h's proto_int_parse: a value no writer writes ("+5", " 5", a NUL byte
+ * inside, out of range) is refused with an error naming the value, never read as a number. */
+static void test_stored_integers_refused(void) {
+    ctl_t *c = connect_job("jobInts");
+    if (!c) return;
+    char k[64];
+    ctl_key_suffix(k, sizeof k, KEY_EPOCH, 0, 0);
+    CHECK(ctl_set(c, k, "7") == 0 && ctl_epoch(c) == 7, "epoch 7: %s", ctl_last_error(c));
+    CHECK(ctl_set(c, k, "+5") == 0 && ctl_epoch(c) == -1 && strstr(ctl_last_error(c), "epoch: expected an integer") &&
+              strstr(ctl_last_error(c), "'+5'"), "epoch '+5': %s", ctl_last_error(c));
+    CHECK(ctl_set(c, k, " 5") == 0 && ctl_epoch(c) == -1 && strstr(ctl_last_error(c), "epoch"), "epoch ' 5': %s",
+          ctl_last_error(c));
+    CHECK(ctl_set(c, k, "-2") == 0 && ctl_epoch(c) == -1 && strstr(ctl_last_error(c), "epoch"), "epoch -2: %s",
+          ctl_last_error(c));
+    ctl_key_suffix(k, sizeof k, KEY_RANK, 3, 0);
+    CHECK(ctl_set(c, k, "-3") == 0 && ctl_rank_owner(c, 3) == -1 && strstr(ctl_last_error(c), "rank owner"),
+          "owner -3: %s", ctl_last_error(c));
+    long owners[4];
+    CHECK(ctl_rank_owners(c, 4, owners) == 0 && owners[3] == 0, "owners: a bad owner read as %ld", owners[3]);
+    ctl_key_suffix(k, sizeof k, KEY_COMMITTED, 1, 0);
+    CHECK(ctl_set(c, k, "12") == 0 && ctl_committed_min(c, 1, 1) == 12, "committed 12");
+    CHECK(ctl_set(c, k, "12x") == 0 && ctl_committed_min(c, 1, 1) == -1, "committed '12x' read as a generation");
+    redisReply *r = NULL;
+    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
+    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
+    char full[128];
+    ctl_key_full(c, full, sizeof full, KEY_COMMITTED, 1, 0);
+    if (rc && !rc->err) r = redisCommand(rc, "SET %s %b", full, "12\0003", (size_t)4);
+    CHECK(r && r->type == REDIS_REPLY_STATUS && ctl_committed_min(c, 1, 1) == -1, "committed '12\\03' read as a generation");
+    if (r) freeReplyObject(r);
+    if (rc) redisFree(rc);
+    ctl_key_full(c, full, sizeof full, KEY_NOTICE, 9, 0);
+    ctl_batch_begin(c);
+    ctl_batch_push_key(c, full, "+4", 60);
+    CHECK(ctl_batch_end(c) == 0 && ctl_wait_notice(c, 9, KEY_NOTICE, 100) == -1 && strstr(ctl_last_error(c), "notice") &&
+              strstr(ctl_last_error(c), "'+4'"), "notice '+4': %s", ctl_last_error(c));
+    CHECK(ctl_notify(c, 9, KEY_ABORT, 4) == 0 && ctl_wait_notice(c, 9, KEY_ABORT, 100) == 4, "abort 4: %s", ctl_last_error(c));
+    CHECK(ctl_job_delete(c) == 0, "cleanup");
+    ctl_close(c);
+}
+
 static void test_state(void) {
     ctl_t *c = connect_job("jobA");
     if (!c) return;
@@ -748,6 +790,7 @@ int main(void) {
     RUN_TEST(test_bulk_and_batches);
     RUN_TEST(test_heartbeat_ttl);
     RUN_TEST(test_epoch);
+    RUN_TEST(test_stored_integers_refused);
     RUN_TEST(test_lease_fencing);
     RUN_TEST(test_state);
     RUN_TEST(test_key_patterns_and_lists);

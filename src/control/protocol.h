@@ -20,6 +20,10 @@
 
 #include "config.h" /* DP_MAX_RANKS */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* --- integers -------------------------------------------------------------------------
  * Decimal, an optional '-' then 1 to 19 digits, nothing else (no sign '+', no space), in
  * [lo, hi]. The integer-valued keys: KEY_EPOCH, KEY_PROCS, KEY_RANK (a process id),
@@ -149,10 +153,43 @@ typedef struct {
 int held_format(const HeldGen *h, int n, char *buf, size_t len);
 int held_parse(const char *s, HeldGen *h, int max, char *err, size_t errlen);
 
+/* --- KEY_INVENTORY's values: "STEP:R,R,...;STEP:R,..." ---------------------------------
+ * The checkpoints on one machine's disk (its --resume directory): written by its launcher
+ * (checkpoint_inventory), read by the first machine's (decide.h: resume_choose). Groups
+ * separated by single ';', newest first: STEP (a 0-based step, >= 0, each below the previous
+ * group's), ':', then 1 or more ranks in [0, DP_MAX_RANKS), ascending, separated by single
+ * ','; "" says no checkpoint. Held as a flat list of (step, rank) entries in that order (a
+ * group's ranks in a row): inventory_parse returns the number of entries (at most max; more
+ * is refused), or -1; inventory_format refuses entries out of that order. */
+typedef struct {
+    int64_t step;
+    int rank;
+} InventoryEntry;
+#define INVENTORY_TEXT_MAX 8192                        /* one machine's inventory, in Redis */
+#define INVENTORY_ENTRIES_MAX (INVENTORY_TEXT_MAX / 2) /* what INVENTORY_TEXT_MAX bytes can list */
+int inventory_format(const InventoryEntry *e, int n, char *buf, size_t len);
+int inventory_parse(const char *s, InventoryEntry *e, int max, char *err, size_t errlen);
+
+/* --- the collective rendezvous's keys, under KEY_GLOO's prefix --------------------------
+ * comm_gloo.cc's rendezvous (comm.h: comm_create) keeps, under the prefix it is given
+ * (ctl_key_full(KEY_GLOO): "dp:JOB:eEPOCH:gloo"), "PREFIX/m/RANK" (hash: RANK's addresses for
+ * each peer, and PROTO_RDZV_HOST_FIELD its host), "PREFIX/n" (the arrivals counter) and
+ * "PREFIX/w/RANK" (list: RANK's wake-ups; the coordinator pushes COMM_WAKE_ABORT there when
+ * it closes the epoch). proto_rdzv_key writes one into buf (rank ignored for PROTO_RDZV_ARRIVALS)
+ * and returns buf; 0, or -1 when it does not fit (buf then holds ""). C and C++ alike. */
+typedef enum { PROTO_RDZV_MEMBER, PROTO_RDZV_ARRIVALS, PROTO_RDZV_WAKE } proto_rdzv;
+#define PROTO_RDZV_HOST_FIELD "host"
+#define PROTO_RDZV_KEY_MAX 512
+int proto_rdzv_key(char *buf, size_t len, const char *prefix, proto_rdzv which, int rank);
+
 /* --- KEY_STATE: the job's state ------------------------------------------------------------
  * "running", "stopping", "done" or "failed" (ctl_state_set refuses any other text). */
 typedef enum { JOB_STATE_RUNNING, JOB_STATE_STOPPING, JOB_STATE_DONE, JOB_STATE_FAILED, JOB_STATES } job_state;
 const char *job_state_name(job_state s);
 int job_state_parse(const char *s, job_state *st, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

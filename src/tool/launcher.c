@@ -1327,7 +1327,7 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
 /* --- resuming across machines without a shared filesystem ------------------------------ */
 
 /* What this machine's --resume directory holds, for the first machine to choose from. */
-#define INVENTORY_MAX 8192 /* one machine's checkpoints, as checkpoint_inventory lists them */
+#define INVENTORY_MAX INVENTORY_TEXT_MAX /* one machine's checkpoints, as checkpoint_inventory lists them */
 static int publish_inventory(Launcher *L, char *err, size_t errlen) {
     static char inv[INVENTORY_MAX];
     char idx[16], key[32];
@@ -1385,7 +1385,7 @@ static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
         return 0;
     }
     if (step < 0) { snprintf(err, errlen, "--resume: no complete checkpoint across the %d machines: %s", n, why); goto fail; }
-    if (why[0]) log_msg("--resume: %s; resuming from step %lld instead", why, (long long)step + 1);
+    if (why[0]) log_msg("--resume: %s; resuming from step %lld", why, (long long)step + 1);
     L->run_cfg.resume_step = (int)step;
     free(fields); free(values); free(inv);
     return 0;

@@ -78,7 +78,9 @@ int ctl_config_get(ctl_t *c, ctl_config_field field, char *value, size_t len);
 long ctl_new_proc_id(ctl_t *c);
 /* Claims worker rank `rank` for proc_id if free (SET NX). 1 claimed, 0 taken, -1 error. */
 int ctl_claim_rank(ctl_t *c, int rank, long proc_id);
-/* proc id holding `rank`, 0 if none, -1 on error. */
+/* proc id holding `rank`, 0 if none, -1 on error (also for a value protocol.h's integer
+ * grammar refuses: ctl_last_error names it). Every integer this file reads from Redis (owners,
+ * spares, epoch, committed generations, wake-ups) is read with proto_int_parse. */
 long ctl_rank_owner(ctl_t *c, int rank);
 /* Adds / removes proc_id to / from the spare pool (a set). 0 / -1. */
 int ctl_spare_add(ctl_t *c, long proc_id);
@@ -248,8 +250,9 @@ int ctl_epoch_set(ctl_t *c, long epoch);
 
 /* Wake-ups: the coordinator pushes a value to one of a process's lists (KEY_NOTICE: a decision
  * is out; KEY_ABORT: abandon the step in flight); the process waits on it with BLPOP.
- * ctl_wait_notice returns the value, 0 on timeout, -1 on error (also for a list that is
- * neither). */
+ * The value is an epoch (KEY_NOTICE: -1 also, the coordinator's persist request); ctl_wait_notice
+ * returns it, 0 on timeout, -1 on error (also for a list that is neither, or a value that is
+ * not an integer in [-1, LONG_MAX]: ctl_last_error names it). */
 int ctl_notify(ctl_t *c, long proc_id, ctl_key list, long value);
 long ctl_wait_notice(ctl_t *c, long proc_id, ctl_key list, int timeout_ms);
 

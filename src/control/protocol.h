@@ -1,6 +1,7 @@
 /* protocol.h — the values the control plane keeps in Redis: for each, a typed struct (or a
  * plain integer) and one format/parse pair, used by its writer and its readers alike. The
- * keys themselves are control.h's ctl_key (their names: control.c's key table); decisions,
+ * keys themselves are control.h's ctl_key, the hashes' fields its ctl_config_field and
+ * ctl_proc_field (their names: control.c's key table); decisions,
  * replica-holder lists and reports are recovery.h's; docs/DESIGN.md ("The control plane's
  * protocol") lists every key with its owner, its readers and its value's format.
  *
@@ -28,8 +29,9 @@ extern "C" {
  * Decimal, an optional '-' then 1 to 19 digits, nothing else (no sign '+', no space), in
  * [lo, hi]. The integer-valued keys: KEY_EPOCH, KEY_PROCS, KEY_RANK (a process id),
  * KEY_COMMITTED, KEY_LAST_STEP, KEY_PERSIST_COMPLETE, KEY_GEN_BYTES, KEY_LAUNCHER_SEEN,
- * KEY_NODE_COUNT, KEY_COORD_TOKEN, the values of KEY_NODES, the config field "t0_ms" and the
- * process field "pid". `what` names the value in the error ("epoch", "last_step"...). */
+ * KEY_NODE_COUNT, KEY_COORD_TOKEN, the members of KEY_SPARES, the values of KEY_NODES, the
+ * wake-ups on KEY_NOTICE and KEY_ABORT, the config field CFG_T0_MS and the process field
+ * PROC_PID. `what` names the value in the error ("epoch", "last_step"...). */
 int proto_int_format(long long v, char *buf, size_t len);
 int proto_int_parse(const char *s, const char *what, long long lo, long long hi, long long *v, char *err, size_t errlen);
 
@@ -128,7 +130,7 @@ typedef struct {
 int lease_value_format(const LeaseValue *l, char *buf, size_t len);
 int lease_value_parse(const char *s, LeaseValue *l, char *err, size_t errlen);
 
-/* --- "HOST:PORT": a process's "replica" field (its replica server), KEY_RESUME_HOLDER ------
+/* --- "HOST:PORT": a process's PROC_REPLICA field (its replica server), KEY_RESUME_HOLDER --
  * HOST 1 to 255 bytes without control characters (split at the last ':', so an IPv6
  * address without brackets works), PORT in [1, 65535]. */
 typedef struct {
@@ -139,7 +141,7 @@ typedef struct {
 int endpoint_format(const Endpoint *e, char *buf, size_t len);
 int endpoint_parse(const char *s, Endpoint *e, char *err, size_t errlen);
 
-/* --- a process's "held" field: "R:STEP:EPOCH,R:STEP:EPOCH,..." -----------------------------
+/* --- a process's PROC_HELD field: "R:STEP:EPOCH,R:STEP:EPOCH,..." -------------------------
  * The newest generation this process holds of each other rank, republished after an outage
  * (read by the coordinator: what a rank that died meanwhile can be restored from). 0 to max
  * entries, R in [0, DP_MAX_RANKS), STEP >= -1, EPOCH >= 0; single commas. held_parse returns

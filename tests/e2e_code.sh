@@ -3,7 +3,8 @@
 #  - no decision is made from text: the files that detect, decide and recover match no
 #    substring of an event line or an error message (reports and exceptions are typed);
 #  - the shared library exports deadpool.h's functions and nothing else, and does not link
-#    the tool's parts (an HTTP server).
+#    the tool's parts (an HTTP server);
+#  - key names, hash field names and the rendezvous's sub-keys are spelled in one place each.
 source "$(dirname "$0")/lib_e2e.sh"
 cd "$ROOT" || exit 1
 

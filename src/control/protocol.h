@@ -1,9 +1,9 @@
 /* protocol.h — the values the control plane keeps in Redis: for each, a typed struct (or a
  * plain integer) and one format/parse pair, used by its writer and its readers alike. The
  * keys themselves are control.h's ctl_key, the hashes' fields its ctl_config_field and
- * ctl_proc_field (their names: control.c's key table); decisions,
- * replica-holder lists and reports are recovery.h's; docs/DESIGN.md ("The control plane's
- * protocol") lists every key with its owner, its readers and its value's format.
+ * ctl_proc_field (their names: control.c's key table); decisions, replica-holder lists and
+ * reports are recovery.h's; docs/DESIGN.md ("The control plane's protocol") lists every key
+ * with its owner, its readers and its value's format.
  *
  * The contract of every pair, held by tests/test_protocol.c and tests/fuzz/fuzz_protocol.c:
  *  - a parser takes the whole value (NUL-terminated, as Redis hands it over), accepts exactly

@@ -3,7 +3,8 @@
 #  - no decision is made from text: the files that detect, decide and recover match no
 #    substring of an event line or an error message (reports and exceptions are typed);
 #  - the shared library exports deadpool.h's functions and nothing else, and does not link
-#    the tool's parts (an HTTP server).
+#    the tool's parts (an HTTP server);
+#  - key names, hash field names and the rendezvous's sub-keys are spelled in one place each.
 source "$(dirname "$0")/lib_e2e.sh"
 cd "$ROOT" || exit 1
 
@@ -28,6 +29,18 @@ key_sources=$(find src python/deadpool -name '*.c' -o -name '*.h' -o -name '*.cc
 key_hits=$(for f in $key_sources; do
   awk -v f="$f" '/BEGIN the key table/ { skip = 1 } !skip { print f ":" FNR ": " $0 } /END the key table/ { skip = 0 }' "$f"
 done | grep -E '"dp:([%*"a-z])|"dp-fresh|make_key\([^;]*"|ctl_(set|get|set_nx|take|counter_incr|counter_at_least|hash_set|hash_getall|set_add_count|batch_set)\([^,;]*, *"|ctl_(drain|notify|notify_many|wait_notice|batch_notify)\([^;]*"')
+# Hash fields (item 1): the config hash's and a process's hash's fields are named by their enum
+# (control.h: ctl_config_field, ctl_proc_field), spelled beside the key table only: no field
+# literal is handed to ctl_config_* / ctl_proc_*, nor listed in a fields array for one.
+field_hits=$(for f in $key_sources; do
+  awk -v f="$f" '/BEGIN the key table/ { skip = 1 } !skip { print f ":" FNR ": " $0 } /END the key table/ { skip = 0 }' "$f"
+done | grep -E 'ctl_(config|proc)_(get|set|get_many)\([^;"()]*, *"|fields\[\] *= *\{ *"')
+if [ -z "$field_hits" ]; then ok "hash_fields_spelled_once"
+else notok "hash_fields_spelled_once" "$(echo "$field_hits" | head -12)"; fi
+# The collective rendezvous's sub-keys (item 4): spelled by protocol.h's proto_rdzv_key only.
+rdzv_hits=$(grep -nE '"(m|w)/|key\("n"\)|/w/%d' src/data/comm_gloo*.cc src/runtime/*.c src/tool/*.c src/control/control.c src/control/recovery.c)
+if [ -z "$rdzv_hits" ]; then ok "rendezvous_keys_spelled_once"
+else notok "rendezvous_keys_spelled_once" "$(echo "$rdzv_hits" | head -8)"; fi
 table=$(grep -c 'BEGIN the key table' src/control/control.c)
 if [ -z "$key_hits" ] && [ "$table" -eq 1 ]; then ok "key_names_spelled_once ($(echo "$key_sources" | wc -l) files)"
 else notok "key_names_spelled_once" "table markers: $table; $(echo "$key_hits" | head -5)"; fi

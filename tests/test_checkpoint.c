@@ -17,6 +17,7 @@
 #include "checkpoint.h"
 #include "checksum.h"
 #include "harness.h"
+#include "protocol.h"
 #include "replica.h"
 #include "snapshot.h"
 
@@ -339,6 +340,30 @@ static void test_resume_falls_back_to_intact(void) {
     CHECK(checkpoint_latest(dir, err, sizeof err) == 6, "the cheap lookup still sees DONE");
 }
 
+/* A machine's inventory (protocol.h's text, for --resume across machines): newest step first,
+ * each step's ranks ascending and once (a second name of a rank's file is not a second
+ * rank), a damaged state file not offered, and -1 when it does not fit. */
+static void test_inventory(void) {
+    const char *dir = new_dir("inventory");
+    char err[512] = "", inv[256], path[4200], copy[4200];
+    write_checkpoint(dir, 4, 1, 0);
+    write_checkpoint(dir, 9, 0, 0);
+    unsigned char a[LEN_A], b[LEN_B];
+    payload(a, b, 1, 12);
+    SnapRegion regions[2] = {{a, LEN_A}, {b, LEN_B}};
+    CHECK(checkpoint_write_live(dir, JOB, 1, 1, WORLD, 12, regions, 2, err, sizeof err) == 0, "%s", err);
+    checkpoint_path(path, sizeof path, dir, 12, "rank_00001.state");
+    checkpoint_path(copy, sizeof copy, dir, 12, "rank_1.state");
+    CHECK(link(path, copy) == 0, "link %s: %s", copy, strerror(errno));
+    checkpoint_path(path, sizeof path, dir, 9, "rank_00000.state");
+    CHECK(flip_byte(path, (long)sizeof(SnapHeader) + 3) == 0, "flip %s", path);
+    CHECK(checkpoint_inventory(dir, inv, sizeof inv) == 0 && !strcmp(inv, "12:1;9:1;4:0,1"), "inventory '%s'", inv);
+    InventoryEntry e[8];
+    CHECK(inventory_parse(inv, e, 8, err, sizeof err) == 4 && e[0].step == 12 && e[3].rank == 1, "parse: %s", err);
+    CHECK(checkpoint_inventory(dir, inv, 8) == -1, "an inventory that does not fit");
+    CHECK(checkpoint_inventory(new_dir("inventory-none"), inv, sizeof inv) == 0 && !inv[0], "no checkpoint: '%s'", inv);
+}
+
 static void test_cleanup(void) {
     remove_root();
     struct stat st;
@@ -360,6 +385,7 @@ int main(void) {
     RUN_TEST(test_finish_app_callback);
     RUN_TEST(test_finish_failing_callback);
     RUN_TEST(test_resume_falls_back_to_intact);
+    RUN_TEST(test_inventory);
     RUN_TEST(test_cleanup);
     TEST_MAIN_END();
 }

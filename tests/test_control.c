@@ -225,16 +225,27 @@ static void test_config(void) {
     ctl_t *c = connect_job("jobA");
     if (!c) return;
     CHECK(strcmp(ctl_job(c), "jobA") == 0, "job '%s'", ctl_job(c));
-    CHECK(ctl_config_set(c, "world", "4") == 0, "%s", ctl_last_error(c));
-    CHECK(ctl_config_set(c, "model", "{\"layers\": [784, 128, 10]}") == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_config_set(c, CFG_T0_MS, "4") == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_config_set(c, CFG_CONFIG, "{\"layers\": [784, 128, 10]}") == 0, "%s", ctl_last_error(c));
     char v[128] = "";
-    CHECK(ctl_config_get(c, "world", v, sizeof v) == 0 && strcmp(v, "4") == 0, "world '%s'", v);
-    CHECK(ctl_config_get(c, "model", v, sizeof v) == 0 && strcmp(v, "{\"layers\": [784, 128, 10]}") == 0,
+    CHECK(ctl_config_get(c, CFG_T0_MS, v, sizeof v) == 0 && strcmp(v, "4") == 0, "t0_ms '%s'", v);
+    CHECK(ctl_config_get(c, CFG_CONFIG, v, sizeof v) == 0 && strcmp(v, "{\"layers\": [784, 128, 10]}") == 0,
           "value with spaces round-trips: '%s'", v);
-    CHECK(ctl_config_get(c, "absent", v, sizeof v) == -1, "absent field read as present");
-    CHECK(strstr(ctl_last_error(c), "absent") != NULL, "error '%s'", ctl_last_error(c));
+    CHECK(ctl_config_get(c, CFG_SECRET, v, sizeof v) == -1, "absent field read as present");
+    CHECK(strstr(ctl_last_error(c), "'secret' is not set") != NULL, "error '%s'", ctl_last_error(c));
+    CHECK(ctl_config_set(c, CFG_FIELDS, "x") == -1 && strstr(ctl_last_error(c), "not a ctl_config_field"),
+          "a field outside the enum: %s", ctl_last_error(c));
+    CHECK(ctl_proc_set(c, 1, (ctl_proc_field)-1, "x") == -1 && strstr(ctl_last_error(c), "not a ctl_proc_field"),
+          "a process field outside the enum: %s", ctl_last_error(c));
+    /* The fields' names in Redis are those the enum's names give (ctl_config_field_name). */
+    char suffix[64], names[4][16], vals[4][64];
+    int n = ctl_hash_getall(c, ctl_key_suffix(suffix, sizeof suffix, KEY_CONFIG, 0, 0), names[0], sizeof names[0], vals[0],
+                            sizeof vals[0], 4);
+    CHECK(n == 2 && ((!strcmp(names[0], "t0_ms") && !strcmp(names[1], "config")) ||
+                     (!strcmp(names[1], "t0_ms") && !strcmp(names[0], "config"))),
+          "the hash's fields: %d, '%s' '%s'", n, n > 0 ? names[0] : "", n > 1 ? names[1] : "");
     char tiny[2];
-    CHECK(ctl_config_get(c, "model", tiny, sizeof tiny) == -1, "truncation not reported");
+    CHECK(ctl_config_get(c, CFG_CONFIG, tiny, sizeof tiny) == -1, "truncation not reported");
     ctl_close(c);
 }
 
@@ -305,10 +316,10 @@ static void test_bulk_and_batches(void) {
         char host[32], pid[16];
         snprintf(host, sizeof host, "host-%d", i);
         snprintf(pid, sizeof pid, "%d", 1000 + i);
-        CHECK(ctl_proc_set(c, procs[i], "host", host) == 0 && (i == 3 || ctl_proc_set(c, procs[i], "pid", pid) == 0),
+        CHECK(ctl_proc_set(c, procs[i], PROC_HOST, host) == 0 && (i == 3 || ctl_proc_set(c, procs[i], PROC_PID, pid) == 0),
               "proc_set: %s", ctl_last_error(c));
     }
-    static const char *const fields[] = {"host", "pid"};
+    static const ctl_proc_field fields[] = {PROC_HOST, PROC_PID};
     char v[5 * 2][32];
     t0 = ctl_round_trips(c);
     CHECK(ctl_proc_get_many(c, procs, 5, fields, 2, v[0], sizeof v[0]) == 0, "proc_get_many: %s", ctl_last_error(c));
@@ -440,6 +451,48 @@ static void test_epoch(void) {
     ctl_close(c);
 }
 
+/* The integers the control plane stores (epoch, rank owner, committed generation, wake-ups)
+ * are read by protocol.h's proto_int_parse: a value no writer writes ("+5", " 5", a NUL byte
+ * inside, out of range) is refused with an error naming the value, never read as a number. */
+static void test_stored_integers_refused(void) {
+    ctl_t *c = connect_job("jobInts");
+    if (!c) return;
+    char k[64];
+    ctl_key_suffix(k, sizeof k, KEY_EPOCH, 0, 0);
+    CHECK(ctl_set(c, k, "7") == 0 && ctl_epoch(c) == 7, "epoch 7: %s", ctl_last_error(c));
+    CHECK(ctl_set(c, k, "+5") == 0 && ctl_epoch(c) == -1 && strstr(ctl_last_error(c), "epoch: expected an integer") &&
+              strstr(ctl_last_error(c), "'+5'"), "epoch '+5': %s", ctl_last_error(c));
+    CHECK(ctl_set(c, k, " 5") == 0 && ctl_epoch(c) == -1 && strstr(ctl_last_error(c), "epoch"), "epoch ' 5': %s",
+          ctl_last_error(c));
+    CHECK(ctl_set(c, k, "-2") == 0 && ctl_epoch(c) == -1 && strstr(ctl_last_error(c), "epoch"), "epoch -2: %s",
+          ctl_last_error(c));
+    ctl_key_suffix(k, sizeof k, KEY_RANK, 3, 0);
+    CHECK(ctl_set(c, k, "-3") == 0 && ctl_rank_owner(c, 3) == -1 && strstr(ctl_last_error(c), "rank owner"),
+          "owner -3: %s", ctl_last_error(c));
+    long owners[4];
+    CHECK(ctl_rank_owners(c, 4, owners) == 0 && owners[3] == 0, "owners: a bad owner read as %ld", owners[3]);
+    ctl_key_suffix(k, sizeof k, KEY_COMMITTED, 1, 0);
+    CHECK(ctl_set(c, k, "12") == 0 && ctl_committed_min(c, 1, 1) == 12, "committed 12");
+    CHECK(ctl_set(c, k, "12x") == 0 && ctl_committed_min(c, 1, 1) == -1, "committed '12x' read as a generation");
+    redisReply *r = NULL;
+    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
+    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
+    char full[128];
+    ctl_key_full(c, full, sizeof full, KEY_COMMITTED, 1, 0);
+    if (rc && !rc->err) r = redisCommand(rc, "SET %s %b", full, "12\0003", (size_t)4);
+    CHECK(r && r->type == REDIS_REPLY_STATUS && ctl_committed_min(c, 1, 1) == -1, "committed '12\\03' read as a generation");
+    if (r) freeReplyObject(r);
+    if (rc) redisFree(rc);
+    ctl_key_full(c, full, sizeof full, KEY_NOTICE, 9, 0);
+    ctl_batch_begin(c);
+    ctl_batch_push_key(c, full, "+4", 60);
+    CHECK(ctl_batch_end(c) == 0 && ctl_wait_notice(c, 9, KEY_NOTICE, 100) == -1 && strstr(ctl_last_error(c), "notice") &&
+              strstr(ctl_last_error(c), "'+4'"), "notice '+4': %s", ctl_last_error(c));
+    CHECK(ctl_notify(c, 9, KEY_ABORT, 4) == 0 && ctl_wait_notice(c, 9, KEY_ABORT, 100) == 4, "abort 4: %s", ctl_last_error(c));
+    CHECK(ctl_job_delete(c) == 0, "cleanup");
+    ctl_close(c);
+}
+
 static void test_state(void) {
     ctl_t *c = connect_job("jobA");
     if (!c) return;
@@ -521,9 +574,9 @@ static void test_job_delete(void) {
     ctl_t *b = connect_job("jobB");
     ctl_t *ab = connect_job("jobAB"); /* shares a textual prefix with jobA */
     if (!a || !b || !ab) goto out;
-    CHECK(ctl_config_set(b, "world", "2") == 0, "%s", ctl_last_error(b));
+    CHECK(ctl_config_set(b, CFG_T0_MS, "2") == 0, "%s", ctl_last_error(b));
     CHECK(ctl_epoch_incr(b) == 1, "jobB epoch");
-    CHECK(ctl_config_set(ab, "world", "8") == 0, "%s", ctl_last_error(ab));
+    CHECK(ctl_config_set(ab, CFG_T0_MS, "8") == 0, "%s", ctl_last_error(ab));
     /* jobA: one of each key family, plus many keys so SCAN needs several pages. */
     long id = ctl_new_proc_id(a);
     CHECK(ctl_heartbeat(a, id, 60000) == 0 && ctl_spare_add(a, id) == 0, "%s", ctl_last_error(a));
@@ -533,7 +586,7 @@ static void test_job_delete(void) {
     CHECK(ctl_job_delete(a) == 0, "%s", ctl_last_error(a));
 
     char v[32];
-    CHECK(ctl_config_get(a, "world", v, sizeof v) == -1, "jobA config survived");
+    CHECK(ctl_config_get(a, CFG_T0_MS, v, sizeof v) == -1, "jobA config survived");
     CHECK(ctl_epoch(a) == 0, "jobA epoch survived");
     CHECK(ctl_alive(a, id) == 0 && ctl_alive(a, 100000 + 2499) == 0, "jobA heartbeats survived");
     CHECK(ctl_spare_count(a) == 0, "jobA spares survived");
@@ -541,9 +594,9 @@ static void test_job_delete(void) {
     CHECK(ctl_state_get(a, v, sizeof v) == 0 && v[0] == '\0', "jobA state survived: '%s'", v);
     CHECK(ctl_drain(a, KEY_EVENTS, 10, NULL, NULL) == 0, "jobA events survived");
 
-    CHECK(ctl_config_get(b, "world", v, sizeof v) == 0 && strcmp(v, "2") == 0, "jobB config lost");
+    CHECK(ctl_config_get(b, CFG_T0_MS, v, sizeof v) == 0 && strcmp(v, "2") == 0, "jobB config lost");
     CHECK(ctl_epoch(b) == 1, "jobB epoch lost");
-    CHECK(ctl_config_get(ab, "world", v, sizeof v) == 0 && strcmp(v, "8") == 0, "jobAB config lost");
+    CHECK(ctl_config_get(ab, CFG_T0_MS, v, sizeof v) == 0 && strcmp(v, "8") == 0, "jobAB config lost");
     CHECK(ctl_job_delete(b) == 0 && ctl_job_delete(ab) == 0, "cleanup");
 out:
     ctl_close(a);
@@ -737,6 +790,7 @@ int main(void) {
     RUN_TEST(test_bulk_and_batches);
     RUN_TEST(test_heartbeat_ttl);
     RUN_TEST(test_epoch);
+    RUN_TEST(test_stored_integers_refused);
     RUN_TEST(test_lease_fencing);
     RUN_TEST(test_state);
     RUN_TEST(test_key_patterns_and_lists);

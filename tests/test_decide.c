@@ -542,6 +542,12 @@ static void test_resume_choose(void) {
     CHECK(resume_choose(e, 3, 4, why, sizeof why) == -1, "malformed and out-of-range entries count for nothing");
     const char *f[] = {"149:1;99:0,1", "149:0;99:2,3"};
     CHECK(resume_choose(f, 2, 2, why, sizeof why) == 149, "the newest covered step wins (2 ranks)");
+    /* Each inventory is protocol.h's text: one the parser refuses counts for nothing, and why says so. */
+    const char *g[] = {"99:0,1", "99:1,0;49:0,1"};
+    CHECK(resume_choose(g, 2, 2, why, sizeof why) == 99 && strstr(why, "inventory 2 of 2 refused") &&
+              strstr(why, "ascending"), "a refused inventory: %s", why);
+    const char *h[] = {"49:0,1;99:0,1"};
+    CHECK(resume_choose(h, 1, 2, why, sizeof why) == -1 && strstr(why, "newest first"), "steps out of order: %s", why);
 }
 
 /* Reports (recovery.h): every kind and phase round-trips, text with any byte but NUL included. */

@@ -54,6 +54,21 @@ static void test_key_names_unchanged(void) {
     CHECK(strlen(s) == 7 && !strncmp(s, "e123456", 7), "truncated key '%s'", s);
 }
 
+/* The hashes' field names as they were spelled at the call sites before the enums. */
+static void test_field_names_unchanged(void) {
+    static const char *const config[CFG_FIELDS] = {[CFG_CONFIG] = "config", [CFG_SECRET] = "secret", [CFG_T0_MS] = "t0_ms"};
+    static const char *const proc[PROC_FIELDS] = {[PROC_REPLICA] = "replica", [PROC_HOST] = "host", [PROC_NODE] = "node",
+                                                  [PROC_PID] = "pid", [PROC_HELD] = "held"};
+    for (int f = 0; f < CFG_FIELDS; f++)
+        CHECK(config[f] && !strcmp(ctl_config_field_name((ctl_config_field)f), config[f]), "config field %d: '%s'", f,
+              ctl_config_field_name((ctl_config_field)f));
+    for (int f = 0; f < PROC_FIELDS; f++)
+        CHECK(proc[f] && !strcmp(ctl_proc_field_name((ctl_proc_field)f), proc[f]), "process field %d: '%s'", f,
+              ctl_proc_field_name((ctl_proc_field)f));
+    CHECK(!strcmp(ctl_config_field_name(CFG_FIELDS), "?") && !strcmp(ctl_proc_field_name((ctl_proc_field)-1), "?"),
+          "a field outside the enum has a name");
+}
+
 static void test_integers(void) {
     long long v;
     CHECK(proto_int_format(-42, buf, sizeof buf) == 0 && !strcmp(buf, "-42"), "format: '%s'", buf);
@@ -238,8 +253,67 @@ static void test_held_and_state(void) {
           "error: %s", err);
 }
 
+/* KEY_INVENTORY's values: what checkpoint_inventory writes round-trips; every departure from
+ * the grammar (order, ranges, empty parts, too many entries) is refused with the group named. */
+static void test_inventory(void) {
+    InventoryEntry e[8], back[8];
+    static const InventoryEntry w[] = {{149, 0}, {149, 1}, {149, 3}, {99, 2}, {0, 1023}};
+    CHECK(inventory_format(w, 5, buf, sizeof buf) == 0 && !strcmp(buf, "149:0,1,3;99:2;0:1023"), "format: '%s'", buf);
+    int same = inventory_parse(buf, back, 8, err, sizeof err) == 5;
+    for (int i = 0; same && i < 5; i++) same = back[i].step == w[i].step && back[i].rank == w[i].rank;
+    CHECK(same, "round trip: %s", err);
+    CHECK(inventory_format(w, 0, buf, sizeof buf) == 0 && !buf[0] && inventory_parse("", e, 8, err, sizeof err) == 0,
+          "no checkpoint: '%s'", buf);
+    static const struct {
+        const char *in, *want;
+    } bad[] = {
+        {"99:1;149:0", "group 2: expected a step below 99 (newest first), found 149"},
+        {"99:1;99:2", "group 2: expected a step below 99"},
+        {"99:1,0", "group 1 (step 99): expected a rank above 1 (ascending), found 0"},
+        {"99:1,1", "expected a rank above 1"},
+        {"99:", "group 1 (step 99): expected a rank in [0, 1024), found ''"},
+        {"99:1,", "found ''"},
+        {"99:1;", "group 2 is empty"},
+        {";99:1", "group 1: expected STEP:R,R,..."},
+        {"x:1", "group 1: expected STEP:R,R,... (step >= 0), found 'x:1'"},
+        {"-1:0", "group 1: expected STEP:R,R,..."},
+        {"99:1024", "expected a rank in [0, 1024), found '1024'"},
+        {"99:+1", "found '+1'"},
+        {"99 :1", "group 1: expected STEP"},
+        {"99:1,2,3,4,5,6,7,8,9", "more than 8 entries"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(e, 0xff, sizeof e);
+        err[0] = 0;
+        int rc = inventory_parse(bad[i].in, e, 8, err, sizeof err);
+        int zeroed = 1;
+        for (int j = 0; j < 8; j++) zeroed &= e[j].step == 0 && e[j].rank == 0;
+        CHECK(rc == -1 && strstr(err, "inventory: ") && strstr(err, bad[i].want) && zeroed,
+              "'%s': %d, %s", bad[i].in, rc, err);
+    }
+    static const InventoryEntry unordered[] = {{99, 1}, {149, 0}}, dup[] = {{99, 1}, {99, 1}}, neg[] = {{99, -1}},
+                                 negstep[] = {{-1, 0}};
+    CHECK(inventory_format(unordered, 2, buf, sizeof buf) == -1 && inventory_format(dup, 2, buf, sizeof buf) == -1 &&
+              inventory_format(neg, 1, buf, sizeof buf) == -1 && inventory_format(negstep, 1, buf, sizeof buf) == -1,
+          "entries the parser refuses format");
+    char tiny[6];
+    CHECK(inventory_format(w, 5, tiny, sizeof tiny) == -1, "a buffer too small");
+}
+
+/* The collective rendezvous's keys under KEY_GLOO's prefix (comm_gloo.cc's, the coordinator's
+ * wake-up pushes): the names Redis holds, a key that does not fit refused. */
+static void test_rendezvous_keys(void) {
+    char k[64];
+    CHECK(proto_rdzv_key(k, sizeof k, "dp:j:e3:gloo", PROTO_RDZV_MEMBER, 5) == 0 && !strcmp(k, "dp:j:e3:gloo/m/5"), "member '%s'", k);
+    CHECK(proto_rdzv_key(k, sizeof k, "dp:j:e3:gloo", PROTO_RDZV_ARRIVALS, 5) == 0 && !strcmp(k, "dp:j:e3:gloo/n"), "arrivals '%s'", k);
+    CHECK(proto_rdzv_key(k, sizeof k, "dp:j:e3:gloo", PROTO_RDZV_WAKE, 12) == 0 && !strcmp(k, "dp:j:e3:gloo/w/12"), "wake '%s'", k);
+    CHECK(proto_rdzv_key(k, 10, "dp:j:e3:gloo", PROTO_RDZV_WAKE, 12) == -1 && !k[0], "a key that does not fit: '%s'", k);
+    CHECK(proto_rdzv_key(k, sizeof k, "p", (proto_rdzv)7, 1) == -1 && !k[0], "no such key: '%s'", k);
+}
+
 int main(void) {
     RUN_TEST(test_key_names_unchanged);
+    RUN_TEST(test_field_names_unchanged);
     RUN_TEST(test_integers);
     RUN_TEST(test_fault_record);
     RUN_TEST(test_persist_request);
@@ -247,5 +321,7 @@ int main(void) {
     RUN_TEST(test_exit_record);
     RUN_TEST(test_launcher_lease_endpoint);
     RUN_TEST(test_held_and_state);
+    RUN_TEST(test_inventory);
+    RUN_TEST(test_rendezvous_keys);
     TEST_MAIN_END();
 }

@@ -76,6 +76,7 @@ static int copy_checked(char *dst, size_t cap, const char *src, size_t n) {
     return 0;
 }
 
+/* A URL's port (stored values are parsed by protocol.h's proto_int_parse: reply_int). */
 static int parse_long(const char *s, size_t n, long *out) {
     char buf[32];
     if (n == 0 || n >= sizeof buf) return -1;
@@ -720,7 +721,25 @@ static const char *const KEY_NAMES[KEY_COUNT] = {
     [KEY_OWN_STATE] = "own:#",
     [KEY_GEN_BYTES] = "gen_bytes:#",
 };
+/* The fields of the two hashes (control.h: ctl_config_field, ctl_proc_field). */
+static const char *const CONFIG_FIELD_NAMES[CFG_FIELDS] = {
+    [CFG_CONFIG] = "config",
+    [CFG_SECRET] = "secret",
+    [CFG_T0_MS] = "t0_ms",
+};
+static const char *const PROC_FIELD_NAMES[PROC_FIELDS] = {
+    [PROC_REPLICA] = "replica",
+    [PROC_HOST] = "host",
+    [PROC_NODE] = "node",
+    [PROC_PID] = "pid",
+    [PROC_HELD] = "held",
+};
 /* --- END the key table ----------------------------------------------------------------- */
+
+const char *ctl_config_field_name(ctl_config_field f) {
+    return (int)f >= 0 && f < CFG_FIELDS ? CONFIG_FIELD_NAMES[f] : "?";
+}
+const char *ctl_proc_field_name(ctl_proc_field f) { return (int)f >= 0 && f < PROC_FIELDS ? PROC_FIELD_NAMES[f] : "?"; }
 
 /* Key k's suffix into buf: its numbers a then b, or '*' for each when pattern. */
 static const char *expand_key(char *buf, size_t len, ctl_key k, long long a, long long b, int pattern) {
@@ -764,24 +783,61 @@ static int copy_reply_string(ctl_t *c, const redisReply *r, char *out, size_t le
     return 0;
 }
 
+/* A stored integer (protocol.h's proto_int_parse: `what` in [lo, hi]) from a string reply.
+ * 0, or -1 with c's error naming the value and what was found (c NULL: no error kept, for
+ * the bulk reads that take a bad value as none). */
+static int reply_int(ctl_t *c, const redisReply *r, const char *what, long long lo, long long hi, long long *v) {
+    char err[CTL_ERR_MAX];
+    *v = 0;
+    if (r->type != REDIS_REPLY_STRING) {
+        if (c) ctl_set_error(c, "%s: expected a string reply, found type %d", what, r->type);
+        return -1;
+    }
+    if (strlen(r->str) != r->len) { /* a NUL byte inside: not what any writer wrote */
+        if (c) ctl_set_error(c, "%s: expected an integer, found a value with a NUL byte", what);
+        return -1;
+    }
+    if (proto_int_parse(r->str, what, lo, hi, v, err, sizeof err) != 0) {
+        if (c) ctl_set_error(c, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------- */
 /* configuration, membership, heartbeats, epoch, state                                    */
 /* ------------------------------------------------------------------------------------- */
 
-int ctl_config_set(ctl_t *c, const char *field, const char *value) {
+/* A field of ctl_config_field / ctl_proc_field: its name, or NULL with c's error set. */
+static const char *config_field(ctl_t *c, ctl_config_field f) {
+    if ((int)f >= 0 && f < CFG_FIELDS) return CONFIG_FIELD_NAMES[f];
+    ctl_set_error(c, "config field %d: not a ctl_config_field", (int)f);
+    return NULL;
+}
+static const char *proc_field(ctl_t *c, ctl_proc_field f) {
+    if ((int)f >= 0 && f < PROC_FIELDS) return PROC_FIELD_NAMES[f];
+    ctl_set_error(c, "process field %d: not a ctl_proc_field", (int)f);
+    return NULL;
+}
+
+int ctl_config_set(ctl_t *c, ctl_config_field f, const char *value) {
     char key[CTL_KEY_MAX];
+    const char *field = config_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
-int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len) {
+int ctl_config_get(ctl_t *c, ctl_config_field f, char *value, size_t len) {
     char key[CTL_KEY_MAX];
+    const char *field = config_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     redisReply *r = ctl_command(c, "HGET %s %s", key, field);
     if (!r) return -1;
     int rc = -1;
     if (r->type == REDIS_REPLY_STRING)
-        rc = copy_reply_string(c, r, value, len, "config");
+        rc = copy_reply_string(c, r, value, len, field);
     else
         ctl_set_error(c, "config field '%s' is not set", field);
     freeReplyObject(r);
@@ -814,11 +870,8 @@ long ctl_rank_owner(ctl_t *c, int rank) {
     make_key(c, key, sizeof key, KEY_RANK, rank, 0);
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
-    long owner = 0;
-    if (r->type == REDIS_REPLY_STRING && parse_long(r->str, r->len, &owner) != 0) {
-        ctl_set_error(c, "rank %d: owner '%.*s' is not a process id", rank, (int)r->len, r->str);
-        owner = -1;
-    }
+    long long owner = 0;
+    if (r->type == REDIS_REPLY_STRING && reply_int(c, r, "rank owner", 0, LONG_MAX, &owner) != 0) owner = -1;
     freeReplyObject(r);
     return owner;
 }
@@ -857,28 +910,31 @@ int ctl_spare_list(ctl_t *c, long *ids, int max) {
     if (!r) return -1;
     int n = 0;
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && n < max; i++) {
-        long id;
-        if (r->element[i]->type == REDIS_REPLY_STRING && parse_long(r->element[i]->str, r->element[i]->len, &id) == 0)
-            ids[n++] = id;
+        long long id;
+        if (reply_int(NULL, r->element[i], "spare", 1, LONG_MAX, &id) == 0) ids[n++] = (long)id;
     }
     freeReplyObject(r);
     qsort(ids, (size_t)n, sizeof *ids, compare_long);
     return n;
 }
 
-int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value) {
+int ctl_proc_set(ctl_t *c, long proc_id, ctl_proc_field f, const char *value) {
     char key[CTL_KEY_MAX];
+    const char *field = proc_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_PROC, proc_id, 0);
     return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
 }
 
-int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len) {
+int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field f, char *value, size_t len) {
     char key[CTL_KEY_MAX];
+    const char *field = proc_field(c, f);
+    if (!field) return -1;
     make_key(c, key, sizeof key, KEY_PROC, proc_id, 0);
     redisReply *r = ctl_command(c, "HGET %s %s", key, field);
     if (!r) return -1;
     int rc = -1;
-    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, "proc");
+    if (r->type == REDIS_REPLY_STRING) rc = copy_reply_string(c, r, value, len, field);
     else ctl_set_error(c, "process %ld has no '%s'", proc_id, field);
     freeReplyObject(r);
     return rc;
@@ -918,8 +974,8 @@ long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
         redisReply *r = ctl_mget(c, keys, n);
         if (!r) return -2;
         for (size_t i = 0; i < r->elements; i++) {
-            long v;
-            if (r->element[i]->type != REDIS_REPLY_STRING || parse_long(r->element[i]->str, r->element[i]->len, &v) != 0) {
+            long long v;
+            if (reply_int(NULL, r->element[i], "committed", 0, LLONG_MAX, &v) != 0) {
                 min = -1; /* a rank has committed nothing */
                 continue;
             }
@@ -1033,9 +1089,9 @@ long ctl_wait_notice(ctl_t *c, long proc_id, ctl_key list, int timeout_ms) {
     snprintf(timeout, sizeof timeout, "%.3f", timeout_ms / 1000.0);
     redisReply *r = ctl_command(c, "BLPOP %s %s", key, timeout);
     if (!r) return -1;
-    long v = 0;
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING &&
-        parse_long(r->element[1]->str, r->element[1]->len, &v) != 0)
+    long long v = 0;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        reply_int(c, r->element[1], list == KEY_NOTICE ? "notice" : "abort notice", -1, LONG_MAX, &v) != 0)
         v = -1;
     freeReplyObject(r);
     return v;
@@ -1065,9 +1121,9 @@ int ctl_rank_owners(ctl_t *c, int nranks, long *procs) {
         if (!r) return -1;
         for (int i = 0; i < m; i++) {
             const redisReply *e = r->element[i];
-            long v = 0;
-            if (e->type == REDIS_REPLY_STRING && (parse_long(e->str, e->len, &v) != 0 || v < 0)) v = 0;
-            procs[base + i] = v;
+            long long v = 0;
+            if (e->type == REDIS_REPLY_STRING && reply_int(NULL, e, "rank owner", 0, LONG_MAX, &v) != 0) v = 0;
+            procs[base + i] = (long)v;
         }
         freeReplyObject(r);
     }
@@ -1136,12 +1192,15 @@ static void copy_proc_fields(int i, const redisReply *r, void *arg) {
     }
 }
 
-int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fields, int nfields, char *values,
+int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const ctl_proc_field *fields, int nfields, char *values,
                       size_t len) {
     if (nfields < 1 || nfields > 8 || len == 0) {
         ctl_set_error(c, "ctl_proc_get_many: %d fields, %zu-byte values", nfields, len);
         return -1;
     }
+    const char *names[8];
+    for (int f = 0; f < nfields; f++)
+        if (!(names[f] = proc_field(c, fields[f]))) return -1;
     for (size_t i = 0; i < (size_t)n * (size_t)nfields; i++) values[i * len] = '\0';
     if (n <= 0) return 0;
     if (ensure_connected(c) != 0) return -1;
@@ -1151,7 +1210,7 @@ int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fie
         make_key(c, key, sizeof key, KEY_PROC, procs[i], 0);
         argv[0] = "HMGET";
         argv[1] = key;
-        for (int f = 0; f < nfields; f++) argv[2 + f] = fields[f];
+        for (int f = 0; f < nfields; f++) argv[2 + f] = names[f];
         if (redisAppendCommandArgv(c->rc, 2 + nfields, argv, NULL) != REDIS_OK) {
             ctl_set_error(c, "redis: HMGET: cannot queue the command");
             redisFree(c->rc); /* drop what was queued: the next call reconnects */
@@ -1319,11 +1378,8 @@ long ctl_epoch(ctl_t *c) {
     make_key(c, key, sizeof key, KEY_EPOCH, 0, 0);
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
-    long epoch = 0; /* absent before the first increment */
-    if (r->type == REDIS_REPLY_STRING && parse_long(r->str, r->len, &epoch) != 0) {
-        ctl_set_error(c, "epoch value '%.*s' is not a number", (int)r->len, r->str);
-        epoch = -1;
-    }
+    long long epoch = 0; /* absent before the first increment */
+    if (r->type == REDIS_REPLY_STRING && reply_int(c, r, "epoch", 0, LONG_MAX, &epoch) != 0) epoch = -1;
     freeReplyObject(r);
     return epoch;
 }
@@ -2004,9 +2060,7 @@ int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
         }
         int ok = r->type == REDIS_REPLY_ARRAY && (int)r->elements == n;
         for (int i = 0; ok && i < n; i++)
-            if (r->element[i]->type != REDIS_REPLY_STRING ||
-                proto_int_parse(r->element[i]->str, "committed", 0, LLONG_MAX, &steps[base + i], NULL, 0) != 0)
-                steps[base + i] = -1;
+            if (reply_int(NULL, r->element[i], "committed", 0, LLONG_MAX, &steps[base + i]) != 0) steps[base + i] = -1;
         if (!ok) ctl_set_error(c, "redis: MGET of committed generations: unexpected reply");
         freeReplyObject(r);
         if (!ok) return -1;

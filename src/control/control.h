@@ -48,15 +48,39 @@ void ctl_close(ctl_t *c);
 const char *ctl_job(const ctl_t *c);
 const char *ctl_last_error(const ctl_t *c);
 
-/* Job configuration: a string-valued hash dp:{job}:config. Return 0 / -1 (-1 also when absent). */
-int ctl_config_set(ctl_t *c, const char *field, const char *value);
-int ctl_config_get(ctl_t *c, const char *field, char *value, size_t len);
+/* The fields of the job's two hashes, named by these enums at every call site: their names
+ * are spelled beside control.c's key table only (tests/e2e_code.sh checks that no call hands
+ * a literal field to ctl_config_* / ctl_proc_*); their values' formats are protocol.h's. */
+typedef enum {
+    CFG_CONFIG, /* "config": the job's configuration text (job_config_serialize), by the launcher */
+    CFG_SECRET, /* "secret": the replica channel's secret of this incarnation, by the launcher */
+    CFG_T0_MS,  /* "t0_ms": the job's start, wall ms (protocol.h: an integer), by the launcher */
+    CFG_FIELDS
+} ctl_config_field;
+typedef enum {
+    PROC_REPLICA, /* "replica": its replica server (protocol.h: Endpoint) */
+    PROC_HOST,    /* "host": its host name */
+    PROC_NODE,    /* "node": its machine's node id */
+    PROC_PID,     /* "pid": its pid (protocol.h: an integer) */
+    PROC_HELD,    /* "held": the newest generation it holds of each other rank (protocol.h: held_format) */
+    PROC_FIELDS
+} ctl_proc_field;
+/* The field's name in Redis ("?" for none). */
+const char *ctl_config_field_name(ctl_config_field f);
+const char *ctl_proc_field_name(ctl_proc_field f);
+
+/* Job configuration: the hash dp:{job}:config (KEY_CONFIG). Return 0 / -1 (-1 also when absent,
+ * or for a field that is none of ctl_config_field). */
+int ctl_config_set(ctl_t *c, ctl_config_field field, const char *value);
+int ctl_config_get(ctl_t *c, ctl_config_field field, char *value, size_t len);
 
 /* A fresh process id, unique within the job (INCR dp:{job}:procs). -1 on error. */
 long ctl_new_proc_id(ctl_t *c);
 /* Claims worker rank `rank` for proc_id if free (SET NX). 1 claimed, 0 taken, -1 error. */
 int ctl_claim_rank(ctl_t *c, int rank, long proc_id);
-/* proc id holding `rank`, 0 if none, -1 on error. */
+/* proc id holding `rank`, 0 if none, -1 on error (also for a value protocol.h's integer
+ * grammar refuses: ctl_last_error names it). Every integer this file reads from Redis (owners,
+ * spares, epoch, committed generations, wake-ups) is read with proto_int_parse. */
 long ctl_rank_owner(ctl_t *c, int rank);
 /* Adds / removes proc_id to / from the spare pool (a set). 0 / -1. */
 int ctl_spare_add(ctl_t *c, long proc_id);
@@ -67,9 +91,10 @@ long ctl_spare_count(ctl_t *c);
 /* Sorted proc ids of the spare pool into ids (up to max). Returns the count, -1 on error. */
 int ctl_spare_list(ctl_t *c, long *ids, int max);
 
-/* Per-process facts (hash dp:{job}:proc:{id}): e.g. "replica" = "host:port", "host". 0 / -1. */
-int ctl_proc_set(ctl_t *c, long proc_id, const char *field, const char *value);
-int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t len);
+/* Per-process facts (the hash dp:{job}:proc:{id}, KEY_PROC): its fields are ctl_proc_field's.
+ * 0 / -1 (-1 also when absent). */
+int ctl_proc_set(ctl_t *c, long proc_id, ctl_proc_field field, const char *value);
+int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field field, char *value, size_t len);
 
 /* The job's key schema: every key is "dp:{job}:" + one of these suffixes. Their names are
  * spelled in one place only, control.c's key table (tests/e2e_code.sh checks that no other
@@ -77,11 +102,11 @@ int ctl_proc_get(ctl_t *c, long proc_id, const char *field, char *value, size_t 
  * docs/DESIGN.md lists each key's owner and readers. a and b are the numbers a key carries
  * (epoch, rank, step, index, process id), in the order of the comment. */
 typedef enum {
-    KEY_CONFIG,       /* config — hash: "config" (the job's configuration text), "secret", "t0_ms" */
+    KEY_CONFIG,       /* config — hash: ctl_config_field's fields (the job's configuration text, secret, start) */
     KEY_PROCS,        /* procs — the process-id counter (INCR) */
     KEY_RANK,         /* rank:RANK — the process id owning RANK */
     KEY_SPARES,       /* spares — set of the spare pool's process ids */
-    KEY_PROC,         /* proc:PROC — hash: PROC's facts ("replica", "host", "node", "pid", "held") */
+    KEY_PROC,         /* proc:PROC — hash: PROC's facts, ctl_proc_field's fields */
     KEY_COMMITTED,    /* eEPOCH:committed:RANK — RANK's newest committed generation in EPOCH */
     KEY_EPOCH,        /* epoch — the membership epoch */
     KEY_NOTICE,       /* notice:PROC — list: wake-ups of PROC (a decision is out: its epoch) */
@@ -225,8 +250,9 @@ int ctl_epoch_set(ctl_t *c, long epoch);
 
 /* Wake-ups: the coordinator pushes a value to one of a process's lists (KEY_NOTICE: a decision
  * is out; KEY_ABORT: abandon the step in flight); the process waits on it with BLPOP.
- * ctl_wait_notice returns the value, 0 on timeout, -1 on error (also for a list that is
- * neither). */
+ * The value is an epoch (KEY_NOTICE: -1 also, the coordinator's persist request); ctl_wait_notice
+ * returns it, 0 on timeout, -1 on error (also for a list that is neither, or a value that is
+ * not an integer in [-1, LONG_MAX]: ctl_last_error names it). */
 int ctl_notify(ctl_t *c, long proc_id, ctl_key list, long value);
 long ctl_wait_notice(ctl_t *c, long proc_id, ctl_key list, int timeout_ms);
 
@@ -239,7 +265,7 @@ int ctl_rank_owners(ctl_t *c, int nranks, long *procs);
 /* Fields of many processes' hashes in one pipeline of HMGETs: the value of fields[f] of
  * procs[i] goes to values + (i * nfields + f) * len, "" when absent or longer than len - 1.
  * 0 / -1. */
-int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const char *const *fields, int nfields, char *values,
+int ctl_proc_get_many(ctl_t *c, const long *procs, int n, const ctl_proc_field *fields, int nfields, char *values,
                       size_t len);
 /* Plain job keys dp:{job}:{suffixes[i]} (MGET): values + i * len, "" when absent (present[i]
  * = 0; present may be NULL). 0 / -1. */

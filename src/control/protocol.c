@@ -454,6 +454,100 @@ int held_parse(const char *s, HeldGen *h, int max, char *err, size_t errlen) {
     return k;
 }
 
+/* --- KEY_INVENTORY's values ------------------------------------------------------------- */
+
+/* Entry i follows entry i - 1 in the grammar's order: a lower step, or the same step and a
+ * higher rank. */
+static int inventory_in_order(const InventoryEntry *e, int i) {
+    return i == 0 || e[i].step < e[i - 1].step || (e[i].step == e[i - 1].step && e[i].rank > e[i - 1].rank);
+}
+
+int inventory_format(const InventoryEntry *e, int n, char *buf, size_t len) {
+    size_t used = 0;
+    if (len == 0) return -1;
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (e[i].step < 0 || e[i].rank < 0 || e[i].rank >= DP_MAX_RANKS || !inventory_in_order(e, i)) return -1;
+        int rc = i > 0 && e[i].step == e[i - 1].step ? put(buf, len, &used, ",%d", e[i].rank)
+                                                     : put(buf, len, &used, "%s%" PRId64 ":%d", i ? ";" : "", e[i].step, e[i].rank);
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+int inventory_parse(const char *s, InventoryEntry *e, int max, char *err, size_t errlen) {
+    int k = 0, group = 0;
+    const char *p = s;
+    while (*p) {
+        const char *semi = strchr(p, ';');
+        size_t gn = semi ? (size_t)(semi - p) : strlen(p);
+        const char *colon = memchr(p, ':', gn);
+        long long step;
+        group++;
+        if (!colon || int_field((Field){p, (size_t)(colon - p)}, 0, INT64_MAX, &step) != 0) {
+            memset(e, 0, sizeof *e * (size_t)max);
+            return set_err(err, errlen, "inventory: group %d: expected STEP:R,R,... (step >= 0), found '%.*s'", group,
+                           Q(gn), p), -1;
+        }
+        if (k > 0 && step >= e[k - 1].step) {
+            long long prev = e[k - 1].step;
+            memset(e, 0, sizeof *e * (size_t)max);
+            return set_err(err, errlen, "inventory: group %d: expected a step below %lld (newest first), found %lld",
+                           group, prev, step), -1;
+        }
+        const char *r = colon + 1, *end = p + gn;
+        for (int first = 1;; first = 0) {
+            const char *comma = memchr(r, ',', (size_t)(end - r));
+            Field f = {r, comma ? (size_t)(comma - r) : (size_t)(end - r)};
+            long long rank;
+            if (int_field(f, 0, DP_MAX_RANKS - 1, &rank) != 0) {
+                memset(e, 0, sizeof *e * (size_t)max);
+                return set_err(err, errlen, "inventory: group %d (step %lld): expected a rank in [0, %d), found '%.*s'",
+                               group, step, DP_MAX_RANKS, Q(f.n), f.s), -1;
+            }
+            if (!first && rank <= e[k - 1].rank) {
+                int prev = e[k - 1].rank;
+                memset(e, 0, sizeof *e * (size_t)max);
+                return set_err(err, errlen, "inventory: group %d (step %lld): expected a rank above %d (ascending), found %lld",
+                               group, step, prev, rank), -1;
+            }
+            if (k == max) {
+                memset(e, 0, sizeof *e * (size_t)max);
+                return set_err(err, errlen, "inventory: more than %d entries", max), -1;
+            }
+            e[k].step = step;
+            e[k].rank = (int)rank;
+            k++;
+            if (!comma) break;
+            r = comma + 1;
+        }
+        if (!semi) break;
+        p = semi + 1;
+        if (!*p) {
+            memset(e, 0, sizeof *e * (size_t)max);
+            return set_err(err, errlen, "inventory: group %d is empty (a trailing ';')", group + 1), -1;
+        }
+    }
+    return k;
+}
+
+/* --- the collective rendezvous's keys ------------------------------------------------------ */
+
+int proto_rdzv_key(char *buf, size_t len, const char *prefix, proto_rdzv which, int rank) {
+    size_t used = 0;
+    int rc = -1;
+    if (len == 0) return -1;
+    buf[0] = 0;
+    if (!prefix) prefix = "";
+    switch (which) {
+    case PROTO_RDZV_MEMBER: rc = put(buf, len, &used, "%s/m/%d", prefix, rank); break;
+    case PROTO_RDZV_ARRIVALS: rc = put(buf, len, &used, "%s/n", prefix); break;
+    case PROTO_RDZV_WAKE: rc = put(buf, len, &used, "%s/w/%d", prefix, rank); break;
+    }
+    if (rc != 0) buf[0] = 0;
+    return rc;
+}
+
 /* --- KEY_STATE ------------------------------------------------------------------------- */
 
 static const char *const JOB_STATE_NAMES[JOB_STATES] = {"running", "stopping", "done", "failed"};

@@ -1,8 +1,9 @@
 /* protocol.h — the values the control plane keeps in Redis: for each, a typed struct (or a
  * plain integer) and one format/parse pair, used by its writer and its readers alike. The
- * keys themselves are control.h's ctl_key (their names: control.c's key table); decisions,
- * replica-holder lists and reports are recovery.h's; docs/DESIGN.md ("The control plane's
- * protocol") lists every key with its owner, its readers and its value's format.
+ * keys themselves are control.h's ctl_key, the hashes' fields its ctl_config_field and
+ * ctl_proc_field (their names: control.c's key table); decisions, replica-holder lists and
+ * reports are recovery.h's; docs/DESIGN.md ("The control plane's protocol") lists every key
+ * with its owner, its readers and its value's format.
  *
  * The contract of every pair, held by tests/test_protocol.c and tests/fuzz/fuzz_protocol.c:
  *  - a parser takes the whole value (NUL-terminated, as Redis hands it over), accepts exactly
@@ -20,12 +21,17 @@
 
 #include "config.h" /* DP_MAX_RANKS */
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* --- integers -------------------------------------------------------------------------
  * Decimal, an optional '-' then 1 to 19 digits, nothing else (no sign '+', no space), in
  * [lo, hi]. The integer-valued keys: KEY_EPOCH, KEY_PROCS, KEY_RANK (a process id),
  * KEY_COMMITTED, KEY_LAST_STEP, KEY_PERSIST_COMPLETE, KEY_GEN_BYTES, KEY_LAUNCHER_SEEN,
- * KEY_NODE_COUNT, KEY_COORD_TOKEN, the values of KEY_NODES, the config field "t0_ms" and the
- * process field "pid". `what` names the value in the error ("epoch", "last_step"...). */
+ * KEY_NODE_COUNT, KEY_COORD_TOKEN, the members of KEY_SPARES, the values of KEY_NODES, the
+ * wake-ups on KEY_NOTICE and KEY_ABORT, the config field CFG_T0_MS and the process field
+ * PROC_PID. `what` names the value in the error ("epoch", "last_step"...). */
 int proto_int_format(long long v, char *buf, size_t len);
 int proto_int_parse(const char *s, const char *what, long long lo, long long hi, long long *v, char *err, size_t errlen);
 
@@ -124,7 +130,7 @@ typedef struct {
 int lease_value_format(const LeaseValue *l, char *buf, size_t len);
 int lease_value_parse(const char *s, LeaseValue *l, char *err, size_t errlen);
 
-/* --- "HOST:PORT": a process's "replica" field (its replica server), KEY_RESUME_HOLDER ------
+/* --- "HOST:PORT": a process's PROC_REPLICA field (its replica server), KEY_RESUME_HOLDER --
  * HOST 1 to 255 bytes without control characters (split at the last ':', so an IPv6
  * address without brackets works), PORT in [1, 65535]. */
 typedef struct {
@@ -135,7 +141,7 @@ typedef struct {
 int endpoint_format(const Endpoint *e, char *buf, size_t len);
 int endpoint_parse(const char *s, Endpoint *e, char *err, size_t errlen);
 
-/* --- a process's "held" field: "R:STEP:EPOCH,R:STEP:EPOCH,..." -----------------------------
+/* --- a process's PROC_HELD field: "R:STEP:EPOCH,R:STEP:EPOCH,..." -------------------------
  * The newest generation this process holds of each other rank, republished after an outage
  * (read by the coordinator: what a rank that died meanwhile can be restored from). 0 to max
  * entries, R in [0, DP_MAX_RANKS), STEP >= -1, EPOCH >= 0; single commas. held_parse returns
@@ -149,10 +155,43 @@ typedef struct {
 int held_format(const HeldGen *h, int n, char *buf, size_t len);
 int held_parse(const char *s, HeldGen *h, int max, char *err, size_t errlen);
 
+/* --- KEY_INVENTORY's values: "STEP:R,R,...;STEP:R,..." ---------------------------------
+ * The checkpoints on one machine's disk (its --resume directory): written by its launcher
+ * (checkpoint_inventory), read by the first machine's (decide.h: resume_choose). Groups
+ * separated by single ';', newest first: STEP (a 0-based step, >= 0, each below the previous
+ * group's), ':', then 1 or more ranks in [0, DP_MAX_RANKS), ascending, separated by single
+ * ','; "" says no checkpoint. Held as a flat list of (step, rank) entries in that order (a
+ * group's ranks in a row): inventory_parse returns the number of entries (at most max; more
+ * is refused), or -1; inventory_format refuses entries out of that order. */
+typedef struct {
+    int64_t step;
+    int rank;
+} InventoryEntry;
+#define INVENTORY_TEXT_MAX 8192                        /* one machine's inventory, in Redis */
+#define INVENTORY_ENTRIES_MAX (INVENTORY_TEXT_MAX / 2) /* what INVENTORY_TEXT_MAX bytes can list */
+int inventory_format(const InventoryEntry *e, int n, char *buf, size_t len);
+int inventory_parse(const char *s, InventoryEntry *e, int max, char *err, size_t errlen);
+
+/* --- the collective rendezvous's keys, under KEY_GLOO's prefix --------------------------
+ * comm_gloo.cc's rendezvous (comm.h: comm_create) keeps, under the prefix it is given
+ * (ctl_key_full(KEY_GLOO): "dp:JOB:eEPOCH:gloo"), "PREFIX/m/RANK" (hash: RANK's addresses for
+ * each peer, and PROTO_RDZV_HOST_FIELD its host), "PREFIX/n" (the arrivals counter) and
+ * "PREFIX/w/RANK" (list: RANK's wake-ups; the coordinator pushes COMM_WAKE_ABORT there when
+ * it closes the epoch). proto_rdzv_key writes one into buf (rank ignored for PROTO_RDZV_ARRIVALS)
+ * and returns buf; 0, or -1 when it does not fit (buf then holds ""). C and C++ alike. */
+typedef enum { PROTO_RDZV_MEMBER, PROTO_RDZV_ARRIVALS, PROTO_RDZV_WAKE } proto_rdzv;
+#define PROTO_RDZV_HOST_FIELD "host"
+#define PROTO_RDZV_KEY_MAX 512
+int proto_rdzv_key(char *buf, size_t len, const char *prefix, proto_rdzv which, int rank);
+
 /* --- KEY_STATE: the job's state ------------------------------------------------------------
  * "running", "stopping", "done" or "failed" (ctl_state_set refuses any other text). */
 typedef enum { JOB_STATE_RUNNING, JOB_STATE_STOPPING, JOB_STATE_DONE, JOB_STATE_FAILED, JOB_STATES } job_state;
 const char *job_state_name(job_state s);
 int job_state_parse(const char *s, job_state *st, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

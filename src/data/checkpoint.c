@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "checksum.h"
+#include "protocol.h"
 #include "util.h"
 
 #define KEEP_CHECKPOINTS 2
@@ -380,20 +381,24 @@ static int step_dirs(const char *dir, int64_t *steps, int max) {
 
 int checkpoint_inventory(const char *dir, char *out, size_t len) {
     int64_t steps[4096];
-    int n = step_dirs(dir, steps, 4096);
-    size_t used = 0;
-    out[0] = 0;
-    for (int i = 0; i < n; i++) {
-        char d[4096], what[64];
+    int n = step_dirs(dir, steps, 4096), k = 0, rc = 0;
+    InventoryEntry *inv = malloc(sizeof *inv * INVENTORY_ENTRIES_MAX);
+    char *have = malloc(DP_MAX_RANKS);
+    if (len) out[0] = 0;
+    if (!inv || !have) rc = -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (i > 0 && steps[i] == steps[i - 1]) continue; /* two names of one step: listed once */
+        char d[4096];
         step_dir(d, sizeof d, dir, steps[i]);
         DIR *sd = opendir(d);
         if (!sd) continue;
-        int any = 0;
+        memset(have, 0, DP_MAX_RANKS);
         struct dirent *e;
         while ((e = readdir(sd)) != NULL) {
             int rank;
             char tail;
             if (sscanf(e->d_name, "rank_%d.stat%c", &rank, &tail) != 2 || tail != 'e' || rank < 0) continue;
+            if (rank >= DP_MAX_RANKS) { log_msg("checkpoint inventory: %s/%s: rank beyond %d", d, e->d_name, DP_MAX_RANKS); continue; }
             SnapHeader h;
             void *payload = NULL;
             char err[256];
@@ -402,17 +407,19 @@ int checkpoint_inventory(const char *dir, char *out, size_t len) {
                 continue;
             }
             free(payload);
-            if (!any) snprintf(what, sizeof what, "%s%lld:%d", used ? ";" : "", (long long)steps[i], rank);
-            else snprintf(what, sizeof what, ",%d", rank);
-            any = 1;
-            size_t w = strlen(what);
-            if (used + w + 1 > len) { closedir(sd); return -1; }
-            memcpy(out + used, what, w + 1);
-            used += w;
+            have[rank] = 1;
         }
         closedir(sd);
+        for (int r = 0; r < DP_MAX_RANKS && rc == 0; r++) /* protocol.h's order: ranks ascending */
+            if (have[r]) {
+                if (k == INVENTORY_ENTRIES_MAX) rc = -1;
+                else inv[k++] = (InventoryEntry){.step = steps[i], .rank = r};
+            }
     }
-    return 0;
+    if (rc == 0) rc = inventory_format(inv, k, out, len);
+    free(inv);
+    free(have);
+    return rc;
 }
 
 int checkpoint_write_config(const char *dir, int64_t step, const char *text, char *err, size_t errlen) {

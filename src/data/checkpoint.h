@@ -51,7 +51,8 @@ int checkpoint_read_state(const char *step_dir, int rank, int64_t step, SnapHead
  * machines together can tell (`deadpool run --resume` gathers their inventories; decide.h's
  * resume_choose picks the step).
  * checkpoint_inventory: for each step directory in DIR, newest first, the ranks whose state
- * file verifies, as "STEP:R,R,...;STEP:..." (0-based steps); 0, or -1 when it does not fit. */
+ * file verifies, as protocol.h's inventory text ("STEP:R,R,...;STEP:...", 0-based steps,
+ * inventory_format); 0, or -1 when it does not fit. */
 int checkpoint_inventory(const char *dir, char *out, size_t len);
 /* Writes config.txt of `step` unless present (atomic). 0 / -1 + err. */
 int checkpoint_write_config(const char *dir, int64_t step, const char *text, char *err, size_t errlen);

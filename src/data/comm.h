@@ -49,7 +49,8 @@ void comm_destroy(comm_t *c);
 
 int comm_rank(const comm_t *c);
 int comm_size(const comm_t *c);
-/* The Redis list that `rank` waits on in the rendezvous under `prefix`. Whoever sets the abort
+/* The Redis list that `rank` waits on in the rendezvous under `prefix` (protocol.h:
+ * proto_rdzv_key's PROTO_RDZV_WAKE; "" when it does not fit in len). Whoever sets the abort
  * key ends a wait at once by pushing COMM_WAKE_ABORT onto it (the key alone is seen within
  * Redis' timer resolution, 100 ms by default). A communicator created with an abort key keeps
  * waiting on that list afterwards (a thread and a Redis connection of its own): the push then

@@ -21,6 +21,7 @@
 //  * size 1: no Gloo, no store; collectives are no-ops or local copies.
 
 #include "comm.h"
+#include "protocol.h"
 #include "redis_connect.h"
 
 #include <algorithm>
@@ -89,9 +90,9 @@ using std::chrono::milliseconds;
 //            `hz`, 10 per second by default, so such a check can take 100 ms: whoever sets the
 //            abort key also pushes onto the lists, comm_wake_key, which ends the wait at once);
 //   fetch    one pipeline: HMGET <prefix>/m/<peer> <rank> host, for every peer.
-// Every round trip first checks the abort key (EXISTS, in the same pipeline), so a closed
-// epoch ends a wait within kAbortCheck. Bytes: each rank writes and reads one address per
-// peer, O(N) per rank.
+// (The keys' names are protocol.h's: proto_rdzv_key.) Every round trip first checks the abort
+// key (EXISTS, in the same pipeline), so a closed epoch ends a wait within kAbortCheck. Bytes:
+// each rank writes and reads one address per peer, O(N) per rank.
 // Gloo's own connectFullMesh instead fetches every peer's whole address list (O(N^2) bytes per
 // rank), one GET after one EXISTS per peer in rank order, polled with sleeps, and connects the
 // pairs one at a time in rank order, so a rank waits on ranks that wait on others.
@@ -131,14 +132,14 @@ class RedisMesh {
     // Publishes this rank's record: addrs[i] is our address for peer i (empty for ourselves).
     // Returns how many ranks had published, ourselves included.
     long long publish(const std::vector<std::vector<char>> &addrs, const std::string &hostname) {
-        std::vector<std::string> hset = {"HSET", key("m/" + std::to_string(rank_)), "host", hostname};
+        std::vector<std::string> hset = {"HSET", key(PROTO_RDZV_MEMBER, rank_), PROTO_RDZV_HOST_FIELD, hostname};
         for (int i = 0; i < size_; i++) {
             if (i == rank_) continue;
             hset.push_back(std::to_string(i));
             hset.push_back(std::string(addrs[i].begin(), addrs[i].end()));
         }
-        Replies r = pipelineUnlessAborted({hset, {"EXPIRE", key("m/" + std::to_string(rank_)), ttl_},
-                                           {"INCR", key("n")}, {"EXPIRE", key("n"), ttl_}});
+        Replies r = pipelineUnlessAborted({hset, {"EXPIRE", key(PROTO_RDZV_MEMBER, rank_), ttl_},
+                                           {"INCR", key(PROTO_RDZV_ARRIVALS)}, {"EXPIRE", key(PROTO_RDZV_ARRIVALS), ttl_}});
         for (size_t i = 0; i < r.size(); i++)
             if (r[i]->type == REDIS_REPLY_ERROR)
                 throw StoreError("redis: publishing the address of rank " + std::to_string(rank_) + " failed: " +
@@ -156,8 +157,8 @@ class RedisMesh {
             std::vector<std::vector<std::string>> cmds;
             for (int i = 0; i < size_; i++) {
                 if (i == rank_) continue;
-                cmds.push_back({"RPUSH", key("w/" + std::to_string(i)), "1"});
-                cmds.push_back({"EXPIRE", key("w/" + std::to_string(i)), ttl_});
+                cmds.push_back({"RPUSH", key(PROTO_RDZV_WAKE, i), "1"});
+                cmds.push_back({"EXPIRE", key(PROTO_RDZV_WAKE, i), ttl_});
             }
             Replies r = pipeline(cmds);
             for (size_t i = 0; i < r.size(); i++)
@@ -166,7 +167,7 @@ class RedisMesh {
             return;
         }
         Clock::time_point deadline = Clock::now() + timeout_;
-        std::string mine = key("w/" + std::to_string(rank_));
+        std::string mine = key(PROTO_RDZV_WAKE, rank_);
         for (;;) {
             Clock::time_point now = Clock::now();
             if (now >= deadline) {
@@ -195,7 +196,7 @@ class RedisMesh {
     void fetch(std::vector<std::vector<char>> &addrs, std::vector<std::string> &hosts) {
         std::vector<std::vector<std::string>> cmds;
         for (int i = 0; i < size_; i++)
-            if (i != rank_) cmds.push_back({"HMGET", key("m/" + std::to_string(i)), std::to_string(rank_), "host"});
+            if (i != rank_) cmds.push_back({"HMGET", key(PROTO_RDZV_MEMBER, i), std::to_string(rank_), PROTO_RDZV_HOST_FIELD});
         Replies r = pipelineUnlessAborted(cmds);
         addrs.assign(size_, {});
         hosts.assign(size_, "");
@@ -224,11 +225,17 @@ class RedisMesh {
     static constexpr milliseconds kAbortCheck{20};
     static constexpr const char *kWakeAbort = COMM_WAKE_ABORT;
 
-    std::string key(const std::string &k) const { return prefix_ + "/" + k; }
+    // One of the rendezvous's keys under the prefix (protocol.h: their names are spelled there).
+    std::string key(proto_rdzv which, int rank = 0) const {
+        char k[PROTO_RDZV_KEY_MAX];
+        if (proto_rdzv_key(k, sizeof k, prefix_.c_str(), which, rank) != 0)
+            throw StoreError("rendezvous " + prefix_ + ": a key longer than " + std::to_string(PROTO_RDZV_KEY_MAX) + " bytes");
+        return k;
+    }
 
     long long arrivals() {
         try {
-            Replies r = pipeline({{"GET", key("n")}});
+            Replies r = pipeline({{"GET", key(PROTO_RDZV_ARRIVALS)}});
             if (r[0]->type == REDIS_REPLY_STRING) return std::atoll(std::string(r[0]->str, r[0]->len).c_str());
         } catch (const StoreError &) {
         }
@@ -706,7 +713,7 @@ void comm_abort(comm_t *c) {
 size_t comm_abort_sockets(const comm_t *c) { return c ? c->sockets.size() : 0; }
 
 void comm_wake_key(const char *prefix, int rank, char *out, size_t len) {
-    if (out != nullptr && len > 0) snprintf(out, len, "%s/w/%d", prefix ? prefix : "", rank);
+    if (out != nullptr && len > 0) proto_rdzv_key(out, len, prefix, PROTO_RDZV_WAKE, rank);
 }
 
 int comm_rank(const comm_t *c) { return c ? c->rank : -1; }

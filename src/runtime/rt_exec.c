@@ -67,7 +67,7 @@ int worker_exec(const WorkerArgs *a, const char *self_exe) {
     char *text = malloc(JOB_CONFIG_TEXT_MAX), *buf = malloc(sizeof ((JobConfig *)0)->program);
     JobConfig *cfg = malloc(sizeof *cfg);
     if (!text || !buf || !cfg) { log_msg("out of memory"); return DP_EXIT_BAD_JOB; }
-    if (ctl_config_get(c, "config", text, JOB_CONFIG_TEXT_MAX) != 0) {
+    if (ctl_config_get(c, CFG_CONFIG, text, JOB_CONFIG_TEXT_MAX) != 0) {
         log_msg("job '%s' not found in redis at %s:%d", a->job, addr.host, addr.port);
         ctl_close(c);
         return DP_EXIT_BAD_JOB;

@@ -44,7 +44,7 @@ typedef struct ProcFacts {
 /* Facts of procs[0..n) into out (out[i].proc = 0 when proc i has registered no replica
  * server), the unknown ones fetched in one round trip. 0 / -1 (Redis unreachable). */
 static int proc_facts(dp_t *dp, const long *procs, int n, ProcFacts *out) {
-    static const char *const fields[] = {"replica", "node"};
+    static const ctl_proc_field fields[] = {PROC_REPLICA, PROC_NODE};
     pthread_mutex_lock(&dp->facts_mu);
     long *missing = malloc(sizeof *missing * (size_t)(n > 0 ? n : 1));
     int *where = malloc(sizeof *where * (size_t)(n > 0 ? n : 1)), m = 0, rc = 0;

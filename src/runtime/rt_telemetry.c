@@ -117,8 +117,8 @@ static int republish(dp_t *dp, ctl_t *c) {
     long cur = atomic_load(&dp->cur_epoch), e = ctl_epoch(c);
     if (e < 0) return -1;
     if (dp->reg_replica[0])
-        bad |= ctl_proc_set(c, dp->proc_id, "replica", dp->reg_replica) | ctl_proc_set(c, dp->proc_id, "host", dp->reg_host) |
-               ctl_proc_set(c, dp->proc_id, "node", dp->node) | ctl_proc_set(c, dp->proc_id, "pid", dp->reg_pid);
+        bad |= ctl_proc_set(c, dp->proc_id, PROC_REPLICA, dp->reg_replica) | ctl_proc_set(c, dp->proc_id, PROC_HOST, dp->reg_host) |
+               ctl_proc_set(c, dp->proc_id, PROC_NODE, dp->node) | ctl_proc_set(c, dp->proc_id, PROC_PID, dp->reg_pid);
     pthread_mutex_lock(&dp->pub_mu);
     long long pe = dp->pub_epoch, ps = dp->pub_step;
     int rank = dp->pub_rank;
@@ -145,7 +145,7 @@ static int republish(dp_t *dp, ctl_t *c) {
             int64_t st, ep;
             if (r != rank && replica_server_newest(dp->replicas, r, &st, &ep) == 0) hg[n++] = (HeldGen){r, st, ep};
         }
-        bad |= held_format(hg, n, held, cap) != 0 ? -1 : ctl_proc_set(c, dp->proc_id, "held", held);
+        bad |= held_format(hg, n, held, cap) != 0 ? -1 : ctl_proc_set(c, dp->proc_id, PROC_HELD, held);
     }
     free(held);
     free(hg);

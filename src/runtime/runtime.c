@@ -148,7 +148,7 @@ static void *abort_watch_loop(void *arg) {
 /* --- joining the job ----------------------------------------------------------------- */
 
 static int read_job(dp_t *dp, char *err, size_t errlen) {
-    if (ctl_config_get(dp->ctl, "config", dp->cfg_text, sizeof dp->cfg_text) != 0) {
+    if (ctl_config_get(dp->ctl, CFG_CONFIG, dp->cfg_text, sizeof dp->cfg_text) != 0) {
         snprintf(err, errlen, "job '%s' not found in redis (no config): %s", dp->job, ctl_last_error(dp->ctl));
         return -1;
     }
@@ -163,7 +163,7 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
     if (out && *out) snprintf(dp->cfg.out, sizeof dp->cfg.out, "%s", out);
     if (resume && *resume) snprintf(dp->cfg.resume, sizeof dp->cfg.resume, "%s", resume);
     char t0[32];
-    if (ctl_config_get(dp->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job has no start time"); return -1; }
+    if (ctl_config_get(dp->ctl, CFG_T0_MS, t0, sizeof t0) != 0) { snprintf(err, errlen, "job has no start time"); return -1; }
     long long t0v;
     if (proto_int_parse(t0, "config t0_ms", 0, LLONG_MAX, &t0v, err, errlen) != 0) return -1;
     dp->t0_wall_ms = t0v;
@@ -213,7 +213,7 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     unsigned char key[REPLICA_KEY_BYTES];
     int got;
     for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;)
-        if ((got = ctl_config_get(dp->ctl, "secret", secret, sizeof secret)) == 0 || !retry_transient(dp->ctl, deadline)) break;
+        if ((got = ctl_config_get(dp->ctl, CFG_SECRET, secret, sizeof secret)) == 0 || !retry_transient(dp->ctl, deadline)) break;
     int keyed = got == 0 && replica_key_derive(secret, key) == 0 && comm_key_derive(secret, dp->comm_key) == 0;
     explicit_bzero(secret, sizeof secret);
     if (!keyed && got != 0 && ctl_error_transient(dp->ctl)) {
@@ -237,8 +237,8 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     }
     gethostname(host, sizeof dp->reg_host - 1);
     for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;) { /* a transient error is retried */
-        if (ctl_proc_set(dp->ctl, dp->proc_id, "replica", addr) == 0 && ctl_proc_set(dp->ctl, dp->proc_id, "host", host) == 0 &&
-            ctl_proc_set(dp->ctl, dp->proc_id, "node", dp->node) == 0 && ctl_proc_set(dp->ctl, dp->proc_id, "pid", pid) == 0)
+        if (ctl_proc_set(dp->ctl, dp->proc_id, PROC_REPLICA, addr) == 0 && ctl_proc_set(dp->ctl, dp->proc_id, PROC_HOST, host) == 0 &&
+            ctl_proc_set(dp->ctl, dp->proc_id, PROC_NODE, dp->node) == 0 && ctl_proc_set(dp->ctl, dp->proc_id, PROC_PID, pid) == 0)
             return 0;
         if (!ctl_error_transient(dp->ctl) || now_ms() > deadline) break;
         sleep_ms(200);

@@ -148,7 +148,7 @@ void coord_progress(Coordinator *c, int step) { if (step > c->last_step) c->last
  * else 0; nodes[i] its machine and endpoints[i] its replica server (either may be NULL). */
 static void member_facts(Coordinator *c, const long *procs, int n, pid_t *pids, char (*nodes)[NODE_ID_MAX],
                          char (*endpoints)[ENDPOINT_MAX]) {
-    static const char *const fields[] = {"node", "pid", "replica"};
+    static const ctl_proc_field fields[] = {PROC_NODE, PROC_PID, PROC_REPLICA};
     char (*v)[ENDPOINT_MAX] = n > 0 ? malloc(sizeof *v * 3 * (size_t)n) : NULL;
     for (int i = 0; i < n; i++) {
         pids[i] = 0;
@@ -604,7 +604,7 @@ static long long held_by_holders(Coordinator *c, int rank) {
     HeldGen *g = malloc(sizeof *g * DP_MAX_RANKS);
     for (int h = 0; held && g && h < f.nholders; h++) {
         char err[256];
-        if (!f.holder_alive[h] || ctl_proc_get(c->ctl, f.holder_proc[h], "held", held, HELD_TEXT_MAX(DP_MAX_RANKS)) != 0)
+        if (!f.holder_alive[h] || ctl_proc_get(c->ctl, f.holder_proc[h], PROC_HELD, held, HELD_TEXT_MAX(DP_MAX_RANKS)) != 0)
             continue;
         int n = held_parse(held, g, DP_MAX_RANKS, err, sizeof err);
         if (n < 0) log_msg("process %ld: %s", f.holder_proc[h], err);

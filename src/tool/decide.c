@@ -1,6 +1,7 @@
 /* decide.c — the coordinator's decision: inputs in, outcome and decision out, nothing else. */
 #include "decide.h"
 
+#include "protocol.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -162,63 +163,61 @@ int decide_nodes_lost(int world, const int *node, const int *alive, const int *n
     return marked;
 }
 
-/* Marks in have[] the ranks of `step` listed in one inventory. */
-static void inventory_ranks(const char *inv, int64_t step, int world, char *have) {
-    for (const char *p = inv; p && *p;) {
-        char *end;
-        long long s = strtoll(p, &end, 10);
-        if (end == p || *end != ':') return;
-        p = end + 1;
-        for (;;) {
-            long r = strtol(p, &end, 10);
-            if (end == p) return;
-            if (s == step && r >= 0 && r < world) have[r] = 1;
-            p = end;
-            if (*p == ',') { p++; continue; }
-            if (*p == ';') p++;
-            break;
+/* Every machine's inventory (protocol.h: inventory_parse) into one list of *nall entries (the
+ * caller frees it); a refused inventory counts for nothing, and the first refusal goes to bad. */
+static InventoryEntry *inventories_parse(const char *const *inventories, int n, int *nall, char *bad, size_t badlen) {
+    InventoryEntry *one = malloc(sizeof *one * INVENTORY_ENTRIES_MAX), *all = NULL;
+    *nall = 0;
+    for (int i = 0; i < n && one; i++) {
+        char err[256];
+        int k = inventory_parse(inventories[i] ? inventories[i] : "", one, INVENTORY_ENTRIES_MAX, err, sizeof err);
+        if (k < 0) {
+            if (!bad[0]) snprintf(bad, badlen, "inventory %d of %d refused (%.200s)", i + 1, n, err);
+            continue;
         }
+        InventoryEntry *grown = k > 0 ? realloc(all, sizeof *all * (size_t)(*nall + k)) : all;
+        if (k > 0 && !grown) break;
+        all = grown;
+        memcpy(all + *nall, one, sizeof *one * (size_t)k);
+        *nall += k;
     }
+    free(one);
+    return all;
 }
 
-/* Every step named in one inventory into steps (up to max), appended; the new count. */
-static int inventory_steps(const char *inv, int64_t *steps, int n, int max) {
-    for (const char *p = inv; p && *p && n < max;) {
-        char *end;
-        long long s = strtoll(p, &end, 10);
-        if (end == p || *end != ':') break;
-        steps[n++] = s;
-        p = strchr(end, ';');
-        if (p) p++;
-    }
-    return n;
+/* Marks in have[] (world ranks) the ranks of `step` that some entry lists. */
+static void inventory_ranks(const InventoryEntry *all, int nall, int64_t step, int world, char *have) {
+    memset(have, 0, (size_t)world);
+    for (int j = 0; j < nall; j++)
+        if (all[j].step == step && all[j].rank < world) have[all[j].rank] = 1;
 }
 
 int64_t resume_choose(const char *const *inventories, int n, int world, char *why, size_t whylen) {
-    int64_t steps[512];
-    int ns = 0;
-    for (int i = 0; i < n; i++) ns = inventory_steps(inventories[i], steps, ns, 512);
+    char bad[300] = "";
+    int nall;
+    InventoryEntry *all = inventories_parse(inventories, n, &nall, bad, sizeof bad);
     char *have = malloc(world > 0 ? (size_t)world : 1);
     int64_t best = -1, newest = -1;
-    for (int k = 0; k < ns && have; k++) {
-        if (steps[k] > newest) newest = steps[k];
-        if (steps[k] <= best) continue;
-        memset(have, 0, (size_t)world);
-        for (int i = 0; i < n; i++) inventory_ranks(inventories[i], steps[k], world, have);
-        int all = 1;
-        for (int r = 0; r < world && all; r++) all = have[r];
-        if (all) best = steps[k];
+    for (int k = 0; k < nall && have; k++) {
+        if (all[k].step > newest) newest = all[k].step;
+        if (all[k].step <= best || (k > 0 && all[k].step == all[k - 1].step)) continue;
+        inventory_ranks(all, nall, all[k].step, world, have);
+        int complete = 1;
+        for (int r = 0; r < world && complete; r++) complete = have[r];
+        if (complete) best = all[k].step;
     }
+    size_t used = 0;
     if (why) why[0] = 0;
-    if (why && best < 0 && newest < 0) snprintf(why, whylen, "no machine has a checkpoint");
+    if (why && best < 0 && newest < 0) used = (size_t)snprintf(why, whylen, "no machine has a checkpoint");
     if (why && best < newest && have) {
-        memset(have, 0, (size_t)world);
-        for (int i = 0; i < n; i++) inventory_ranks(inventories[i], newest, world, have);
-        size_t used = (size_t)snprintf(why, whylen, "the checkpoint of step %lld lacks rank(s)", (long long)newest + 1);
+        inventory_ranks(all, nall, newest, world, have);
+        used = (size_t)snprintf(why, whylen, "the checkpoint of step %lld lacks rank(s)", (long long)newest + 1);
         for (int r = 0, shown = 0; r < world && used < whylen && shown < 16; r++)
             if (!have[r]) { used += (size_t)snprintf(why + used, whylen - used, " %d", r); shown++; }
     }
+    if (why && bad[0] && used < whylen) snprintf(why + used, whylen - used, "%s%s", used ? "; " : "", bad);
     free(have);
+    free(all);
     return best;
 }
 

@@ -90,10 +90,12 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
 int decide_nodes_lost(int world, const int *node, const int *alive, const int *node_alive, int nnodes, int *fail);
 
 /* Resuming without a shared filesystem: inventories[i] is what machine i has on disk
- * (checkpoint_inventory's "STEP:R,R;STEP:..." text). The newest step whose state files of all
- * `world` ranks are on some machine, -1 if none. `why` (may be NULL) is "" when the newest
- * step is complete; otherwise it names the newest step's missing ranks (an older step was
- * chosen, or none), or says that no machine has a checkpoint. */
+ * (checkpoint_inventory's text, protocol.h: inventory_parse; one that parser refuses counts
+ * for nothing). The newest step whose state files of all `world` ranks are on some machine,
+ * -1 if none. `why` (may be NULL) is "" when the newest step is complete and every inventory
+ * parsed; otherwise it names the newest step's missing ranks (an older step was chosen, or
+ * none), or says that no machine has a checkpoint, and then the first refused inventory with
+ * the parser's error. */
 int64_t resume_choose(const char *const *inventories, int n, int world, char *why, size_t whylen);
 
 /* --- the control plane's outages (issue 27, item 11) -----------------------------------

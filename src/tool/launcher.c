@@ -299,8 +299,8 @@ static int write_job_keys(Launcher *L, const char *secret) {
     char text[JOB_CONFIG_TEXT_MAX], t0[32];
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) return -1;
     proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
-    return ctl_config_set(L->ctl, "secret", secret) == 0 && ctl_config_set(L->ctl, "config", text) == 0 &&
-                   ctl_config_set(L->ctl, "t0_ms", t0) == 0 && ctl_state_set(L->ctl, "running") == 0
+    return ctl_config_set(L->ctl, CFG_SECRET, secret) == 0 && ctl_config_set(L->ctl, CFG_CONFIG, text) == 0 &&
+                   ctl_config_set(L->ctl, CFG_T0_MS, t0) == 0 && ctl_state_set(L->ctl, "running") == 0
                ? 0
                : -1;
 }
@@ -1293,7 +1293,7 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
         node_beat(L);
         sleep_ms(50);
     }
-    if (ctl_launcher_alive(L->ctl) == 0 || ctl_config_get(L->ctl, "config", text, sizeof text) != 0) {
+    if (ctl_launcher_alive(L->ctl) == 0 || ctl_config_get(L->ctl, CFG_CONFIG, text, sizeof text) != 0) {
         snprintf(err, errlen, "job '%s' is in redis but its first machine's launcher is gone: a new run needs a new "
                  "--job", L->job);
         return -1;
@@ -1317,7 +1317,7 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
         return -1;
     }
     L->run_cfg.resume_step = job.resume_step;
-    if (ctl_config_get(L->ctl, "t0_ms", t0, sizeof t0) != 0) { snprintf(err, errlen, "job '%s' has no start time", L->job); return -1; }
+    if (ctl_config_get(L->ctl, CFG_T0_MS, t0, sizeof t0) != 0) { snprintf(err, errlen, "job '%s' has no start time", L->job); return -1; }
     long long t0v;
     if (proto_int_parse(t0, "config t0_ms", 0, LLONG_MAX, &t0v, err, errlen) != 0) return -1;
     L->t0_wall_ms = t0v;
@@ -1327,7 +1327,7 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
 /* --- resuming across machines without a shared filesystem ------------------------------ */
 
 /* What this machine's --resume directory holds, for the first machine to choose from. */
-#define INVENTORY_MAX 8192 /* one machine's checkpoints, as checkpoint_inventory lists them */
+#define INVENTORY_MAX INVENTORY_TEXT_MAX /* one machine's checkpoints, as checkpoint_inventory lists them */
 static int publish_inventory(Launcher *L, char *err, size_t errlen) {
     static char inv[INVENTORY_MAX];
     char idx[16], key[32];
@@ -1385,7 +1385,7 @@ static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
         return 0;
     }
     if (step < 0) { snprintf(err, errlen, "--resume: no complete checkpoint across the %d machines: %s", n, why); goto fail; }
-    if (why[0]) log_msg("--resume: %s; resuming from step %lld instead", why, (long long)step + 1);
+    if (why[0]) log_msg("--resume: %s; resuming from step %lld", why, (long long)step + 1);
     L->run_cfg.resume_step = (int)step;
     free(fields); free(values); free(inv);
     return 0;
@@ -1401,7 +1401,7 @@ static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
     int64_t step = L->run_cfg.resume_step;
     char secret[REPLICA_SECRET_HEX_LEN + 2];
     unsigned char k[REPLICA_KEY_BYTES];
-    int keyed = ctl_config_get(L->ctl, "secret", secret, sizeof secret) == 0 && replica_key_derive(secret, k) == 0;
+    int keyed = ctl_config_get(L->ctl, CFG_SECRET, secret, sizeof secret) == 0 && replica_key_derive(secret, k) == 0;
     explicit_bzero(secret, sizeof secret);
     if (!keyed) { snprintf(err, errlen, "job '%s' has no replica channel secret", L->job); return -1; }
     L->shards = replica_server_start(L->bind_addr, 0, L->job, L->cfg->workers, 0 /* a launcher */, k, err, errlen);

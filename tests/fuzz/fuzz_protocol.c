@@ -141,6 +141,31 @@ static void check_held(const char *in) {
     memset(h, 0, sizeof h);
 }
 
+static void check_inventory(const char *in) {
+    enum { MAX = 64 };
+    static InventoryEntry e[MAX], e2[MAX];
+    static char text[INVENTORY_TEXT_MAX];
+    err[0] = 0;
+    int n = inventory_parse(in, e, MAX, err, sizeof err);
+    if (n < 0) {
+        FUZZ_CHECK(err[0] != 0, "inventory refused without a message");
+        for (int i = 0; i < MAX; i++) FUZZ_CHECK(e[i].step == 0 && e[i].rank == 0, "inventory refused but left partly filled");
+        return;
+    }
+    FUZZ_CHECK(n <= MAX, "%d entries", n);
+    for (int i = 0; i < n; i++) {
+        FUZZ_CHECK(e[i].step >= 0 && e[i].rank >= 0 && e[i].rank < DP_MAX_RANKS, "entry %d out of range", i);
+        FUZZ_CHECK(i == 0 || e[i].step < e[i - 1].step || (e[i].step == e[i - 1].step && e[i].rank > e[i - 1].rank),
+                   "entry %d out of order", i);
+    }
+    FUZZ_CHECK(inventory_format(e, n, text, sizeof text) == 0, "an accepted inventory does not format");
+    memset(e2, 0, sizeof e2);
+    FUZZ_CHECK(inventory_parse(text, e2, MAX, err, sizeof err) == n, "a formatted inventory parses differently: %s", text);
+    for (int i = 0; i < n; i++)
+        FUZZ_CHECK(e2[i].step == e[i].step && e2[i].rank == e[i].rank, "inventory changed in a round trip: %s", text);
+    memset(e, 0, sizeof e);
+}
+
 static void check_state(const char *in) {
     job_state st;
     err[0] = 0;
@@ -166,6 +191,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_lease(in);
     check_endpoint(in);
     check_held(in);
+    check_inventory(in);
     check_state(in);
     free(in);
     return 0;

@@ -212,6 +212,9 @@ static void protocols(void) {
     HeldGen h[2] = {{0, 17, 2}, {3, -1, 2}};
     if (held_format(h, 2, text, sizeof text) != 0) die("held", "format");
     put("protocol", "held", text, strlen(text));
+    InventoryEntry inv[4] = {{149, 0}, {149, 1}, {149, 3}, {99, 2}};
+    if (inventory_format(inv, 4, text, sizeof text) != 0) die("inventory", "format");
+    put("protocol", "inventory", text, strlen(text));
     put("protocol", "state", "stopping", 8);
     put("protocol", "integer", "-3", 2);
 }

@@ -286,8 +286,6 @@ int join_stats_parse(const char *text, JoinStats *s, char *err, size_t errlen) {
 
 static const char *const EXIT_HOWS[EXITED_HOWS] = {"crash", "departed", "bad_job"};
 
-const char *exit_how_name(exit_how h) { return h >= 0 && h < EXITED_HOWS ? EXIT_HOWS[h] : "?"; }
-
 int exit_record_format(const ExitRecord *e, char *buf, size_t len) {
     size_t used = 0;
     if (e->how < 0 || e->how >= EXITED_HOWS || e->wall_ms < 0) return -1;

@@ -102,7 +102,6 @@ typedef struct {
     int64_t wall_ms;
 } ExitRecord;
 #define EXIT_RECORD_TEXT_MAX 48
-const char *exit_how_name(exit_how h);
 int exit_record_format(const ExitRecord *e, char *buf, size_t len);
 int exit_record_parse(const char *s, ExitRecord *e, char *err, size_t errlen);
 

@@ -491,7 +491,6 @@ int coord_control_settled(const Coordinator *c) {
     return decide_control_settled(&dc);
 }
 
-double coord_unreachable_since(const Coordinator *c) { return c->view.reachable ? 0 : c->view.unreachable_since_ms; }
 
 int coord_is_member(const Coordinator *c, pid_t pid) {
     for (int r = 0; c->have_members && r < c->cfg->workers; r++)

@@ -61,10 +61,8 @@ const char *coord_message(const Coordinator *c);
 long long coord_persist_on_stop(Coordinator *c);
 long coord_epoch(const Coordinator *c);
 /* The control plane's outages: 1 when it answers and its last outage ended a detect timeout
- * ago (silence is judged, decisions are taken), else 0; since when it has been unreachable
- * (now_ms), 0 while it answers. */
+ * ago (silence is judged, decisions are taken), else 0. */
 int coord_control_settled(const Coordinator *c);
-double coord_unreachable_since(const Coordinator *c);
 /* 1 when pid is a member of the current epoch on this machine (not a spare). */
 int coord_is_member(const Coordinator *c, pid_t pid);
 /* The first failure the coordinator could not hot-swap (for the --ft disk restart path):

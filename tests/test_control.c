@@ -722,6 +722,30 @@ static void test_connect_retried_at_the_client_limit(void) {
 
 /* The embedded server of a one-machine job: a unix socket only, in a private directory; a
  * unix:// URL reaches it; another user cannot connect at all. */
+/* The sweep reads a run directory's launcher back from its name; mkdtemp's 6 characters may
+ * begin with a digit (a directory so named was never swept: its namespace read wrong). */
+static void test_run_dir_names(void) {
+    long pid = 0;
+    unsigned long ns = 0;
+    CHECK(run_dir_name_parse("deadpool-run-3490-n40265318367eKo7N", &pid, &ns) == 0 && pid == 3490 && ns == 4026531836UL,
+          "a suffix that begins with a digit: pid %ld ns %lu", pid, ns);
+    CHECK(run_dir_name_parse("deadpool-run-12-n4026531836zKJML5", &pid, &ns) == 0 && pid == 12 && ns == 4026531836UL,
+          "letters: pid %ld ns %lu", pid, ns);
+    CHECK(run_dir_name_parse("deadpool-run-7-n1123456", &pid, &ns) == 0 && pid == 7 && ns == 1, "all digits: %lu", ns);
+    /* every run directory made here reads back as this process's */
+    char dir[256], err[256];
+    CHECK(run_dir_create(dir, sizeof dir, err, sizeof err) == 0, "%s", err);
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    CHECK(run_dir_name_parse(base, &pid, &ns) == 0 && pid == (long)getpid(), "'%s': pid %ld", base, pid);
+    run_dir_remove(dir);
+    const char *bad[] = {"deadpool-run-", "deadpool-run-3490-n4026", "deadpool-run-x-n4026531836abcdef",
+                         "deadpool-run-0-n4026531836abcdef", "deadpool-run-3490-4026531836abcdef",
+                         "deadpool-run-3490-nx026531836abcdef", "deadpool-run-3490-n0abcdef", "deadpool-run-187-bKekZZ",
+                         "other-run-3490-n4026531836abcdef", "deadpool-run-3490-n40265318x6abcdef"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(run_dir_name_parse(bad[i], &pid, &ns) == -1, "'%s' read as pid %ld ns %lu", bad[i], pid, ns);
+}
+
 static void test_private_server_on_a_unix_socket(void) {
     char dir[128], err[512] = "";
     snprintf(dir, sizeof dir, "/tmp/dp_test_control_XXXXXX");
@@ -798,6 +822,7 @@ int main(void) {
     RUN_TEST(test_job_delete);
     RUN_TEST(test_roundtrip_latency);
     RUN_TEST(test_connect_retried_at_the_client_limit);
+    RUN_TEST(test_run_dir_names);
     RUN_TEST(test_private_server_on_a_unix_socket);
     RUN_TEST(test_transient_errors_and_restart);
     RUN_TEST(test_server_stop);

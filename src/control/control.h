@@ -379,6 +379,10 @@ void redis_server_stop(redis_server *s, int timeout_ms);
  * whose PIDs are not ours), whose PID is gone; the count. run_dir_remove deletes one (its files, then itself). */
 int run_dir_sweep(void);
 int run_dir_create(char *dir, size_t len, char *err, size_t errlen);
+/* A run directory's name (no parent): its launcher's PID and pid namespace. The last 6
+ * characters are mkdtemp's and may be digits: they are never part of the namespace. 0 / -1
+ * (not a run directory's name). */
+int run_dir_name_parse(const char *name, long *pid, unsigned long *ns);
 void run_dir_remove(const char *dir);
 
 /* --- a redis URL with its password, in a file (never on a command line) ----------------

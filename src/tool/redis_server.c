@@ -464,6 +464,25 @@ static unsigned long pid_ns(void) {
     return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long)st.st_ino : 0;
 }
 
+int run_dir_name_parse(const char *name, long *pid, unsigned long *ns) {
+    size_t n = strlen(RUN_DIR_PREFIX), len = strlen(name);
+    /* PREFIX, PID, "-n", NS, then mkdtemp's 6: parsed up to those 6, which a digit may begin
+     * (strtoul would take it into the namespace, and the directory would never be swept) */
+    char head[128];
+    if (strncmp(name, RUN_DIR_PREFIX, n) != 0 || len < n + 10 || len - 6 >= sizeof head) return -1;
+    memcpy(head, name, len - 6);
+    head[len - 6] = 0;
+    char *end = NULL;
+    errno = 0;
+    long p = strtol(head + n, &end, 10);
+    if (p <= 0 || errno || end == head + n || strncmp(end, "-n", 2) != 0 || end[2] < '0' || end[2] > '9') return -1;
+    unsigned long s = strtoul(end + 2, &end, 10);
+    if (errno || *end || s == 0) return -1;
+    *pid = p;
+    *ns = s;
+    return 0;
+}
+
 int run_dir_sweep(void) {
     unsigned long ns = pid_ns();
     if (!ns) return 0; /* cannot tell whose PIDs the names hold: leave them */
@@ -472,13 +491,9 @@ int run_dir_sweep(void) {
     int removed = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        size_t n = strlen(RUN_DIR_PREFIX);
-        if (strncmp(e->d_name, RUN_DIR_PREFIX, n) != 0) continue;
-        char *end = NULL;
-        long pid = strtol(e->d_name + n, &end, 10);
-        if (pid <= 0 || !end || strncmp(end, "-n", 2) != 0) continue;
-        unsigned long its_ns = strtoul(end + 2, &end, 10);
-        if (its_ns != ns || !end || strlen(end) != 6) continue; /* another pid namespace's (or not ours at all) */
+        long pid;
+        unsigned long its_ns;
+        if (run_dir_name_parse(e->d_name, &pid, &its_ns) != 0 || its_ns != ns) continue; /* another pid namespace's */
         struct stat st;
         /* ours only (another user's is theirs to clean), a directory and not a link to one */
         if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid())

@@ -209,13 +209,12 @@ static void kill_all_clients(void) {
 static void test_reconnect_after_connection_loss(void) {
     ctl_t *c = connect_job("jobReconnect");
     if (!c) return;
-    CHECK(ctl_state_set(c, "running") == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_state_set(c, JOB_STATE_RUNNING) == 0, "%s", ctl_last_error(c));
     kill_all_clients();
-    char s[32] = "";
-    int rc = ctl_state_get(c, s, sizeof s);
-    if (rc != 0) rc = ctl_state_get(c, s, sizeof s); /* the first call may see the dead socket */
-    CHECK(rc == 0 && strcmp(s, "running") == 0, "no recovery: rc %d state '%s' (%s)", rc, s,
-          ctl_last_error(c));
+    job_state s = JOB_STATE_FAILED;
+    int rc = ctl_state_get(c, &s);
+    if (rc != 1) rc = ctl_state_get(c, &s); /* the first call may see the dead socket */
+    CHECK(rc == 1 && s == JOB_STATE_RUNNING, "no recovery: rc %d state %d (%s)", rc, (int)s, ctl_last_error(c));
     CHECK(strstr(ctl_last_error(c), g_server.password) == NULL, "error leaks the password");
     CHECK(ctl_job_delete(c) == 0, "%s", ctl_last_error(c));
     ctl_close(c);
@@ -496,18 +495,22 @@ static void test_stored_integers_refused(void) {
 static void test_state(void) {
     ctl_t *c = connect_job("jobA");
     if (!c) return;
-    char s[32] = "x";
-    CHECK(ctl_state_get(c, s, sizeof s) == 0 && s[0] == '\0', "unset state read as '%s'", s);
-    CHECK(ctl_state_set(c, "running") == 0, "%s", ctl_last_error(c));
-    CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "running") == 0, "state '%s'", s);
-    CHECK(ctl_state_set(c, "stopping") == 0, "%s", ctl_last_error(c));
-    CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "stopping") == 0, "state '%s'", s);
-    /* only protocol.h's job states: a typo is refused before it reaches Redis, and a foreign
-     * value found there is an error, not a state */
-    CHECK(ctl_state_set(c, "runing") == -1 && strstr(ctl_last_error(c), "'runing'"), "a typo set: %s", ctl_last_error(c));
-    CHECK(ctl_state_get(c, s, sizeof s) == 0 && strcmp(s, "stopping") == 0, "state after a refused set '%s'", s);
-    CHECK(ctl_set(c, "state", "bogus") == 0 && ctl_state_get(c, s, sizeof s) == -1 && s[0] == '\0' &&
-              strstr(ctl_last_error(c), "job state"), "a foreign state read as '%s': %s", s, ctl_last_error(c));
+    job_state s = JOB_STATE_DONE;
+    CHECK(ctl_state_get(c, &s) == 0 && s == JOB_STATE_DONE, "unset state read as %d", (int)s);
+    CHECK(ctl_state_set(c, JOB_STATE_RUNNING) == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_state_get(c, &s) == 1 && s == JOB_STATE_RUNNING, "state %d", (int)s);
+    CHECK(ctl_state_set(c, JOB_STATE_STOPPING) == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_state_get(c, &s) == 1 && s == JOB_STATE_STOPPING, "state %d", (int)s);
+    /* only protocol.h's job states: a value out of the enum is refused before it reaches
+     * Redis, and a foreign value found there is an error, not a state */
+    CHECK(ctl_state_set(c, JOB_STATES) == -1 && strstr(ctl_last_error(c), "not a job_state"), "out of the enum set: %s",
+          ctl_last_error(c));
+    CHECK(ctl_state_set(c, (job_state)-1) == -1, "a negative state set");
+    CHECK(ctl_state_get(c, &s) == 1 && s == JOB_STATE_STOPPING, "state after a refused set %d", (int)s);
+    s = JOB_STATE_DONE;
+    CHECK(ctl_set(c, "state", "bogus") == 0 && ctl_state_get(c, &s) == -1 && s == JOB_STATE_DONE &&
+              strstr(ctl_last_error(c), "job state"), "a foreign state read as %d: %s", (int)s, ctl_last_error(c));
+    CHECK(ctl_set(c, "state", "Running") == 0 && ctl_state_get(c, &s) == -1, "case matters");
     ctl_close(c);
 }
 
@@ -580,7 +583,7 @@ static void test_job_delete(void) {
     /* jobA: one of each key family, plus many keys so SCAN needs several pages. */
     long id = ctl_new_proc_id(a);
     CHECK(ctl_heartbeat(a, id, 60000) == 0 && ctl_spare_add(a, id) == 0, "%s", ctl_last_error(a));
-    CHECK(ctl_epoch_incr(a) >= 1 && ctl_state_set(a, "done") == 0, "%s", ctl_last_error(a));
+    CHECK(ctl_epoch_incr(a) >= 1 && ctl_state_set(a, JOB_STATE_DONE) == 0, "%s", ctl_last_error(a));
     CHECK(ctl_push_event(a, "{}") == 0 && ctl_push_metric(a, "{}") == 0, "%s", ctl_last_error(a));
     for (int i = 0; i < 2500; i++) ctl_heartbeat(a, 100000 + i, 60000);
     CHECK(ctl_job_delete(a) == 0, "%s", ctl_last_error(a));
@@ -591,7 +594,8 @@ static void test_job_delete(void) {
     CHECK(ctl_alive(a, id) == 0 && ctl_alive(a, 100000 + 2499) == 0, "jobA heartbeats survived");
     CHECK(ctl_spare_count(a) == 0, "jobA spares survived");
     CHECK(ctl_rank_owner(a, 3) == 0, "jobA rank claim survived");
-    CHECK(ctl_state_get(a, v, sizeof v) == 0 && v[0] == '\0', "jobA state survived: '%s'", v);
+    job_state st;
+    CHECK(ctl_state_get(a, &st) == 0, "jobA state survived");
     CHECK(ctl_drain(a, KEY_EVENTS, 10, NULL, NULL) == 0, "jobA events survived");
 
     CHECK(ctl_config_get(b, CFG_T0_MS, v, sizeof v) == 0 && strcmp(v, "2") == 0, "jobB config lost");
@@ -632,8 +636,8 @@ static void test_transient_errors_and_restart(void) {
     ctl_set_timeout(c, 200);
     CHECK(ctl_timeout(c) == 200, "timeout %d", ctl_timeout(c));
     kill(g_server.pid, SIGSTOP);
-    char s[32] = "";
-    int rc = ctl_state_get(c, s, sizeof s);
+    job_state s;
+    int rc = ctl_state_get(c, &s);
     CHECK(rc == -1 && ctl_error_transient(c) && ctl_absences(c) > absent0, "a stopped server times out, transient: rc %d '%s'",
           rc, ctl_last_error(c));
     kill(g_server.pid, SIGCONT);

@@ -55,61 +55,61 @@ static FollowWatch watch_at(double reached, double absent) {
 
 static void test_follow_running_goes_on(void) {
     FollowWatch w = watch_at(1000, 0);
-    CHECK(roles_follow_state(&w, 0, "running", 2, 0, 2, 5000, TTL) == FOLLOW_GOING, "running");
+    CHECK(roles_follow_state(&w, 1, JOB_STATE_RUNNING, 2, 0, 2, 5000, TTL) == FOLLOW_GOING, "running");
     CHECK(w.reached_ms == 5000, "reached now: %.0f", w.reached_ms);
     CHECK(w.absent_ms == 0, "present");
 }
 
 static void test_follow_done(void) {
     FollowWatch w = watch_at(1000, 0);
-    follow_verdict v = roles_follow_state(&w, 0, "done", 2, 0, 2, 1100, TTL);
+    follow_verdict v = roles_follow_state(&w, 1, JOB_STATE_DONE, 2, 0, 2, 1100, TTL);
     CHECK(v == FOLLOW_DONE, "done: %d", v);
     CHECK(roles_follow_done(v) && !roles_follow_failed(v) && !roles_follow_stopped_elsewhere(v), "done's effect");
 }
 
 static void test_follow_failed(void) {
     FollowWatch w = watch_at(1000, 0);
-    follow_verdict v = roles_follow_state(&w, 0, "failed", 2, 0, 2, 1100, TTL);
+    follow_verdict v = roles_follow_state(&w, 1, JOB_STATE_FAILED, 2, 0, 2, 1100, TTL);
     CHECK(v == FOLLOW_FAILED, "failed: %d", v);
     CHECK(!roles_follow_done(v) && roles_follow_failed(v) && !roles_follow_stopped_elsewhere(v), "failed's effect");
 }
 
 static void test_follow_unknown_state_is_a_failure(void) {
-    /* Anything but running/done/stopping ends the job here (as "failed" does). */
+    /* A text that is no job state never gets here (ctl_state_get refuses it: test_control);
+     * a value out of the enum ends the job here as failed does. */
     FollowWatch w = watch_at(1000, 0);
-    CHECK(roles_follow_state(&w, 0, "paused", 2, 0, 2, 1100, TTL) == FOLLOW_FAILED, "an unknown state");
-    CHECK(roles_follow_state(&w, 0, "Running", 2, 0, 2, 1100, TTL) == FOLLOW_FAILED, "case matters");
+    CHECK(roles_follow_state(&w, 1, JOB_STATES, 2, 0, 2, 1100, TTL) == FOLLOW_FAILED, "out of the enum");
 }
 
 static void test_follow_stopping(void) {
     FollowWatch w = watch_at(1000, 0);
-    follow_verdict v = roles_follow_state(&w, 0, "stopping", 2, 0, 2, 1100, TTL);
+    follow_verdict v = roles_follow_state(&w, 1, JOB_STATE_STOPPING, 2, 0, 2, 1100, TTL);
     CHECK(v == FOLLOW_STOPPED, "stopping: %d", v);
     CHECK(!roles_follow_done(v) && roles_follow_failed(v) && roles_follow_stopped_elsewhere(v), "stopping's effect");
 }
 
 static void test_follow_state_present_again_clears_the_absence(void) {
     FollowWatch w = watch_at(1000, 900);
-    CHECK(roles_follow_state(&w, 0, "running", 1, 0, 2, 1200, TTL) == FOLLOW_GOING, "back");
+    CHECK(roles_follow_state(&w, 1, JOB_STATE_RUNNING, 1, 0, 2, 1200, TTL) == FOLLOW_GOING, "back");
     CHECK(w.absent_ms == 0, "absence forgotten: %.0f", w.absent_ms);
     /* A later absence is timed from its own start, not the first one's. */
-    CHECK(roles_follow_state(&w, 0, "", 1, 0, 2, 5000, TTL) == FOLLOW_GOING, "absent anew");
+    CHECK(roles_follow_state(&w, 0, JOB_STATE_DONE, 1, 0, 2, 5000, TTL) == FOLLOW_GOING, "absent anew");
     CHECK(w.absent_ms == 5000, "timed from 5000: %.0f", w.absent_ms);
 }
 
 static void test_follow_absent_with_processes_running_waits(void) {
     FollowWatch w = watch_at(1000, 0);
-    CHECK(roles_follow_state(&w, 0, "", 1, 1, 2, 1100, TTL) == FOLLOW_GOING, "first absence");
+    CHECK(roles_follow_state(&w, 0, JOB_STATE_DONE, 1, 1, 2, 1100, TTL) == FOLLOW_GOING, "first absence");
     CHECK(w.absent_ms == 1100, "absence starts: %.0f", w.absent_ms);
-    CHECK(roles_follow_state(&w, 0, "", 1, 1, 2, 1100 + TTL, TTL) == FOLLOW_GOING, "at the TTL exactly");
+    CHECK(roles_follow_state(&w, 0, JOB_STATE_DONE, 1, 1, 2, 1100 + TTL, TTL) == FOLLOW_GOING, "at the TTL exactly");
     CHECK(w.absent_ms == 1100, "absence start kept: %.0f", w.absent_ms);
     CHECK(w.reached_ms == 1100 + TTL, "reached: %.0f", w.reached_ms);
 }
 
 static void test_follow_absent_too_long_leaves(void) {
     FollowWatch w = watch_at(1000, 0);
-    (void)roles_follow_state(&w, 0, "", 1, 1, 2, 1100, TTL);
-    follow_verdict v = roles_follow_state(&w, 0, "", 1, 1, 2, 1100 + TTL + 1, TTL);
+    (void)roles_follow_state(&w, 0, JOB_STATE_DONE, 1, 1, 2, 1100, TTL);
+    follow_verdict v = roles_follow_state(&w, 0, JOB_STATE_DONE, 1, 1, 2, 1100 + TTL + 1, TTL);
     CHECK(v == FOLLOW_GONE_TOO_LONG, "past the TTL: %d", v);
     CHECK(!roles_follow_done(v) && roles_follow_failed(v) && !roles_follow_stopped_elsewhere(v), "leaving's effect");
 }
@@ -118,54 +118,54 @@ static void test_follow_absent_all_exited_ok_is_done(void) {
     /* The coordinator ended the job and removed its keys while this launcher was held up:
      * its processes saw the end and finished. */
     FollowWatch w = watch_at(1000, 0);
-    follow_verdict v = roles_follow_state(&w, 0, "", 0, 3, 3, 1100, TTL);
+    follow_verdict v = roles_follow_state(&w, 0, JOB_STATE_DONE, 0, 3, 3, 1100, TTL);
     CHECK(v == FOLLOW_GONE_DONE, "all exited 0: %d", v);
     CHECK(roles_follow_done(v) && !roles_follow_failed(v), "gone-done's effect");
     /* Decided at once, however long the absence lasted. */
     w = watch_at(1000, 0);
-    (void)roles_follow_state(&w, 0, "", 1, 2, 3, 1100, TTL);
-    CHECK(roles_follow_state(&w, 0, "", 0, 3, 3, 1100 + 10 * TTL, TTL) == FOLLOW_GONE_DONE, "long absence, all ok");
+    (void)roles_follow_state(&w, 0, JOB_STATE_DONE, 1, 2, 3, 1100, TTL);
+    CHECK(roles_follow_state(&w, 0, JOB_STATE_DONE, 0, 3, 3, 1100 + 10 * TTL, TTL) == FOLLOW_GONE_DONE, "long absence, all ok");
 }
 
 static void test_follow_absent_some_exited_badly_failed(void) {
     FollowWatch w = watch_at(1000, 0);
-    follow_verdict v = roles_follow_state(&w, 0, "", 0, 2, 3, 1100, TTL);
+    follow_verdict v = roles_follow_state(&w, 0, JOB_STATE_DONE, 0, 2, 3, 1100, TTL);
     CHECK(v == FOLLOW_GONE_FAILED, "one of 3 exited non-zero: %d", v);
     CHECK(!roles_follow_done(v) && roles_follow_failed(v) && !roles_follow_stopped_elsewhere(v), "gone-failed's effect");
-    CHECK(roles_follow_state(&w, 0, "", 0, 0, 3, 1100, TTL) == FOLLOW_GONE_FAILED, "none exited 0");
+    CHECK(roles_follow_state(&w, 0, JOB_STATE_DONE, 0, 0, 3, 1100, TTL) == FOLLOW_GONE_FAILED, "none exited 0");
 }
 
 static void test_follow_absent_with_no_process_failed(void) {
     /* A machine that started nothing has no exits to tell the job's end by. */
     FollowWatch w = watch_at(1000, 0);
-    CHECK(roles_follow_state(&w, 0, "", 0, 0, 0, 1100, TTL) == FOLLOW_GONE_FAILED, "no process");
+    CHECK(roles_follow_state(&w, 0, JOB_STATE_DONE, 0, 0, 0, 1100, TTL) == FOLLOW_GONE_FAILED, "no process");
 }
 
 static void test_follow_unreachable_within_ttl_goes_on(void) {
     FollowWatch w = watch_at(1000, 0);
-    CHECK(roles_follow_state(&w, -1, "", 2, 0, 2, 1000 + TTL, TTL) == FOLLOW_GOING, "at the TTL exactly");
+    CHECK(roles_follow_state(&w, -1, JOB_STATE_DONE, 2, 0, 2, 1000 + TTL, TTL) == FOLLOW_GOING, "at the TTL exactly");
     CHECK(w.reached_ms == 1000, "not reached: %.0f", w.reached_ms);
 }
 
 static void test_follow_unreachable_too_long_leaves(void) {
     FollowWatch w = watch_at(1000, 0);
-    follow_verdict v = roles_follow_state(&w, -1, "", 2, 0, 2, 1000 + TTL + 1, TTL);
+    follow_verdict v = roles_follow_state(&w, -1, JOB_STATE_DONE, 2, 0, 2, 1000 + TTL + 1, TTL);
     CHECK(v == FOLLOW_UNREACHABLE, "past the TTL: %d", v);
     CHECK(!roles_follow_done(v) && roles_follow_failed(v) && !roles_follow_stopped_elsewhere(v), "leaving's effect");
     /* Unreached, whatever the buffer holds is not the job's state: nothing is read from it,
      * not even a "done" left over from elsewhere, and its processes' exits do not count. */
     w = watch_at(1000, 0);
-    CHECK(roles_follow_state(&w, -1, "done", 2, 0, 2, 1100, TTL) == FOLLOW_GOING, "stale done ignored");
-    CHECK(roles_follow_state(&w, -1, "", 0, 2, 2, 1100, TTL) == FOLLOW_GOING, "exits not read as the end");
+    CHECK(roles_follow_state(&w, -1, JOB_STATE_DONE, 2, 0, 2, 1100, TTL) == FOLLOW_GOING, "stale done ignored");
+    CHECK(roles_follow_state(&w, -1, JOB_STATE_DONE, 0, 2, 2, 1100, TTL) == FOLLOW_GOING, "exits not read as the end");
     CHECK(w.absent_ms == 0, "unreached is not absent");
 }
 
 static void test_follow_reaching_again_restarts_the_clock(void) {
     FollowWatch w = watch_at(1000, 0);
-    CHECK(roles_follow_state(&w, -1, "", 2, 0, 2, 2500, TTL) == FOLLOW_GOING, "cut off 1.5 s");
-    CHECK(roles_follow_state(&w, 0, "running", 2, 0, 2, 2600, TTL) == FOLLOW_GOING, "reached");
-    CHECK(roles_follow_state(&w, -1, "", 2, 0, 2, 2600 + TTL, TTL) == FOLLOW_GOING, "cut off again, within");
-    CHECK(roles_follow_state(&w, -1, "", 2, 0, 2, 2601 + TTL, TTL) == FOLLOW_UNREACHABLE, "cut off again, past");
+    CHECK(roles_follow_state(&w, -1, JOB_STATE_DONE, 2, 0, 2, 2500, TTL) == FOLLOW_GOING, "cut off 1.5 s");
+    CHECK(roles_follow_state(&w, 1, JOB_STATE_RUNNING, 2, 0, 2, 2600, TTL) == FOLLOW_GOING, "reached");
+    CHECK(roles_follow_state(&w, -1, JOB_STATE_DONE, 2, 0, 2, 2600 + TTL, TTL) == FOLLOW_GOING, "cut off again, within");
+    CHECK(roles_follow_state(&w, -1, JOB_STATE_DONE, 2, 0, 2, 2601 + TTL, TTL) == FOLLOW_UNREACHABLE, "cut off again, past");
 }
 
 static void test_follow_going_has_no_effect(void) {
@@ -174,12 +174,12 @@ static void test_follow_going_has_no_effect(void) {
 }
 
 static void test_state_ended_during_a_stop(void) {
-    CHECK(roles_state_ended(0, "done"), "done");
-    CHECK(roles_state_ended(0, "failed"), "failed");
-    CHECK(roles_state_ended(0, "stopping"), "stopping");
-    CHECK(!roles_state_ended(0, "running"), "running");
-    CHECK(!roles_state_ended(0, ""), "absent: not known to have ended");
-    CHECK(!roles_state_ended(-1, "done"), "unreached: the buffer is not read");
+    CHECK(roles_state_ended(1, JOB_STATE_DONE), "done");
+    CHECK(roles_state_ended(1, JOB_STATE_FAILED), "failed");
+    CHECK(roles_state_ended(1, JOB_STATE_STOPPING), "stopping");
+    CHECK(!roles_state_ended(1, JOB_STATE_RUNNING), "running");
+    CHECK(!roles_state_ended(0, JOB_STATE_DONE), "absent: not known to have ended");
+    CHECK(!roles_state_ended(-1, JOB_STATE_DONE), "unreached: the buffer is not read");
 }
 
 /* --- the end -------------------------------------------------------------------------- */
@@ -205,12 +205,12 @@ static void test_follower_waits_on_stop(void) {
 }
 
 static void test_final_state(void) {
-    CHECK(!strcmp(roles_final_state(0, 0, 0), "done"), "done");
-    CHECK(!strcmp(roles_final_state(0, 1, 0), "failed"), "failed");
-    CHECK(!strcmp(roles_final_state(0, 0, 1), "failed"), "control plane lost");
-    CHECK(!strcmp(roles_final_state(0, 1, 1), "failed"), "both");
-    CHECK(!strcmp(roles_final_state(1, 0, 0), "stopping"), "stopped");
-    CHECK(!strcmp(roles_final_state(1, 1, 1), "stopping"), "a stop wins");
+    CHECK(roles_final_state(0, 0, 0) == JOB_STATE_DONE, "done");
+    CHECK(roles_final_state(0, 1, 0) == JOB_STATE_FAILED, "failed");
+    CHECK(roles_final_state(0, 0, 1) == JOB_STATE_FAILED, "control plane lost");
+    CHECK(roles_final_state(0, 1, 1) == JOB_STATE_FAILED, "both");
+    CHECK(roles_final_state(1, 0, 0) == JOB_STATE_STOPPING, "stopped");
+    CHECK(roles_final_state(1, 1, 1) == JOB_STATE_STOPPING, "a stop wins");
 }
 
 static void test_lost_after_done(void) {

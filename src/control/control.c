@@ -1386,35 +1386,32 @@ long ctl_epoch(ctl_t *c) {
 
 long ctl_epoch_incr(ctl_t *c) { return incr_key(c, KEY_EPOCH); }
 
-int ctl_state_set(ctl_t *c, const char *state) {
-    char key[CTL_KEY_MAX], err[CTL_ERR_MAX];
-    job_state st;
-    if (job_state_parse(state, &st, err, sizeof err) != 0) {
-        ctl_set_error(c, "%s", err);
+int ctl_state_set(ctl_t *c, job_state state) {
+    char key[CTL_KEY_MAX];
+    if ((int)state < 0 || state >= JOB_STATES) {
+        ctl_set_error(c, "job state %d: not a job_state", (int)state);
         return -1;
     }
     make_key(c, key, sizeof key, KEY_STATE, 0, 0);
-    return ctl_command_ok(c, "SET %s %s", key, state);
+    return ctl_command_ok(c, "SET %s %s", key, job_state_name(state));
 }
 
-/* An absent state reads as "" (0), so a poller can tell "not set yet" from an error. */
-int ctl_state_get(ctl_t *c, char *state, size_t len) {
-    char key[CTL_KEY_MAX];
+/* An absent state is 0, so a poller can tell "not set yet" (or "gone") from an error. */
+int ctl_state_get(ctl_t *c, job_state *state) {
+    char key[CTL_KEY_MAX], text[32], err[CTL_ERR_MAX];
     make_key(c, key, sizeof key, KEY_STATE, 0, 0);
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
     int rc = 0;
-    job_state st;
-    char err[CTL_ERR_MAX];
     if (r->type == REDIS_REPLY_STRING) {
-        rc = copy_reply_string(c, r, state, len, "state");
-        if (rc == 0 && job_state_parse(state, &st, err, sizeof err) != 0) {
+        job_state st = JOB_STATE_FAILED;
+        rc = copy_reply_string(c, r, text, sizeof text, "state") == 0 ? 1 : -1;
+        if (rc == 1 && job_state_parse(text, &st, err, sizeof err) != 0) {
             ctl_set_error(c, "%s", err);
-            state[0] = '\0';
             rc = -1;
         }
-    } else if (len > 0)
-        state[0] = '\0';
+        if (rc == 1) *state = st;
+    }
     freeReplyObject(r);
     return rc;
 }

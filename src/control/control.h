@@ -317,10 +317,12 @@ int ctl_alive(ctl_t *c, long proc_id);
 long ctl_epoch(ctl_t *c);
 long ctl_epoch_incr(ctl_t *c);
 
-/* Job state string (dp:{job}:state): "running", "stopping", "done", "failed" (protocol.h's
- * job_state names; ctl_state_set refuses another, ctl_state_get reads one as an error). 0 / -1. */
-int ctl_state_set(ctl_t *c, const char *state);
-int ctl_state_get(ctl_t *c, char *state, size_t len);
+/* The job's state (dp:{job}:state), protocol.h's job_state. ctl_state_set: 0 / -1 (a value
+ * out of range is refused). ctl_state_get: 1 read into *state; 0 absent (not published yet,
+ * or the job's keys are gone); -1 the control plane not reached, or a value that is no
+ * job_state (c's error names it). *state is written only when 1 is returned. */
+int ctl_state_set(ctl_t *c, job_state state);
+int ctl_state_get(ctl_t *c, job_state *state);
 
 /* Appends one JSON line to the job's event / metric list. 0 / -1. */
 int ctl_push_event(ctl_t *c, const char *json);

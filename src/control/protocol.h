@@ -184,7 +184,8 @@ typedef enum { PROTO_RDZV_MEMBER, PROTO_RDZV_ARRIVALS, PROTO_RDZV_WAKE } proto_r
 int proto_rdzv_key(char *buf, size_t len, const char *prefix, proto_rdzv which, int rank);
 
 /* --- KEY_STATE: the job's state ------------------------------------------------------------
- * "running", "stopping", "done" or "failed" (ctl_state_set refuses any other text). */
+ * "running", "stopping", "done" or "failed": ctl_state_set takes the enum, ctl_state_get
+ * refuses any other text. */
 typedef enum { JOB_STATE_RUNNING, JOB_STATE_STOPPING, JOB_STATE_DONE, JOB_STATE_FAILED, JOB_STATES } job_state;
 const char *job_state_name(job_state s);
 int job_state_parse(const char *s, job_state *st, char *err, size_t errlen);

@@ -176,9 +176,8 @@ void *rt_heartbeat_loop(void *arg) {
         } else if (ok) {
             mq_flush(dp, c); /* lines a failed push left behind */
         }
-        char state[32];
-        if (ok && ctl_state_get(c, state, sizeof state) == 0 && strcmp(state, "running") != 0)
-            atomic_store(&dp->job_over, 1);
+        job_state state;
+        if (ok && ctl_state_get(c, &state) == 1 && state != JOB_STATE_RUNNING) atomic_store(&dp->job_over, 1);
         /* The next beat after a period, or at once when a call elsewhere found Redis away. */
         struct timespec until;
         clock_gettime(CLOCK_MONOTONIC, &until);

@@ -300,7 +300,7 @@ static int write_job_keys(Launcher *L, const char *secret) {
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) return -1;
     proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
     return ctl_config_set(L->ctl, CFG_SECRET, secret) == 0 && ctl_config_set(L->ctl, CFG_CONFIG, text) == 0 &&
-                   ctl_config_set(L->ctl, CFG_T0_MS, t0) == 0 && ctl_state_set(L->ctl, "running") == 0
+                   ctl_config_set(L->ctl, CFG_T0_MS, t0) == 0 && ctl_state_set(L->ctl, JOB_STATE_RUNNING) == 0
                ? 0
                : -1;
 }
@@ -992,7 +992,7 @@ static int restart_from_disk(Launcher *L) {
     char err[1024];
     r->rank = coord_unhandled_failure(L->coord, r->kind, sizeof r->kind, &r->t_fail_ms);
     r->last_step = L->last_step;
-    ctl_state_set(L->ctl, "failed");
+    ctl_state_set(L->ctl, JOB_STATE_FAILED);
     kill_all_children(L);
     r->checkpoint = checkpoint_latest_intact(L->run_cfg.out, err, sizeof err);
     if (r->checkpoint >= 0) {
@@ -1275,14 +1275,15 @@ static int take_first_lease(Launcher *L, char *err, size_t errlen) {
  * agree with this machine's options (bar the machine's own: --out, --bind, ...). 0 / -1. */
 static int follow_job(Launcher *L, char *err, size_t errlen) {
     static char text[JOB_CONFIG_TEXT_MAX], mine[JOB_CONFIG_TEXT_MAX];
-    char t0[32], state[32] = "", why[900];
+    char t0[32], why[900];
+    job_state state = JOB_STATE_RUNNING;
     double deadline = now_ms() + L->cfg->start_timeout_ms;
     /* The first machine writes the job's fields one by one and "running" last. */
     for (;;) {
-        int got = ctl_state_get(L->ctl, state, sizeof state) == 0 && state[0]; /* "" = not set yet */
-        if (got && !strcmp(state, "running")) break;
+        int got = ctl_state_get(L->ctl, &state) == 1; /* absent: not published yet */
+        if (got && state == JOB_STATE_RUNNING) break;
         if (got) { /* failed, done, stopping */
-            snprintf(err, errlen, "job '%s' is %s: a new run needs a new --job", L->job, state);
+            snprintf(err, errlen, "job '%s' is %s: a new run needs a new --job", L->job, job_state_name(state));
             return -1;
         }
         if (now_ms() > deadline || stop_signal) {
@@ -1472,9 +1473,9 @@ static void follow(Launcher *L) {
         if (L->coordinating) return; /* the coordinator's loop takes over */
         double now = now_ms();
         if (now - state_ms >= 100) {
-            char state[32] = "";
+            job_state state = JOB_STATE_RUNNING;
             state_ms = now;
-            int got = ctl_state_get(L->ctl, state, sizeof state);
+            int got = ctl_state_get(L->ctl, &state);
             /* No state: the job's keys are gone (its coordinator ended it while this launcher
              * was held up) or being republished after an outage. This machine's processes see
              * the same and leave; their exits tell how the job ended. Cut off for as long as
@@ -1596,7 +1597,7 @@ static int launcher_start(Launcher *L) {
                          : follow_job(L, err, sizeof err) != 0) ||
         (resuming && serve_resumed_states(L, err, sizeof err) != 0)) {
         log_msg("%s", err);
-        if (L->coordinating && L->ctl && cfg->nnodes > 0) ctl_state_set(L->ctl, "failed"); /* the others stop waiting */
+        if (L->coordinating && L->ctl && cfg->nnodes > 0) ctl_state_set(L->ctl, JOB_STATE_FAILED); /* the others stop waiting */
         return -1;
     }
     if (cfg->nnodes > 0) {
@@ -1675,9 +1676,11 @@ static void follower_wait_kept(Launcher *L) {
     sig_atomic_t first = stop_signal;
     stop_signal = 0;
     double deadline = now_ms() + 30000;
-    char state[32] = "";
-    while (!stop_signal && now_ms() < deadline && reap_children(L) > 0 &&
-           !roles_state_ended(ctl_state_get(L->ctl, state, sizeof state), state)) {
+    job_state state = JOB_STATE_RUNNING;
+    for (;;) {
+        if (stop_signal || now_ms() >= deadline || reap_children(L) <= 0) break;
+        int got = ctl_state_get(L->ctl, &state);
+        if (roles_state_ended(got, state)) break;
         node_beat(L);
         drain_outputs(L);
         sleep_ms(50);
@@ -1747,7 +1750,7 @@ static int coordinator_finish(Launcher *L) {
     if (roles_keep_on_stop(stop_signal != 0, L->coordinating, L->failed, L->job_done, L->redis_lost, cfg->ft))
         keep_on_stop(L);
 
-    const char *state = roles_final_state(stop_signal != 0, L->failed, L->redis_lost);
+    job_state state = roles_final_state(stop_signal != 0, L->failed, L->redis_lost);
     if (L->redis_lost) coordinator_lost_control_plane(L);
     ctl_state_set(L->ctl, state);
     /* After a failure nothing useful is left to finish: survivors may be blocked in a
@@ -1772,7 +1775,8 @@ static int coordinator_finish(Launcher *L) {
     struct rusage ru;
     getrusage(RUSAGE_CHILDREN, &ru);
     double cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-    event_emit(L->ctl, L->t0_wall_ms, "finish", "\"status\":\"%s\",\"steps\":%d,\"workers_cpu_s\":%.3f", ok ? "done" : state,
+    event_emit(L->ctl, L->t0_wall_ms, "finish", "\"status\":\"%s\",\"steps\":%d,\"workers_cpu_s\":%.3f",
+               job_state_name(ok ? JOB_STATE_DONE : state),
                L->last_step, cpu_s);
     drain_outputs(L);
     L->live.finished = 1;

@@ -15,6 +15,8 @@
 #ifndef DEADPOOL_LAUNCHER_ROLES_H
 #define DEADPOOL_LAUNCHER_ROLES_H
 
+#include "protocol.h" /* job_state */
+
 typedef enum {
     ROLE_FOLLOWING = 0,    /* another machine coordinates; this one supervises its processes */
     ROLE_COORDINATING = 1, /* this machine holds the lease and runs the coordinator */
@@ -37,9 +39,9 @@ int roles_job_over(int stopped, int failed, int job_done, int redis_lost);
 
 typedef enum {
     FOLLOW_GOING = 0,     /* running, or not known yet: follow on */
-    FOLLOW_DONE,          /* "done": the job finished */
-    FOLLOW_FAILED,        /* "failed", or any state but running/done/stopping */
-    FOLLOW_STOPPED,       /* "stopping": another machine's launcher was stopped */
+    FOLLOW_DONE,          /* done: the job finished */
+    FOLLOW_FAILED,        /* failed */
+    FOLLOW_STOPPED,       /* stopping: another machine's launcher was stopped */
     FOLLOW_GONE_DONE,     /* no state (the job's keys are gone), and every process here exited 0 */
     FOLLOW_GONE_FAILED,   /* no state, and this machine's processes have exited, not all with 0 */
     FOLLOW_GONE_TOO_LONG, /* no state for longer than the launcher TTL, with processes running */
@@ -52,14 +54,14 @@ typedef struct {
     double absent_ms;  /* the state was first seen absent in this run of absences; 0 = present */
 } FollowWatch;
 
-/* One look at the job's state. got: the read's result (0 read, else the control plane was
- * not reached); state: what was read ("" = absent: the job's keys are gone, its coordinator
- * ended it while this launcher was held up, or they are being republished after an outage);
+/* One look at the job's state. got: ctl_state_get's result (1: state was read; 0: absent, the
+ * job's keys are gone, its coordinator ended it while this launcher was held up, or they are
+ * being republished after an outage; -1: the control plane not reached, state not read);
  * running: this machine's processes not yet exited; exited_ok / nchildren: those that exited
  * with status 0, out of all it started; ttl_ms: how long the job takes to forget a launcher.
  * Updates *w. With no state, this machine's own processes see the same and leave: their
  * exits tell how the job ended. */
-follow_verdict roles_follow_state(FollowWatch *w, int got, const char *state, int running, int exited_ok, int nchildren,
+follow_verdict roles_follow_state(FollowWatch *w, int got, job_state state, int running, int exited_ok, int nchildren,
                                   double now_ms, int ttl_ms);
 /* The verdict's effect on the launcher: the job is done / cannot continue here / was
  * stopped by another machine's launcher. */
@@ -67,8 +69,9 @@ int roles_follow_done(follow_verdict v);
 int roles_follow_failed(follow_verdict v);
 int roles_follow_stopped_elsewhere(follow_verdict v);
 
-/* A state read during a stop that says the job has ended (set, and not "running"). */
-int roles_state_ended(int got, const char *state);
+/* A state read during a stop (got: ctl_state_get's result) that says the job has ended
+ * (read, and not running). */
+int roles_state_ended(int got, job_state state);
 
 /* --- the end --------------------------------------------------------------------------- */
 
@@ -78,8 +81,8 @@ int roles_keep_on_stop(int stopped, int coordinating, int failed, int job_done, 
 /* A follower stopped by the same signal waits for its ranks to write it (bounded). */
 int roles_follower_waits_on_stop(int stopped, int job_done, int failed, int ft);
 
-/* The job's state the coordinator writes at the end: "stopping", "failed" or "done". */
-const char *roles_final_state(int stopped, int failed, int redis_lost);
+/* The job's state the coordinator writes at the end: stopping, failed or done. */
+job_state roles_final_state(int stopped, int failed, int redis_lost);
 /* The control plane was lost, yet every rank had finished: at least `workers` processes
  * exited with status 0 (they finished without the means to say so). */
 int roles_lost_after_done(int exited_ok, int workers);

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "protocol.h" /* job_state */
+
 typedef struct ctl ctl_t;
 
 #define REDIS_SENTINELS_MAX 8

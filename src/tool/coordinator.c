@@ -491,7 +491,6 @@ int coord_control_settled(const Coordinator *c) {
     return decide_control_settled(&dc);
 }
 
-
 int coord_is_member(const Coordinator *c, pid_t pid) {
     for (int r = 0; c->have_members && r < c->cfg->workers; r++)
         if (c->pids[r] == pid) return 1;

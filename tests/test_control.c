@@ -3,6 +3,7 @@
  * key family of a job, heartbeat expiry, ordered draining, job deletion, and that stopping
  * the server leaves no process. Also prints the measured command round-trip latency. */
 #include "control.h"
+#include "redis_server.h"
 #include "harness.h"
 
 #include <errno.h>

@@ -24,6 +24,7 @@
 
 #include "checkpoint.h"
 #include "control.h"
+#include "redis_server.h"
 #include "coordinator.h"
 #include "decide.h"
 #include "events.h"

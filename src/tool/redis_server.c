@@ -8,6 +8,7 @@
  * on its stdin ("redis-server -"), never through the command line, where `ps` would show it.
  * The child is tied to its parent with PR_SET_PDEATHSIG so it cannot outlive the launcher. */
 #include "control.h"
+#include "redis_server.h"
 #include "redis_connect.h"
 #include "util.h"
 

@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "control.h"
+#include "redis_server.h"
 
 #define SLURM_HOST_MAX 64 /* a node name's room, its terminating 0 included */
 

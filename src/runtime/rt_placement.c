@@ -208,8 +208,11 @@ int rt_start_snapshots(dp_t *dp, char *err, size_t errlen) {
         log_msg("%d worker(s): %d replica(s) per rank instead of %d", dp->cfg.workers, n, dp->cfg.replicas);
     char list[HOLDERS_TEXT_MAX];
     holders_format(holders, n, list, sizeof list);
+    /* No WAIT here, on the way back to training: a recovery looks these holders up only for a
+     * generation committed in this epoch, and the commit record is waited for (rt_on_commit).
+     * Replication is one ordered stream, so a replica that has the commit has these holders
+     * too. (A replica that died with its machine made this WAIT cost a whole second.) */
     holders_record(dp->ctl, dp->epoch, dp->rank, list);
-    ctl_wait_replica(dp->ctl, 1000); /* a recovery looks the holders up: on a replica before it commits */
     for (int i = 0; i < n; i++) {
         snprintf(targets[i].host, sizeof targets[i].host, "%s", holders[i].host);
         targets[i].port = holders[i].port;

@@ -392,13 +392,13 @@ dp_status rt_share_and_rebuild(dp_t *dp, int *state_lost, char *err, size_t errl
         if (from < 0 && reports_identical(dp)) { /* every rank sees this: rank 0 tries its replica, says if it could */
             float got = dp->rank == 0 && identical_from_replica(dp) ? 1.0f : 0.0f;
             if (comm_broadcast(dp->comm, &got, sizeof got, 0, to) != COMM_OK) goto comm_failed;
-            if (got != 0.0f) from = 0;
-        }
-        if (from < 0 && reports_identical(dp)) { /* no use trying again: the job stops (join_failed) */
-            if (state_lost) *state_lost = 1;
-            snprintf(err, errlen, "no member restored the state every rank holds identically (DP_IDENTICAL) of step %lld",
-                     (long long)dp->next_step);
-            return DP_ERR;
+            if (got == 0.0f) { /* no use trying again: the job stops (join_failed) */
+                if (state_lost) *state_lost = 1;
+                snprintf(err, errlen, "no member restored the state every rank holds identically (DP_IDENTICAL) of step %lld",
+                         (long long)dp->next_step);
+                return DP_ERR;
+            }
+            from = 0;
         }
         dp_region all[GEN_MAX_REGIONS], same[GEN_MAX_REGIONS];
         unsigned char *blob = NULL;

@@ -1329,13 +1329,12 @@ static int follow_job(Launcher *L, char *err, size_t errlen) {
 /* --- resuming across machines without a shared filesystem ------------------------------ */
 
 /* What this machine's --resume directory holds, for the first machine to choose from. */
-#define INVENTORY_MAX INVENTORY_TEXT_MAX /* one machine's checkpoints, as checkpoint_inventory lists them */
 static int publish_inventory(Launcher *L, char *err, size_t errlen) {
-    static char inv[INVENTORY_MAX];
+    static char inv[INVENTORY_TEXT_MAX];
     char idx[16], key[32];
     if (checkpoint_inventory(L->cfg->resume, inv, sizeof inv) != 0) {
         snprintf(err, errlen, "--resume %.900s: the checkpoints there take more than %d bytes to list: remove old "
-                 "ones", L->cfg->resume, INVENTORY_MAX);
+                 "ones", L->cfg->resume, INVENTORY_TEXT_MAX);
         return -1;
     }
     proto_int_format(L->node_index, idx, sizeof idx);
@@ -1352,14 +1351,14 @@ static int publish_inventory(Launcher *L, char *err, size_t errlen) {
  * rank's state is on some machine. 0 / -1 + err. */
 static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
     int max = DP_MAX_RANKS, n = 0;
-    char (*fields)[16] = malloc(sizeof *fields * (size_t)max), *values = malloc((size_t)max * INVENTORY_MAX);
+    char (*fields)[16] = malloc(sizeof *fields * (size_t)max), *values = malloc((size_t)max * INVENTORY_TEXT_MAX);
     const char **inv = malloc(sizeof *inv * (size_t)max);
     char key[32], why[512];
     if (!fields || !values || !inv) { snprintf(err, errlen, "out of memory"); goto fail; }
     ctl_key_suffix(key, sizeof key, KEY_INVENTORY, 0, 0);
     double t0 = now_ms(), all_at = 0;
     for (;;) {
-        n = ctl_hash_getall(L->ctl, key, fields[0], sizeof fields[0], values, INVENTORY_MAX, max);
+        n = ctl_hash_getall(L->ctl, key, fields[0], sizeof fields[0], values, INVENTORY_TEXT_MAX, max);
         int workers_in = 0; /* machines 0..nnodes-1 (spare machines may come too) */
         for (int i = 0; i < n; i++) {
             long long m;
@@ -1375,7 +1374,7 @@ static int choose_resume_step(Launcher *L, char *err, size_t errlen) {
                  L->cfg->start_timeout_ms);
         goto fail;
     }
-    for (int i = 0; i < n; i++) inv[i] = values + (size_t)i * INVENTORY_MAX;
+    for (int i = 0; i < n; i++) inv[i] = values + (size_t)i * INVENTORY_TEXT_MAX;
     int64_t step = resume_choose(inv, n, L->cfg->workers, why, sizeof why);
     if (step < 0 && L->cfg->slurm_env && L->cfg->slurm_env->restart_count > 0) {
         /* A requeued Slurm job resumes when its nodes have a complete checkpoint, and starts
@@ -1678,8 +1677,7 @@ static void follower_wait_kept(Launcher *L) {
     stop_signal = 0;
     double deadline = now_ms() + 30000;
     job_state state = JOB_STATE_RUNNING;
-    for (;;) {
-        if (stop_signal || now_ms() >= deadline || reap_children(L) <= 0) break;
+    while (!stop_signal && now_ms() < deadline && reap_children(L) > 0) {
         int got = ctl_state_get(L->ctl, &state);
         if (roles_state_ended(got, state)) break;
         node_beat(L);

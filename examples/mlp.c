@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
     net.h = malloc((size_t)hidden * sizeof(float));
     if (!net.params || !net.grads || !net.h) { fprintf(stderr, "mlp: out of memory\n"); return 1; }
     dp_t *dp = dp_init(NULL, err, sizeof err);                          /* DeadPool: join the job */
-    if (!dp) { fprintf(stderr, "mlp: %s\n", err); return 1; }
+    if (!dp) { fprintf(stderr, "mlp: %s\n", err); return dp_finish(NULL, DP_ERR); }
     net.dp = dp;
     net.seed = dp_seed(dp);
     init_state(&net);

@@ -12,6 +12,7 @@
  * The loop, in full (examples/mlp.c is a complete program):
  *
  *     dp_t *dp = dp_init(NULL, err, sizeof err);           // role, rank, world from the job
+ *     if (!dp) return dp_finish(NULL, DP_ERR);             // a bad job, or Redis away too long
  *     build the model for dp_world(dp) ranks;               // warm: spares do this too
  *     dp_join(dp, &callbacks, err, sizeof err);             // spares block here until needed
  *     for (;;) {
@@ -192,7 +193,10 @@ DP_EXPORT dp_t *dp_init(const dp_options *opts, char *err, size_t errlen);
  * rank's state. DP_OK, DP_STOPPED (the job ended first) or DP_ERR + err. */
 DP_EXPORT dp_status dp_join(dp_t *dp, const dp_callbacks *cb, char *err, size_t errlen);
 /* Leaves the job; returns the process exit status to use (0 done, non-zero otherwise).
- * `how` is the loop's last status (DP_OK: every step done). Frees dp. */
+ * `how` is the loop's last status (DP_OK: every step done). Frees dp. After a dp_init that
+ * returned NULL, dp_finish(NULL, DP_ERR) is the status to exit with: a bad job (the launcher
+ * stops the job) or, when the control plane stayed away past --control-wait, a failed process
+ * (the launcher replaces it). */
 DP_EXPORT int dp_finish(dp_t *dp, dp_status how);
 
 DP_EXPORT dp_role dp_get_role(const dp_t *dp);

@@ -4,6 +4,7 @@
  * the server leaves no process. Also prints the measured command round-trip latency. */
 #include "control.h"
 #include "redis_server.h"
+#include "runtime_internal.h"
 #include "harness.h"
 
 #include <errno.h>
@@ -668,6 +669,52 @@ static void test_transient_errors_and_restart(void) {
     ctl_close(c);
 }
 
+/* A thread of a process (its heartbeat, its abort watch) connects on its own. Redis stalled
+ * for longer than one connection's bound (2 s) at that moment: the thread waits it out, with
+ * the control plane marked down meanwhile, instead of giving up for good and leaving the
+ * process without heartbeat (it was declared dead once Redis was back: e2e_blink's stall while
+ * the processes start, rc 1, "rank 0 failed (network)"). And it gives up at once when the
+ * process stops. */
+static dp_t *g_dp;
+static ctl_t *g_thread_ctl;
+
+static void *thread_connect(void *arg) {
+    (void)arg;
+    g_thread_ctl = rt_thread_connect(g_dp, "test thread");
+    return NULL;
+}
+
+static void test_thread_connect_waits_out_a_stall(void) {
+    if (!g_server_up) return;
+    g_dp = calloc(1, sizeof *g_dp);
+    if (!g_dp) return;
+    g_dp->addr = server_addr();
+    snprintf(g_dp->job, sizeof g_dp->job, "jobThread");
+    g_dp->cfg.control_wait = 60;
+    pthread_mutex_init(&g_dp->pub_mu, NULL);
+    pthread_cond_init(&g_dp->pub_cv, NULL);
+    kill(g_server.pid, SIGSTOP);
+    pthread_t t;
+    pthread_create(&t, NULL, thread_connect, NULL);
+    sleep_ms(3000);
+    CHECK(atomic_load(&g_dp->ctl_down) == 1, "the control plane is marked down while the thread cannot connect");
+    kill(g_server.pid, SIGCONT);
+    pthread_join(t, NULL);
+    CHECK(g_thread_ctl != NULL, "the thread connected once the server ran again");
+    CHECK(g_thread_ctl && ctl_heartbeat(g_thread_ctl, 1, 1000) == 0, "and its connection works: %s", ctl_last_error(g_thread_ctl));
+    ctl_close(g_thread_ctl);
+    /* stopping: no connection, no wait */
+    kill(g_server.pid, SIGSTOP);
+    atomic_store(&g_dp->hb_stop, 1);
+    double t0 = now_s();
+    CHECK(rt_thread_connect(g_dp, "test thread") == NULL && now_s() - t0 < 0.5, "a stopping process does not connect (%.2f s)",
+          now_s() - t0);
+    kill(g_server.pid, SIGCONT);
+    pthread_mutex_destroy(&g_dp->pub_mu);
+    pthread_cond_destroy(&g_dp->pub_cv);
+    free(g_dp);
+}
+
 static void test_server_stop(void) {
     if (!g_server_up) return;
     int pid = g_server.pid;
@@ -830,6 +877,7 @@ int main(void) {
     RUN_TEST(test_connect_retried_at_the_client_limit);
     RUN_TEST(test_run_dir_names);
     RUN_TEST(test_private_server_on_a_unix_socket);
+    RUN_TEST(test_thread_connect_waits_out_a_stall);
     RUN_TEST(test_transient_errors_and_restart);
     RUN_TEST(test_server_stop);
     TEST_MAIN_END();

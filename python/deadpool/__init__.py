@@ -58,7 +58,9 @@ class Kind(enum.IntEnum):
 
 
 class Error(Exception):
-    """A DeadPool error; the message is the library's (or names the callback that raised)."""
+    """A DeadPool error; the message is the library's (or names the callback that raised).
+    Raised by Job(), it has `exit_status`, the status a process that cannot join should exit
+    with: `except deadpool.Error as e: sys.exit(e.exit_status)`."""
 
 
 class Region:
@@ -197,7 +199,11 @@ class Job:
             opts = ctypes.byref(_lib.Options(enc(redis_url), enc(job), int(bool(spare)), int(rank), enc(bind_host)))
         self._dp = self._L.dp_init(opts, err, len(err))
         if not self._dp:
-            raise Error(err.value.decode("utf-8", "replace") or "dp_init failed")
+            e = Error(err.value.decode("utf-8", "replace") or "dp_init failed")
+            # The status to exit with (deadpool.h's dp_finish(NULL, DP_ERR)): 1 a bad job (the
+            # launcher stops the job), 2 the control plane stayed away (the process is replaced).
+            e.exit_status = self._L.dp_finish(None, -1)
+            raise e
 
     # --- state of this process (local) ---
     def _h(self):

@@ -615,7 +615,9 @@ int gpt2_main(int argc, char **argv) {
         return 1;
     }
     dp_t *dp = dp_init(NULL, err, sizeof err);
-    if (!dp) { fprintf(stderr, "deadpool train: %s\n", err); return 1; }
+    /* dp_finish(NULL) tells a bad job from a control plane that stayed away (then the
+     * process is replaced, the job goes on). */
+    if (!dp) { fprintf(stderr, "deadpool train: %s\n", err); return dp_finish(NULL, DP_ERR); }
     Trainer *t = NULL;
     if (train_options_validate(&o, (int)dp_steps(dp), dp_world(dp), err, sizeof err) == 0) t = trainer_create(&o, dp, err, sizeof err);
     if (!t) {

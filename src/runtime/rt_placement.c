@@ -202,6 +202,10 @@ int rt_start_snapshots(dp_t *dp, char *err, size_t errlen) {
     } else {
         if (want > dp->cfg.workers - 1) want = dp->cfg.workers - 1;
         n = ring_holders(dp, want, holders);
+        if (n < want && ctl_error_transient(dp->ctl)) {
+            snprintf(err, errlen, "looking up the replica holders: %s", ctl_last_error(dp->ctl));
+            return -2;
+        }
         if (n < want) { snprintf(err, errlen, "only %d of %d ring replica holders are registered", n, want); return -1; }
     }
     if (dp->rank == 0 && dp->epoch == 0 && n < dp->cfg.replicas)
@@ -219,7 +223,7 @@ int rt_start_snapshots(dp_t *dp, char *err, size_t errlen) {
         targets[i].proc = holders[i].proc;
     }
     if (!dp->snap_ctl) dp->snap_ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen);
-    if (!dp->snap_ctl) return -1;
+    if (!dp->snap_ctl) return ctl_connect_error_transient() ? -2 : -1;
     /* The buffers are sized from the state as it is now; they grow if it does. */
     size_t hint = 0;
     int nr = rt_gather_regions(dp, dp->next_step - 1, NULL, 0);

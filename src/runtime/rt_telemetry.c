@@ -154,12 +154,29 @@ static int republish(dp_t *dp, ctl_t *c) {
     return bad ? -1 : 0;
 }
 
+/* Redis may be away the moment the thread starts (stalled while the job's processes start).
+ * A thread that gave up then would leave the process without heartbeat (declared dead once
+ * Redis is back) or without its abort watch: it tries again, with the control plane marked
+ * down meanwhile (nothing on the training path waits for it). */
+ctl_t *rt_thread_connect(dp_t *dp, const char *who) {
+    char err[256];
+    for (int logged = 0; !atomic_load(&dp->hb_stop);) {
+        ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
+        if (c) return c;
+        if (!ctl_connect_error_transient()) break;
+        if (!logged++) log_msg("%s: %s; trying again", who, err);
+        rt_control_down(dp, NULL, 0);
+        sleep_ms(200);
+    }
+    if (!atomic_load(&dp->hb_stop)) log_msg("%s: %s", who, err);
+    return NULL;
+}
+
 void *rt_heartbeat_loop(void *arg) {
     dp_t *dp = arg;
     pthread_setname_np(pthread_self(), "dp-heartbeat");
-    char err[256];
-    ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
-    if (!c) { log_msg("heartbeat: %s", err); return NULL; }
+    ctl_t *c = rt_thread_connect(dp, "heartbeat");
+    if (!c) return NULL;
     int period = dp->cfg.detect_timeout_ms / 4;
     /* The beat keeps its generous timeout (2 s): a slow Redis still gets the heartbeat, and a
      * stalled one answers the beat waiting in its socket the moment it runs again. */

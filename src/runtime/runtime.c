@@ -133,9 +133,8 @@ static lc_actions lc_feed(dp_t *dp, lc_input in) {
 static void *abort_watch_loop(void *arg) {
     dp_t *dp = arg;
     pthread_setname_np(pthread_self(), "dp-abort");
-    char err[256];
-    ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
-    if (!c) { log_msg("abort watcher: %s", err); return NULL; }
+    ctl_t *c = rt_thread_connect(dp, "abort watcher");
+    if (!c) return NULL;
     while (!atomic_load(&dp->hb_stop)) {
         long v = ctl_wait_notice(c, dp->proc_id, KEY_ABORT, 200);
         if (v < 0) sleep_ms(100);
@@ -567,7 +566,16 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
             return DP_FAILED;
         }
     }
-    if (dp->cfg.ft == FT_DEADPOOL && rt_start_snapshots(dp, err, errlen) != 0) {
+    /* Redis away while the job starts is no bad job (item 12): tried again within
+     * --control-wait; past it, the process exits as failed and is replaced. */
+    for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg); dp->cfg.ft == FT_DEADPOOL;) {
+        int rc = rt_start_snapshots(dp, err, errlen);
+        if (rc == 0) break;
+        if (rc == -2 && now_ms() < deadline) {
+            sleep_ms(200);
+            continue;
+        }
+        if (rc == -2) atomic_store(&init_transient, 1);
         emit_error(dp, "snapshots: ", err);
         lc_feed(dp, LC_IN_START_FAILED);
         return DP_ERR;

@@ -152,6 +152,10 @@ void rt_control_down(dp_t *dp, const ctl_t *c, int confirmed);
 void rt_note_failure(dp_t *dp, const ctl_t *c);
 /* The bound on a Redis call on the training path (about a third of a step). */
 int rt_path_timeout_ms(const dp_t *dp);
+/* A Redis connection of a thread of this process (named `who` in the log), tried again while
+ * the control plane is away, until it connects or the process stops (dp->hb_stop): NULL then,
+ * or for a failure that is no outage. */
+ctl_t *rt_thread_connect(dp_t *dp, const char *who);
 /* The heartbeat thread (pthread_create's start routine; arg: the dp_t). */
 void *rt_heartbeat_loop(void *arg);
 /* Rank 0's metrics line of step `step`: pushed at once, or queued while Redis is away. */
@@ -219,7 +223,8 @@ void rt_persist_without_control(dp_t *dp);
 /* --- rt_placement.c ------------------------------------------------------------------ */
 
 /* Chooses this rank's replica holders for dp->epoch, records them, and starts the epoch's
- * snapshot engine (dp->snap). 0 / -1 + err. */
+ * snapshot engine (dp->snap). 0; -1 + err; -2 + err when it failed for the control plane's
+ * absence (a Redis call or connection that found no server: trying again may work). */
 int rt_start_snapshots(dp_t *dp, char *err, size_t errlen);
 
 /* --- rt_comm.c ----------------------------------------------------------------------- */

@@ -52,6 +52,12 @@ check("status_names_from_the_library", [str(s) for s in deadpool.Status] == ["ok
 
 msg = raises(lambda: deadpool.Job())
 check("job_outside_a_job_says_how_to_start_it", msg and "deadpool run" in msg, msg)
+try:
+    deadpool.Job()
+    status = None
+except deadpool.Error as e:
+    status = getattr(e, "exit_status", None)
+check("job_that_cannot_start_says_its_exit_status", status == 1, status)  # a bad job, not Redis away
 
 r = subprocess.run([sys.executable, "-c", "import deadpool; deadpool.Job()"], capture_output=True, text=True,
                    env=dict(os.environ, DEADPOOL_LIB="/nonexistent/libdeadpool.so",

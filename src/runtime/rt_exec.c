@@ -60,17 +60,34 @@ int worker_exec(const WorkerArgs *a, const char *self_exe) {
     char err[1024];
     redis_addr addr;
     if (redis_addr_parse(a->redis_url, &addr, err, sizeof err) != 0) { log_msg("%s", err); return DP_EXIT_BAD_JOB; }
-    ctl_t *c = ctl_connect(&addr, a->job, 5000, err, sizeof err);
-    if (!c) { log_msg("%s", err); return DP_EXIT_BAD_JOB; }
+    /* Redis away (stalled, restarting, failing over) is no bad job: tried again for a minute,
+     * dp_init's bound before the job's own --control-wait is known; past it, FAILED (the
+     * process may be started again), as dp_init would exit. */
+    double deadline = now_ms() + 60000;
+    ctl_t *c;
+    for (int tries = 0; !(c = ctl_connect(&addr, a->job, 5000, err, sizeof err)); tries++) {
+        if (!ctl_connect_error_transient() || now_ms() > deadline) {
+            log_msg("%s", err);
+            return ctl_connect_error_transient() ? DP_EXIT_FAILED : DP_EXIT_BAD_JOB;
+        }
+        if (tries == 0) log_msg("%s; trying again for up to 60 s", err);
+        sleep_ms(200);
+    }
     /* Heap, not stack: the config and the program are large. This process becomes the
      * program below, so they are never freed. */
     char *text = malloc(JOB_CONFIG_TEXT_MAX), *buf = malloc(sizeof ((JobConfig *)0)->program);
     JobConfig *cfg = malloc(sizeof *cfg);
     if (!text || !buf || !cfg) { log_msg("out of memory"); return DP_EXIT_BAD_JOB; }
-    if (ctl_config_get(c, CFG_CONFIG, text, JOB_CONFIG_TEXT_MAX) != 0) {
-        log_msg("job '%s' not found in redis at %s:%d", a->job, addr.host, addr.port);
+    int got;
+    while ((got = ctl_config_get(c, CFG_CONFIG, text, JOB_CONFIG_TEXT_MAX)) != 0 && ctl_error_transient(c) &&
+           now_ms() < deadline)
+        sleep_ms(200);
+    if (got != 0) {
+        int transient = ctl_error_transient(c);
+        if (transient) log_msg("job '%s': redis at %s:%d did not answer: %s", a->job, addr.host, addr.port, ctl_last_error(c));
+        else log_msg("job '%s' not found in redis at %s:%d", a->job, addr.host, addr.port);
         ctl_close(c);
-        return DP_EXIT_BAD_JOB;
+        return transient ? DP_EXIT_FAILED : DP_EXIT_BAD_JOB;
     }
     if (ctl_launcher_alive(c) == 0) {
         log_msg("job '%s' has no launcher running (its launcher key expired): it ended or its launcher died", a->job);

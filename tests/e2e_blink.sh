@@ -112,6 +112,31 @@ sentinel() {
 sentinel blink_sentinel_master_killed_job_trains_on 0
 sentinel blink_sentinel_first_failover_aborts_job_trains_on 13
 
+# Redis gone past --control-wait while a survivor waits after a failed join (the spare that
+# took rank 1 is killed while recovering: rank 0's join fails, RETRYING; no spare is left).
+# Rank 0 finds the control plane lost within --control-wait (its calls while it waits are
+# bounded by a quarter of it, not the connection's 5 s: it used to notice only after Redis was
+# back) and writes what it committed from its old epoch's snapshots; `--resume` ends with the
+# failure-free model.
+out="$WORK/joinfail_gone"; mkdir -p "$out"
+timeout -k 5 240 "$DP" run --out "$out" "${ARGS[@]}" --control-wait 2 --inject kill:1@30 --inject rkill:1@1 \
+  >"$out.stdout" 2>"$out.log" &
+job=$!
+for _ in $(seq 1200); do grep -q 'joining epoch 1 failed' "$out.log" 2>/dev/null && break; kill -0 $job 2>/dev/null || break; sleep 0.01; done
+rp=$(redis_pid "$out"); bad=""
+if is_redis "$rp" && grep -q 'joining epoch 1 failed' "$out.log"; then kill -STOP "$rp"; sleep 8; kill -CONT "$rp"
+else bad="no failed join, or no redis-server ('$rp')"; fi
+wait $job; rc=$?
+[ $rc -ne 0 ] || bad="$bad; rc 0 (expected a stop)"
+grep -q '\[rank 0\] the control plane is lost: the state of step [0-9]* is in' "$out.log" || bad="$bad; rank 0 did not persist"
+if [ -z "$bad" ]; then
+  timeout -k 5 180 "$DP" run --resume "$out" >"$out.resume.stdout" 2>"$out.resume.log" || bad="resume failed: $(tail -2 "$out.resume.log")"
+  cmp -s "$WORK/ref/model.bin" "$out/model.bin" || bad="$bad; the resumed model differs from the failure-free run"
+fi
+no_leftovers "$out" || bad="$bad; processes left behind"
+if [ -z "$bad" ]; then ok "blink_redis_gone_after_a_failed_join_persists_resumable ($(grep -o 'the state of step [0-9]*' "$out.log" | head -1))"
+else notok "blink_redis_gone_after_a_failed_join_persists_resumable" "$bad" "$(grep -v '^step' "$out.log" | tail -6)"; fi
+
 # Item 12: Redis stopped for 6 s right after the job is published, while its processes start
 # (each connection attempt times out after 5 s): they retry; the job trains on, identical.
 out="$WORK/start_stall"; mkdir -p "$out"

@@ -84,6 +84,36 @@ if [ $rc -ne 0 ] && [ -n "$msg" ] && grep -q '"event":"no_spare"' "$WORK/nospare
   ok "no_spare_persists_then_resume_bit_identical"
 else notok "no_spare_persists_then_resume_bit_identical" "rc $rc $rc2 msg '$msg'" "$(tail -3 "$WORK/nospare.log")"; fi
 
+# No spare left after a failed join: the spare that took rank 1 dies while recovering, so
+# every survivor's join fails and they wait (RETRYING), their snapshots of the old epoch
+# still the only copy. They answer the persist request from those: the checkpoint the stop
+# names is on disk, and the resumed job ends bit-identical. (They wrote nothing before, and
+# the stop still said "Nothing committed is lost ... checkpoint of step 12".)
+run_job "$WORK/joinfail" 120 "${BASE[@]}" --spares 1 --respawn-spares 0 --spare-wait 1 --inject kill:1@13 \
+  --inject rkill:1@1; rc=$?
+persisted=$(ls "$WORK/joinfail/ckpt" 2>/dev/null | tr '\n' ' ')
+timeout -k 5 120 "$DP" run --resume "$WORK/joinfail" >"$WORK/joinfail.resume.stdout" 2>"$WORK/joinfail.resume.log"; rc2=$?
+if [ $rc -ne 0 ] && grep -q 'joining epoch 1 failed' "$WORK/joinfail.log" && grep -q 'checkpoint of step 12)' "$WORK/joinfail.log" \
+   && [ $rc2 -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$WORK/joinfail/model.bin" && no_leftovers "$WORK/joinfail"; then
+  ok "no_spare_after_a_failed_join_persists_then_resume_bit_identical (persisted: $persisted)"
+else notok "no_spare_after_a_failed_join_persists_then_resume_bit_identical" "rc $rc $rc2 persisted '$persisted'" \
+  "$(grep -v '^step' "$WORK/joinfail.log" | tail -4; tail -2 "$WORK/joinfail.resume.log")"; fi
+
+# The persisted step cannot be written (--out/ckpt turned into a file while the job runs):
+# the stop waits for it (30 s after --spare-wait), then says so and names no checkpoint,
+# instead of "Nothing committed is lost: continue with ... (checkpoint of step N)".
+mkdir -p "$WORK/nockpt"
+timeout -k 5 120 "$DP" run --out "$WORK/nockpt" --workers 2 --model tiny --steps 1000 --seed 21 --spares 0 --respawn-spares 0 \
+  --spare-wait 1 --inject kill:1@400 >"$WORK/nockpt.stdout" 2>"$WORK/nockpt.log" &
+job=$!
+for _ in $(seq 600); do [ "$(count_lines "$WORK/nockpt/metrics.jsonl")" -ge 1 ] && break; sleep 0.05; done
+[ -e "$WORK/nockpt/ckpt" ] || : >"$WORK/nockpt/ckpt"
+wait $job; rc=$?
+if [ $rc -ne 0 ] && grep -q 'was not written to .*ckpt within 30 s.*no checkpoint exists' "$WORK/nockpt.log" \
+   && ! grep -q 'Nothing committed is lost' "$WORK/nockpt.log" && no_leftovers "$WORK/nockpt"; then
+  ok "no_spare_checkpoint_not_written_is_said"
+else notok "no_spare_checkpoint_not_written_is_said" "rc $rc" "$(grep -v '^step' "$WORK/nockpt.log" | tail -4)"; fi
+
 # The same with a snapshot every 2 steps: what is persisted is a zero-copy snapshot whose
 # block the steps after it no longer write (gen_block), the survivors' from their own blocks.
 run_job "$WORK/nospare2" 120 "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 --snapshot-every 2 \

@@ -166,9 +166,15 @@ void rt_answer_persist_request(dp_t *dp) {
     dp->persist_answered = 1;
     SnapHeader h;
     void *payload = NULL;
-    if (!dp->snap || snapshot_local_copy(dp->snap, g, &h, &payload) != 0) {
-        log_msg("cannot persist step %lld: not in the local snapshot buffers", g + 1);
-        return;
+    /* A survivor whose join failed has no snapshots of the new epoch yet, or none that
+     * committed: what it committed is in the old epoch's, kept until the new one commits. */
+    Snapshot *s = dp->snap;
+    if (!s || snapshot_local_copy(s, g, &h, &payload) != 0) {
+        s = dp->restore_src;
+        if (!s || snapshot_local_copy(s, g, &h, &payload) != 0) {
+            log_msg("cannot persist step %lld: not in the local snapshot buffers", g + 1);
+            return;
+        }
     }
     rt_persist_generation(dp, dp->ctl, &h, payload);
     free(payload);
@@ -178,7 +184,7 @@ void rt_answer_persist_request(dp_t *dp) {
         payload = NULL;
         if (rt_fetch_from_holders(dp, rank, g, dp->epoch, &h, &payload) != 0) {
             StatelessPersist sp = {dp, rank, -1};
-            if (!rt_rank_stateless(dp, rank, g) || snapshot_local_use(dp->snap, g, persist_as_stateless, &sp) != 0 || sp.rc != 0)
+            if (!rt_rank_stateless(dp, rank, g) || snapshot_local_use(s, g, persist_as_stateless, &sp) != 0 || sp.rc != 0)
                 log_msg("cannot persist rank %d's step %lld: no holder has it", rank, g + 1);
             continue;
         }

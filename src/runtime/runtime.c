@@ -455,7 +455,21 @@ static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen
 
 /* Waits (bounded) for a decision newer than our epoch. The decision's epoch, 0 when the job
  * ended, -1 on timeout. */
+static long wait_for_decision_within(dp_t *dp, int timeout_ms);
 static long wait_for_decision(dp_t *dp, int timeout_ms) {
+    /* Each Redis call of the wait is bounded by a quarter of --control-wait (500 ms at least,
+     * for the 100 ms BLPOP; never more than the connection's own bound): a call blocked on a
+     * stalled server for the connection's 5 s would let an outage outlast --control-wait
+     * unnoticed (a survivor whose join had failed kept nothing on disk). */
+    int saved = ctl_timeout(dp->ctl), bound = job_control_outage_ms(&dp->cfg) / 4;
+    if (bound < 500) bound = 500;
+    if (bound < saved) ctl_set_timeout(dp->ctl, bound);
+    long e = wait_for_decision_within(dp, timeout_ms);
+    ctl_set_timeout(dp->ctl, saved);
+    return e;
+}
+
+static long wait_for_decision_within(dp_t *dp, int timeout_ms) {
     double start = now_ms(), deadline = start + timeout_ms;
     while (now_ms() < deadline) {
         if (atomic_load(&dp->job_over) || atomic_load(&dp->control_lost)) return 0;

@@ -792,8 +792,22 @@ long long coord_persist_on_stop(Coordinator *c) {
     return g;
 }
 
+int coord_persisted(Coordinator *c, long long g) {
+    char err[256], k[64], done[32];
+    long long complete;
+    if (c->cfg->nnodes == 0) return checkpoint_latest(c->cfg->out, err, sizeof err) >= g;
+    return ctl_get(c->ctl, ctl_key_suffix(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
+           proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &complete, NULL, 0) == 0 && complete >= g;
+}
+
+/* How long a stop without a spare waits, after --spare-wait, for the members to have written
+ * the generation it names (a short --spare-wait may end first). */
+#define PERSIST_WAIT_MS 30000
+
 /* No live spare for every failed rank: persist generation g once, then wait --spare-wait
- * seconds for spares; after that the job fails with `why`. */
+ * seconds for spares; after that the job fails with `why`, once g is on disk (or with what
+ * is, when it is not within PERSIST_WAIT_MS: the message never names a checkpoint that is
+ * not there). */
 static coord_state no_spare(Coordinator *c, long long g, const char *why) {
     if (c->waiting_spare_since == 0) {
         c->waiting_spare_since = now_ms();
@@ -813,8 +827,24 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
         }
         if (c->cfg->ft == FT_DEADPOOL) persist_for_fallback(c, g);
     }
-    if (now_ms() - c->waiting_spare_since < c->cfg->spare_wait * 1000.0) return COORD_RUNNING;
-    snprintf(c->message, sizeof c->message, "%s", why);
+    double waited = now_ms() - c->waiting_spare_since, spare_wait = c->cfg->spare_wait * 1000.0;
+    if (waited < spare_wait) return COORD_RUNNING;
+    if (c->cfg->ft != FT_DEADPOOL || coord_persisted(c, g)) {
+        snprintf(c->message, sizeof c->message, "%s", why);
+        return COORD_FAILED;
+    }
+    if (waited < spare_wait + PERSIST_WAIT_MS) return COORD_RUNNING;
+    char err[256];
+    int64_t ck = checkpoint_latest(c->cfg->out, err, sizeof err);
+    int n = snprintf(c->message, sizeof c->message,
+                     "no spare joined within %d s, and step %lld, the newest every rank committed, was not written to "
+                     "%s/ckpt within %d s (the processes' messages above say why); ",
+                     c->cfg->spare_wait, g + 1, c->cfg->out, PERSIST_WAIT_MS / 1000);
+    if (ck >= 0)
+        snprintf(c->message + n, sizeof c->message - (size_t)n, "the newest checkpoint is step %lld: continue with `%s`",
+                 (long long)ck + 1, c->resume);
+    else
+        snprintf(c->message + n, sizeof c->message - (size_t)n, "no checkpoint exists");
     return COORD_FAILED;
 }
 

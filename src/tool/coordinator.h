@@ -59,6 +59,9 @@ const char *coord_message(const Coordinator *c);
  * all of them committed to disk (the no-spare fallback's request) and closes the epoch so that
  * they leave their step and answer it. That generation, -1 if none was committed. */
 long long coord_persist_on_stop(Coordinator *c);
+/* 1 when generation g is whole on disk: a complete checkpoint in --out (one machine), the
+ * persist record every rank wrote its part (across machines). */
+int coord_persisted(Coordinator *c, long long g);
 long coord_epoch(const Coordinator *c);
 /* The control plane's outages: 1 when it answers and its last outage ended a detect timeout
  * ago (silence is judged, decisions are taken), else 0. */

@@ -1095,12 +1095,7 @@ static void keep_on_stop(Launcher *L) {
     stop_signal = 0;
     double deadline = now_ms() + 30000;
     while (!stop_signal && now_ms() < deadline && L->coordinating) {
-        char k[64], done[32];
-        long long complete;
-        if (L->cfg->nnodes == 0 ? checkpoint_latest(L->run_cfg.out, err, sizeof err) >= g
-                                : ctl_get(L->ctl, ctl_key_suffix(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
-                                      proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &complete, NULL, 0) == 0 &&
-                                      complete >= g) {
+        if (coord_persisted(L->coord, g)) {
             char cmd[9000];
             log_msg("step %lld is on disk: continue with `%s`", g + 1,
                     job_config_resume_command(&L->run_cfg, cmd, sizeof cmd));

@@ -53,6 +53,15 @@ outage blink_redis_stopped_3s_job_trains_on stop 3
 outage blink_redis_stopped_10s_job_trains_on stop 10
 outage blink_redis_killed_restarted_job_trains_on kill 0
 
+# resume_bad OUT — runs `deadpool run --resume OUT`; prints what went wrong ("" when it ended
+# with the failure-free model).
+resume_bad() {
+  local bad=""
+  timeout -k 5 180 "$DP" run --resume "$1" >"$1.resume.stdout" 2>"$1.resume.log" || bad="resume failed: $(tail -2 "$1.resume.log")"
+  cmp -s "$WORK/ref/model.bin" "$1/model.bin" || bad="$bad; the resumed model differs from the failure-free run"
+  echo "$bad"
+}
+
 # A worker killed while Redis is stopped: its committed state is kept, the failure waits for
 # the control plane; when Redis returns the job recovers. SECONDS, then EXPECT: recover | stop.
 fail_in_outage() {
@@ -72,10 +81,7 @@ fail_in_outage() {
   else
     [ $rc -ne 0 ] || bad="rc 0 (expected a stop)"
     grep -q 'deadpool run --resume' "$out.log" || bad="$bad; no resume command"
-    if [ -z "$bad" ]; then
-      timeout -k 5 180 "$DP" run --resume "$out" >"$out.resume.stdout" 2>"$out.resume.log" || bad="resume failed: $(tail -2 "$out.resume.log")"
-      cmp -s "$WORK/ref/model.bin" "$out/model.bin" || bad="$bad; the resumed model differs from the failure-free run"
-    fi
+    [ -n "$bad" ] || bad=$(resume_bad "$out")
   fi
   no_leftovers "$out" || bad="$bad; processes left behind"
   local back; back=$(grep -o 'deadpool\] the control plane is back after [0-9.]* s' "$out.log" | head -1 | grep -o '[0-9.]* s')
@@ -129,10 +135,7 @@ else bad="no failed join, or no redis-server ('$rp')"; fi
 wait $job; rc=$?
 [ $rc -ne 0 ] || bad="$bad; rc 0 (expected a stop)"
 grep -q '\[rank 0\] the control plane is lost: the state of step [0-9]* is in' "$out.log" || bad="$bad; rank 0 did not persist"
-if [ -z "$bad" ]; then
-  timeout -k 5 180 "$DP" run --resume "$out" >"$out.resume.stdout" 2>"$out.resume.log" || bad="resume failed: $(tail -2 "$out.resume.log")"
-  cmp -s "$WORK/ref/model.bin" "$out/model.bin" || bad="$bad; the resumed model differs from the failure-free run"
-fi
+[ -n "$bad" ] || bad=$(resume_bad "$out")
 no_leftovers "$out" || bad="$bad; processes left behind"
 if [ -z "$bad" ]; then ok "blink_redis_gone_after_a_failed_join_persists_resumable ($(grep -o 'the state of step [0-9]*' "$out.log" | head -1))"
 else notok "blink_redis_gone_after_a_failed_join_persists_resumable" "$bad" "$(grep -v '^step' "$out.log" | tail -6)"; fi

@@ -63,6 +63,7 @@ struct Coordinator {
     double last_liveness_ms;
     int last_step;
     double waiting_spare_since; /* no-spare fallback in progress, 0 = no */
+    double persist_checked_ms;  /* when no_spare last looked whether its generation is on disk */
     int fenced;              /* the current epoch is closed */
     char message[2048];
     char resume[1024];       /* the command that resumes the job, for messages */
@@ -792,6 +793,19 @@ long long coord_persist_on_stop(Coordinator *c) {
     return g;
 }
 
+/* Ends c->message (n bytes written so far) with where the work is: the newest complete
+ * checkpoint in --out and the command that continues from it, else `none`. */
+static void say_newest_checkpoint(Coordinator *c, int n, const char *none) {
+    char err[256];
+    int64_t ck = checkpoint_latest(c->cfg->out, err, sizeof err);
+    if (n < 0 || (size_t)n >= sizeof c->message) return;
+    if (ck >= 0)
+        snprintf(c->message + n, sizeof c->message - (size_t)n, "continue from the checkpoint of step %lld with `%s`",
+                 (long long)ck + 1, c->resume);
+    else
+        snprintf(c->message + n, sizeof c->message - (size_t)n, "%s", none);
+}
+
 int coord_persisted(Coordinator *c, long long g) {
     char err[256], k[64], done[32];
     long long complete;
@@ -829,22 +843,23 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
     }
     double waited = now_ms() - c->waiting_spare_since, spare_wait = c->cfg->spare_wait * 1000.0;
     if (waited < spare_wait) return COORD_RUNNING;
-    if (c->cfg->ft != FT_DEADPOOL || coord_persisted(c, g)) {
+    /* Looked at every 100 ms, not at every tick (2 ms now): a directory scan, or across
+     * machines a Redis read. */
+    int on_disk = c->cfg->ft != FT_DEADPOOL;
+    if (!on_disk && now_ms() - c->persist_checked_ms >= 100) {
+        c->persist_checked_ms = now_ms();
+        on_disk = coord_persisted(c, g);
+    }
+    if (on_disk) {
         snprintf(c->message, sizeof c->message, "%s", why);
         return COORD_FAILED;
     }
     if (waited < spare_wait + PERSIST_WAIT_MS) return COORD_RUNNING;
-    char err[256];
-    int64_t ck = checkpoint_latest(c->cfg->out, err, sizeof err);
     int n = snprintf(c->message, sizeof c->message,
                      "no spare joined within %d s, and step %lld, the newest every rank committed, was not written to "
                      "%s/ckpt within %d s (the processes' messages above say why); ",
                      c->cfg->spare_wait, g + 1, c->cfg->out, PERSIST_WAIT_MS / 1000);
-    if (ck >= 0)
-        snprintf(c->message + n, sizeof c->message - (size_t)n, "the newest checkpoint is step %lld: continue with `%s`",
-                 (long long)ck + 1, c->resume);
-    else
-        snprintf(c->message + n, sizeof c->message - (size_t)n, "no checkpoint exists");
+    say_newest_checkpoint(c, n, "no checkpoint exists");
     return COORD_FAILED;
 }
 
@@ -873,17 +888,10 @@ void coord_join_failed(Coordinator *c, long epoch, int rank, int restore_failed,
     /* The new process of `rank` verified every copy it could reach and none was usable: the
      * next spare would get the same decision and fail alike. Stop instead, saying where the
      * newest intact state is. */
-    char err[256];
-    int64_t ck = checkpoint_latest(c->cfg->out, err, sizeof err);
     int n = snprintf(c->message, sizeof c->message,
                      "rank %d's state of step %lld could not be restored (%.600s), so it is lost from memory; ", rank,
                      c->rollback + 1, why);
-    if (ck >= 0)
-        snprintf(c->message + n, sizeof c->message - (size_t)n,
-                 "continue from the checkpoint of step %lld with `%s`", (long long)ck + 1, c->resume);
-    else
-        snprintf(c->message + n, sizeof c->message - (size_t)n,
-                 "no checkpoint exists (--replicas 2 or --persist-every K would have kept one)");
+    say_newest_checkpoint(c, n, "no checkpoint exists (--replicas 2 or --persist-every K would have kept one)");
     c->unrestorable = 1;
 }
 

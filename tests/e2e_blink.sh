@@ -151,4 +151,4 @@ if is_redis "$rp"; then kill -STOP "$rp"; sleep 6; kill -CONT "$rp"; fi
 wait $job; rc=$?
 if [ $rc -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$out/model.bin" && ! grep -q "bad job" "$out.log" && no_leftovers "$out"; then
   ok "blink_redis_stall_while_processes_start_is_no_bad_job"
-else notok "blink_redis_stall_while_processes_start_is_no_bad_job" "rc $rc" "$(grep -v '^step' "$out.log" | tail -6)"; fi
+else notok "blink_redis_stall_while_processes_start_is_no_bad_job" "rc $rc" "$(grep -v '^step' "$out.log" | tail -14)"; fi

@@ -669,6 +669,67 @@ static void test_transient_errors_and_restart(void) {
     ctl_close(c);
 }
 
+/* Every way control.c talks to the server classes a stall alike: one command, an argv command
+ * (MGET, DEL), a pipeline, a transaction. The MGET's did not: a snapshot engine starting while
+ * Redis stalled read "only 0 of 1 ring replica holders are registered", not transient, and the
+ * process exited as a bad job, which stopped the job (e2e_blink's stall while the processes
+ * start, in CI). Each call runs on a fresh connection whose last failure was not transient. */
+static int stalled_owners(ctl_t *c) {
+    long procs[3];
+    return ctl_rank_owners(c, 3, procs);
+}
+static int stalled_committed(ctl_t *c) {
+    long long steps[3];
+    return ctl_committed_get_many(c, 0, 3, steps);
+}
+static int stalled_get_many(ctl_t *c) {
+    const char *const suffixes[] = {"a", "b"};
+    char values[2][32];
+    return ctl_get_many(c, suffixes, 2, values[0], sizeof values[0], NULL);
+}
+static int stalled_proc_facts(ctl_t *c) {
+    static const long procs[] = {1, 2};
+    static const ctl_proc_field fields[] = {PROC_REPLICA, PROC_NODE};
+    char values[4][64];
+    return ctl_proc_get_many(c, procs, 2, fields, 2, values[0], sizeof values[0]);
+}
+static void ignore_line(const char *json, void *arg) {
+    (void)json;
+    (void)arg;
+}
+static int stalled_drain(ctl_t *c) { return ctl_drain(c, KEY_EVENTS, 10, ignore_line, NULL); }
+static int stalled_batch(ctl_t *c) {
+    static const long procs[] = {1, 2};
+    return ctl_notify_many(c, procs, 2, KEY_NOTICE, 1);
+}
+static int stalled_get(ctl_t *c) {
+    char v[32];
+    return ctl_get(c, "a", v, sizeof v);
+}
+
+static void test_every_call_path_classes_a_stall(void) {
+    ctl_t *c = connect_job("jobStallPaths");
+    if (!c) return;
+    static const struct {
+        const char *name;
+        int (*call)(ctl_t *);
+    } calls[] = {{"GET", stalled_get},         {"rank owners (MGET)", stalled_owners}, {"committed (MGET)", stalled_committed},
+                 {"get_many (MGET)", stalled_get_many}, {"proc facts (pipeline)", stalled_proc_facts},
+                 {"drain (transaction)", stalled_drain}, {"notify (batch)", stalled_batch}};
+    ctl_set_timeout(c, 200);
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        int refused = ctl_set(c, "cnt", "abc") == 0 && ctl_counter_incr(c, "cnt") == -1 && !ctl_error_transient(c);
+        CHECK(refused, "%s: a refused command first (not transient): %s", calls[i].name, ctl_last_error(c));
+        kill(g_server.pid, SIGSTOP);
+        int rc = calls[i].call(c);
+        kill(g_server.pid, SIGCONT);
+        CHECK(rc == -1 && ctl_error_transient(c), "%s: a stalled server is transient: rc %d '%s'", calls[i].name, rc,
+              ctl_last_error(c));
+    }
+    ctl_job_delete(c);
+    ctl_close(c);
+}
+
 /* A thread of a process (its heartbeat, its abort watch) connects on its own. Redis stalled
  * for longer than one connection's bound (2 s) at that moment: the thread waits it out, with
  * the control plane marked down meanwhile, instead of giving up for good and leaving the
@@ -878,6 +939,7 @@ int main(void) {
     RUN_TEST(test_run_dir_names);
     RUN_TEST(test_private_server_on_a_unix_socket);
     RUN_TEST(test_thread_connect_waits_out_a_stall);
+    RUN_TEST(test_every_call_path_classes_a_stall);
     RUN_TEST(test_transient_errors_and_restart);
     RUN_TEST(test_server_stop);
     TEST_MAIN_END();

@@ -55,7 +55,9 @@ struct ctl {
 /* ------------------------------------------------------------------------------------- */
 
 static void ctl_set_error(ctl_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* An error is the server's answer (not transient) unless the caller classes it after. */
 static void ctl_set_error(ctl_t *c, const char *fmt, ...) {
+    c->transient = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->err, sizeof c->err, fmt, ap);
@@ -571,8 +573,6 @@ const char *ctl_job(const ctl_t *c) { return c ? c->job : ""; }
 
 const char *ctl_last_error(const ctl_t *c) { return c ? c->err : "ctl: no connection"; }
 
-/* A context that failed an I/O call (timeout, reset) cannot be reused: hiredis may still
- * owe us a reply. Replace it by a fresh connection. */
 /* The server is no master any more (a failover demoted it, or it is loading): with sentinels,
  * the next command finds the new one. */
 static int demoted_error(const char *msg) {
@@ -589,7 +589,29 @@ static int error_code_transient(int code) {
         ;
 }
 
+/* Every call's failure is classed by these two (ctl_error_transient), whatever way it talks to
+ * the server (one command, an argv command, a pipeline, a transaction). The server did not
+ * answer (gone, reset, silent past the timeout): transient, and the context is in error, so
+ * the next call reconnects. */
+static void reply_lost(ctl_t *c, const char *what) {
+    ctl_set_error(c, "redis: %s%s%s", what, what[0] ? ": " : "", c->rc->errstr[0] ? c->rc->errstr : "no reply");
+    c->transient = error_code_transient(c->rc->err);
+    c->absences += (unsigned long)c->transient;
+}
+
+/* The server answered with an error: not transient, unless it is no master any more (the next
+ * connection finds the one that is). */
+static void reply_refused(ctl_t *c, const char *what, const char *msg) {
+    ctl_set_error(c, "redis: %s%s%s", what, what[0] ? ": " : "", msg);
+    if (demoted_error(msg)) c->stale = 1;
+    c->transient = demoted_error(msg);
+}
+
+/* Every call starts here: its failure is classed afresh (c->transient). A context that failed
+ * an I/O call (timeout, reset) cannot be reused, hiredis may still owe it a reply: it is
+ * replaced by a fresh connection. */
 static int ensure_connected(ctl_t *c) {
+    c->transient = 0;
     if (c->stale && c->addr.nsentinels > 0 && c->rc) {
         redisFree(c->rc);
         c->rc = NULL;
@@ -612,27 +634,33 @@ static int ensure_connected(ctl_t *c) {
     return 0;
 }
 
-/* Runs one command. Returns the reply (caller frees), or NULL with c->err set on I/O error
- * or when Redis answered with an error. */
-static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
-    c->transient = 0;
-    if (ensure_connected(c) != 0) return NULL;
-    c->round_trips++;
-    redisReply *r = redisvCommand(c->rc, fmt, ap);
+/* The reply of the command just sent, or NULL with the failure classed. */
+static redisReply *checked_reply(ctl_t *c, redisReply *r, const char *what) {
     if (!r) {
-        ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
-        c->transient = error_code_transient(c->rc->err);
-        c->absences += (unsigned long)c->transient;
+        reply_lost(c, what);
         return NULL;
     }
     if (r->type == REDIS_REPLY_ERROR) {
-        ctl_set_error(c, "redis: %s", r->str);
-        if (demoted_error(r->str)) c->stale = 1;
-        c->transient = c->stale; /* a demoted or loading server: the next connection finds the master */
+        reply_refused(c, what, r->str);
         freeReplyObject(r);
         return NULL;
     }
     return r;
+}
+
+/* Runs one command. Returns the reply (caller frees), or NULL with c->err set on I/O error
+ * or when Redis answered with an error. */
+static redisReply *ctl_vcommand(ctl_t *c, const char *fmt, va_list ap) {
+    if (ensure_connected(c) != 0) return NULL;
+    c->round_trips++;
+    return checked_reply(c, redisvCommand(c->rc, fmt, ap), "");
+}
+
+/* One command in argv form (lens NULL: C strings), as ctl_vcommand. */
+static redisReply *ctl_argv_command(ctl_t *c, int argc, const char **argv, const size_t *lens, const char *what) {
+    if (ensure_connected(c) != 0) return NULL;
+    c->round_trips++;
+    return checked_reply(c, redisCommandArgv(c->rc, argc, argv, lens), what);
 }
 
 static redisReply *ctl_command(ctl_t *c, const char *fmt, ...) {
@@ -954,12 +982,10 @@ static redisReply *ctl_mget(ctl_t *c, char (*keys)[CTL_KEY_MAX], int n) {
     const char *argv[MGET_CHUNK + 1];
     argv[0] = "MGET";
     for (int i = 0; i < n; i++) argv[i + 1] = keys[i];
-    if (ensure_connected(c) != 0) return NULL;
-    c->round_trips++;
-    redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
-    if (!r || r->type != REDIS_REPLY_ARRAY || (int)r->elements != n) {
-        ctl_set_error(c, "redis: MGET of %d keys failed", n);
-        if (r) freeReplyObject(r);
+    redisReply *r = ctl_argv_command(c, n + 1, argv, NULL, "MGET");
+    if (r && (r->type != REDIS_REPLY_ARRAY || (int)r->elements != n)) {
+        ctl_set_error(c, "redis: MGET of %d keys: expected %d values, found a reply of type %d", n, n, r->type);
+        freeReplyObject(r);
         return NULL;
     }
     return r;
@@ -1154,20 +1180,16 @@ int ctl_get_many(ctl_t *c, const char *const *suffixes, int n, char *values, siz
  * leaves the context in error (the next call reconnects). fn, if given, sees each reply. */
 static int read_pipeline(ctl_t *c, int n, const char *what, void (*fn)(int i, const redisReply *r, void *arg), void *arg) {
     int rc = 0;
-    c->transient = 0;
     c->round_trips++;
     for (int i = 0; i < n; i++) {
         void *reply = NULL;
         if (redisGetReply(c->rc, &reply) != REDIS_OK || !reply) {
-            ctl_set_error(c, "redis: %s: %s", what, c->rc->errstr[0] ? c->rc->errstr : "no reply");
-            c->transient = error_code_transient(c->rc->err);
-        c->absences += (unsigned long)c->transient;
+            reply_lost(c, what);
             return -1;
         }
         redisReply *r = reply;
         if (r->type == REDIS_REPLY_ERROR && rc == 0) {
-            ctl_set_error(c, "redis: %s: %s", what, r->str);
-            c->transient = demoted_error(r->str);
+            reply_refused(c, what, r->str);
             rc = -1;
         }
         if (r->type == REDIS_REPLY_ERROR && demoted_error(r->str)) c->stale = 1;
@@ -1449,14 +1471,14 @@ static redisReply *read_drain_transaction(ctl_t *c) {
     int failed = 0;
     for (int i = 0; i < 4; i++) {
         void *reply = NULL;
-        if (redisGetReply(c->rc, &reply) != REDIS_OK) {
-            ctl_set_error(c, "redis: %s", c->rc->errstr);
+        if (redisGetReply(c->rc, &reply) != REDIS_OK || !reply) {
+            reply_lost(c, "drain");
             if (exec) freeReplyObject(exec);
             return NULL; /* the context is now in error; the next call reconnects */
         }
         redisReply *r = reply;
         if (r->type == REDIS_REPLY_ERROR && !failed) {
-            ctl_set_error(c, "redis: drain: %s", r->str);
+            reply_refused(c, "drain", r->str);
             failed = 1;
         }
         if (i == 3) exec = r;
@@ -1521,16 +1543,9 @@ static int delete_scan_page(ctl_t *c, const redisReply *keys) {
             argv[i + 1] = keys->element[done + i]->str;
             argvlen[i + 1] = keys->element[done + i]->len;
         }
-        c->round_trips++;
-        redisReply *r = redisCommandArgv(c->rc, (int)batch + 1, argv, argvlen);
-        if (!r) {
-            ctl_set_error(c, "redis: DEL: %s", c->rc->errstr);
-            return -1;
-        }
-        int bad = r->type == REDIS_REPLY_ERROR;
-        if (bad) ctl_set_error(c, "redis: DEL: %s", r->str);
+        redisReply *r = ctl_argv_command(c, (int)batch + 1, argv, argvlen, "DEL");
+        if (!r) return -1;
         freeReplyObject(r);
-        if (bad) return -1;
         done += batch;
     }
     return 0;
@@ -2035,32 +2050,15 @@ void ctl_set_timeout(ctl_t *c, int timeout_ms) {
 int ctl_timeout(const ctl_t *c) { return c ? c->timeout_ms : 0; }
 
 int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
-    enum { CHUNK = 256 };
-    for (int base = 0; base < nranks; base += CHUNK) {
-        int n = nranks - base < CHUNK ? nranks - base : CHUNK;
-        char keys[CHUNK][CTL_KEY_MAX];
-        const char *argv[CHUNK + 1];
-        argv[0] = "MGET";
-        for (int i = 0; i < n; i++) {
-            make_key(c, keys[i], sizeof keys[i], KEY_COMMITTED, epoch, base + i);
-            argv[i + 1] = keys[i];
-        }
-        c->transient = 0;
-        if (ensure_connected(c) != 0) return -1;
-        c->round_trips++;
-        redisReply *r = redisCommandArgv(c->rc, n + 1, argv, NULL);
-        if (!r) {
-            ctl_set_error(c, "redis: %s", c->rc->errstr[0] ? c->rc->errstr : "no reply");
-            c->transient = error_code_transient(c->rc->err);
-        c->absences += (unsigned long)c->transient;
-            return -1;
-        }
-        int ok = r->type == REDIS_REPLY_ARRAY && (int)r->elements == n;
-        for (int i = 0; ok && i < n; i++)
+    for (int base = 0; base < nranks; base += MGET_CHUNK) {
+        int n = nranks - base < MGET_CHUNK ? nranks - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < n; i++) make_key(c, keys[i], sizeof keys[i], KEY_COMMITTED, epoch, base + i);
+        redisReply *r = ctl_mget(c, keys, n);
+        if (!r) return -1;
+        for (int i = 0; i < n; i++)
             if (reply_int(NULL, r->element[i], "committed", 0, LLONG_MAX, &steps[base + i]) != 0) steps[base + i] = -1;
-        if (!ok) ctl_set_error(c, "redis: MGET of committed generations: unexpected reply");
         freeReplyObject(r);
-        if (!ok) return -1;
     }
     return 0;
 }

@@ -196,18 +196,18 @@ int rt_start_snapshots(dp_t *dp, char *err, size_t errlen) {
     ReplicaTarget targets[HOLDERS_MAX];
     int want = dp->cfg.replicas, n;
     /* One worker has no ring peer: its replica goes to a spare (a lone rank must survive too). */
-    if (dp->cfg.replica_placement == PLACE_SPARES || (dp->cfg.workers == 1 && dp->cfg.spares > 0)) {
-        n = spare_holders(dp, want, holders);
-        if (n < 0) { snprintf(err, errlen, "--replica-placement spares: fewer than %d spares registered", want); return -1; }
-    } else {
-        if (want > dp->cfg.workers - 1) want = dp->cfg.workers - 1;
-        n = ring_holders(dp, want, holders);
-        if (n < want && ctl_error_transient(dp->ctl)) {
-            snprintf(err, errlen, "looking up the replica holders: %s", ctl_last_error(dp->ctl));
-            return -2;
-        }
-        if (n < want) { snprintf(err, errlen, "only %d of %d ring replica holders are registered", n, want); return -1; }
+    int on_spares = dp->cfg.replica_placement == PLACE_SPARES || (dp->cfg.workers == 1 && dp->cfg.spares > 0);
+    if (!on_spares && want > dp->cfg.workers - 1) want = dp->cfg.workers - 1;
+    n = on_spares ? spare_holders(dp, want, holders) : ring_holders(dp, want, holders);
+    if (n < want && ctl_error_transient(dp->ctl)) { /* Redis away: no bad job (the caller tries again) */
+        snprintf(err, errlen, "looking up the replica holders: %s", ctl_last_error(dp->ctl));
+        return -2;
     }
+    if (n < want && on_spares) {
+        snprintf(err, errlen, "--replica-placement spares: fewer than %d spares registered", want);
+        return -1;
+    }
+    if (n < want) { snprintf(err, errlen, "only %d of %d ring replica holders are registered", n, want); return -1; }
     if (dp->rank == 0 && dp->epoch == 0 && n < dp->cfg.replicas)
         log_msg("%d worker(s): %d replica(s) per rank instead of %d", dp->cfg.workers, n, dp->cfg.replicas);
     char list[HOLDERS_TEXT_MAX];

@@ -203,7 +203,8 @@ DP_EXPORT dp_role dp_get_role(const dp_t *dp);
 DP_EXPORT int dp_rank(const dp_t *dp);            /* -1 while a spare waits */
 DP_EXPORT int dp_world(const dp_t *dp);
 /* This rank's place among the job's ranks on its machine (0 = the lowest rank there), -1 for
- * a spare or when it cannot be known (the control plane is gone; rank 0 is always 0). Who
+ * a spare or when it cannot be known (the control plane stayed away past --control-wait, which
+ * this call waits out; rank 0 is always 0, without Redis). Who
  * writes the final model, when every rank holds it (plain data parallelism, or ZeRO after
  * its allgather): where dp_local_rank(dp) == 0, one copy per machine into that machine's
  * --out, which is right everywhere (the built-in trainer does this); where dp_rank(dp) == 0,

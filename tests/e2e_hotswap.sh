@@ -51,6 +51,38 @@ else notok "snapshot_every_3_copies_nothing" "bytes_copied per rank and epoch: '
 
 expect_recovered two_nonadjacent_same_step 2 --spares 2 --inject kill:0@10 --inject kill:2@10
 expect_recovered failure_during_recovery 1 --spares 2 --inject kill:2@10 --inject rkill:2@1
+
+# A member dies as the job starts (rkill:R@0: it claimed its rank, it has not reached epoch
+# 0's rendezvous): the others' rendezvous is aborted, they wait as survivors and follow the
+# decision that replaces it. Before, they exited as a bad job and the job stopped.
+expect_recovered kill_as_the_job_starts 1 --spares 1 --inject rkill:1@0
+if grep -q "joining the communicator failed" "$WORK/kill_as_the_job_starts.log" && ! grep -q "bad job" "$WORK/kill_as_the_job_starts.log"; then
+  ok "kill_as_the_job_starts_the_others_wait_as_survivors"
+else notok "kill_as_the_job_starts_the_others_wait_as_survivors" "$(grep -v '^step' "$WORK/kill_as_the_job_starts.log" | tail -8)"; fi
+
+# A process dies before it claims its rank (killed as it starts, here by its own wrapper):
+# nobody's failure to the coordinator, which knows epoch 0's members once every rank is
+# claimed, while the others wait for it in the rendezvous. The launcher starts another process
+# for the rank (before, the job waited --start-timeout-ms and failed); one that dies so every
+# time stops the job after 3 tries, saying why.
+WRAP="$WORK/die_before_claiming.sh"
+cat >"$WRAP" <<'WRAPPER'
+#!/usr/bin/env bash
+if [ "${DEADPOOL_RANK:-}" = 1 ] && { [ -z "$DIE_MARK" ] || mkdir "$DIE_MARK" 2>/dev/null; }; then kill -9 $$; fi
+exec "$DP_BIN" train "$@"
+WRAPPER
+chmod +x "$WRAP"
+name=unclaimed_rank_started_again
+DIE_MARK="$WORK/died_once" DP_BIN="$DP" run_job "$WORK/$name" 180 --workers 4 --steps 30 --seed 21 --spares 1 -- "$WRAP" --model tiny; rc=$?
+if [ $rc -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$WORK/$name/model.bin" && grep -q "before it claimed the rank: starting another" "$WORK/$name.log" \
+   && no_leftovers "$WORK/$name"; then ok "$name"
+else notok "$name" "rc $rc" "$(grep -v '^step' "$WORK/$name.log" | tail -6)"; fi
+name=unclaimed_rank_dying_every_time_stops_the_job
+t0=$SECONDS
+DIE_MARK="" DP_BIN="$DP" run_job "$WORK/$name" 120 --workers 4 --steps 30 --seed 21 --spares 1 -- "$WRAP" --model tiny; rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "3 processes died so\|4 processes died so" "$WORK/$name.log" && grep -q "the job cannot start" "$WORK/$name.log" \
+   && no_leftovers "$WORK/$name"; then ok "$name (rc $rc, $((SECONDS - t0)) s)"
+else notok "$name" "rc $rc" "$(grep -v '^step' "$WORK/$name.log" | tail -6)"; fi
 expect_recovered owner_and_holder_with_2_replicas 2 --spares 2 --replicas 2 --inject kill:1@10 --inject kill:2@10
 expect_recovered replicas_on_spares 1 --spares 2 --replica-placement spares --inject kill:3@12
 

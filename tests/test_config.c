@@ -99,8 +99,10 @@ static void test_inject_grammar(void) {
               strstr(err, "steps start at 1"), "%s", err);
     CHECK(inject_parse("corrupt:1@3,stop:1@0", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "stop:1@0") &&
               !strstr(err, "corrupt") && strstr(err, "steps start at 1"), "%s", err);
-    CHECK(inject_parse("rkill:1@0", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "epochs of a recovery start at 1"),
+    CHECK(inject_parse("rkill:1@-1", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, "expected an epoch >= 0"),
           "%s", err);
+    CHECK(inject_parse("rkill:1@0", 4, f, INJECT_MAX, err, sizeof err) == 1 && f[0].kind == FAULT_RKILL && f[0].at == 0,
+          "rkill at the start (epoch 0): %s", err);
     CHECK(inject_parse("corrupt:3@1", 4, f, INJECT_MAX, err, sizeof err) == 1 && f[0].kind == FAULT_CORRUPT && f[0].at == 1,
           "%s", err);
     CHECK(inject_parse("kill:1@2;x", 4, f, INJECT_MAX, err, sizeof err) < 0 && strstr(err, ";x"), "%s", err);

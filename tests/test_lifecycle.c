@@ -39,7 +39,7 @@ static void test_init_without_rank_is_a_spare(void) { expect(LC_INIT, LC_IN_NO_R
 
 static void test_member_starts_stepping(void) { expect(LC_NEW, LC_IN_STARTED, LC_STEPPING, 0, -1); }
 
-/* A rendezvous, a resume or the first snapshots that fail: no epoch to recover into. */
+/* A resume or the first snapshots that fail: no epoch to recover into. */
 static void test_failed_start_fails(void) { expect(LC_NEW, LC_IN_START_FAILED, LC_FAILED, 0, -1); }
 
 static void test_spare_refused_by_the_pool_fails(void) { expect(LC_SPARE, LC_IN_START_FAILED, LC_FAILED, 0, -1); }
@@ -237,6 +237,32 @@ static void test_walk_spare_whose_takeover_failed_stays_recovered(void) {
     CHECK(role == DP_ROLE_SURVIVOR, "a survivor's role %d, expected %d (survivor)", role, DP_ROLE_SURVIVOR);
 }
 
+/* e2e_hotswap kill_while_the_job_starts: a member dies as the job starts, epoch 0's
+ * rendezvous is aborted. The others report it and wait for the decision that replaces it, as
+ * survivors (nothing committed yet); before, they failed the start, exited as a bad job, and
+ * the job stopped. */
+static void test_start_rendezvous_failed_waits_as_a_survivor(void) {
+    lc_actions a;
+    expect(LC_NEW, LC_IN_JOIN_FAILED, LC_RETRYING, LC_ACT_REPORT_JOIN_FAILED | LC_ACT_END_COMMS | LC_ACT_AWAIT_DECISION,
+           DP_ROLE_SURVIVOR);
+    lc_step(LC_NEW, LC_IN_JOIN_FAILED, &a);
+    CHECK(a.phase == JOIN_RENDEZVOUS, "phase %s, expected rendezvous", join_phase_name(a.phase));
+    static const lc_input ins[] = {
+        LC_IN_RANK_CLAIMED, LC_IN_JOIN_FAILED, LC_IN_DECISION_MINE, LC_IN_RESTORED, LC_IN_JOINED, LC_IN_COMMITTED,
+        LC_IN_FINISHED,
+    };
+    unsigned flags;
+    lc_state end = walk(LC_INIT, ins, (int)(sizeof ins / sizeof ins[0]), &flags);
+    CHECK(end == LC_DONE, "ends %s", lc_state_name(end));
+    /* giving up there (no decision came) is a failed process, replaced like a crash */
+    static const lc_input gave_up[] = {LC_IN_RANK_CLAIMED, LC_IN_JOIN_FAILED, LC_IN_NO_DECISION};
+    int n = (int)(sizeof gave_up / sizeof gave_up[0]);
+    end = walk(LC_INIT, gave_up, n, &flags);
+    int rc = lc_exit_status(DP_ERR, (dp_role)walk_role(gave_up, n), 0, 0, 0);
+    CHECK(end == LC_FAILED && rc == DP_EXIT_FAILED, "gave up: %s, exit status %d, expected %d (failed)", lc_state_name(end),
+          rc, DP_EXIT_FAILED);
+}
+
 /* --- the exit status (dp_finish) ------------------------------------------------------------ */
 
 /* A spare takes a rank, its rendezvous fails (a member died recovering), and no decision
@@ -304,6 +330,7 @@ static const Edge EDGES[] = {
     {LC_INIT, LC_IN_NO_RANK, LC_SPARE},
     {LC_NEW, LC_IN_STARTED, LC_STEPPING},
     {LC_NEW, LC_IN_START_FAILED, LC_FAILED},
+    {LC_NEW, LC_IN_JOIN_FAILED, LC_RETRYING},
     {LC_SPARE, LC_IN_DECISION_MINE, LC_RESTORING},
     {LC_SPARE, LC_IN_JOB_OVER, LC_STOPPED},
     {LC_SPARE, LC_IN_CONTROL_LOST, LC_STOPPED},
@@ -403,6 +430,7 @@ int main(void) {
     RUN_TEST(test_init_without_rank_is_a_spare);
     RUN_TEST(test_member_starts_stepping);
     RUN_TEST(test_failed_start_fails);
+    RUN_TEST(test_start_rendezvous_failed_waits_as_a_survivor);
     RUN_TEST(test_spare_refused_by_the_pool_fails);
     RUN_TEST(test_commit_keeps_stepping);
     RUN_TEST(test_first_commit_of_an_epoch);

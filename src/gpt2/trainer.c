@@ -634,7 +634,11 @@ int gpt2_main(int argc, char **argv) {
     }
     /* Every rank holds the whole model after the last step: the first rank of each machine
      * writes it to that machine's --out (a multi-node job has no shared filesystem). */
-    if (st == DP_OK && dp_local_rank(dp) == 0) st = save_final_model(t, dp);
+    int local = st == DP_OK ? dp_local_rank(dp) : -1;
+    if (local == 0) st = save_final_model(t, dp);
+    if (st == DP_OK && local < 0)
+        dp_log(dp, "cannot tell whether this rank writes the model on its machine (the control plane did not answer "
+               "within --control-wait): %s may have no model.bin; rank 0's machine has one", dp_out_dir(dp));
     int rc = dp_finish(dp, st);
     trainer_free(t);
     return rc;

@@ -22,13 +22,14 @@ int inject_parse(const char *list, int workers, FaultSpec *out, int max, char *e
             snprintf(err, errlen, "--inject: expected kill|stop|netdown|corrupt:RANK@STEP or rkill:RANK@EPOCH, found '%.60s'", at);
             return -1;
         }
-        if (when < 1) { /* 1-based like the progress line and ckpt/step_N; epoch 0 is the job's start */
-            if (k == FAULT_RKILL)
-                snprintf(err, errlen, "--inject %.*s: epochs of a recovery start at 1 (the first recovery makes epoch 1)",
-                         used, at);
-            else
-                snprintf(err, errlen, "--inject %.*s: steps start at 1 (STEP counts like the progress line and "
-                         "ckpt/step_N: the first step is 1)", used, at);
+        if (k == FAULT_RKILL && when < 0) { /* epoch 0 is the job's start */
+            snprintf(err, errlen, "--inject %.*s: expected an epoch >= 0 (0: as the job starts, 1: the first recovery)", used,
+                     at);
+            return -1;
+        }
+        if (k != FAULT_RKILL && when < 1) { /* 1-based like the progress line and ckpt/step_N */
+            snprintf(err, errlen, "--inject %.*s: steps start at 1 (STEP counts like the progress line and "
+                     "ckpt/step_N: the first step is 1)", used, at);
             return -1;
         }
         if (rank >= workers) {

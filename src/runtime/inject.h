@@ -6,6 +6,8 @@
  *                                                              RANK's replicas damages them
  *          | "rkill" ":" RANK "@" EPOCH                        the process taking RANK dies
  *                                                              while it recovers into EPOCH
+ *                                                              (0: RANK's first process, as the
+ *                                                              job starts, before the rendezvous)
  * Each fault fires once per job (the runtime marks it fired in Redis by its index). */
 #ifndef DEADPOOL_INJECT_H
 #define DEADPOOL_INJECT_H

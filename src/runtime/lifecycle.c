@@ -99,6 +99,10 @@ static lc_state transition(lc_state s, lc_input in, lc_actions *a) {
     case LC_NEW:
         if (in == LC_IN_STARTED) return LC_STEPPING;
         if (in == LC_IN_START_FAILED) return LC_FAILED;
+        if (in == LC_IN_JOIN_FAILED) { /* epoch 0's rendezvous: a member died or hung as the job started */
+            a->role = DP_ROLE_SURVIVOR; /* a member that outlived a failure, with nothing committed yet */
+            return join_failed(a, JOIN_RENDEZVOUS);
+        }
         return LC_INVALID;
     case LC_SPARE:
         switch (in) {

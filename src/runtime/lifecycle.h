@@ -48,7 +48,9 @@ typedef enum {
     LC_INIT = 0,
     /* A rank is claimed and dp_join has not made the process a member of epoch 0 yet (it
      * rendezvouses, restores a resumed checkpoint, starts its snapshots). Distinct from
-     * STEPPING: a failure here ends the process (no epoch to recover into yet). */
+     * STEPPING: nothing is committed yet. A rendezvous that fails (a member died or hung as the
+     * job started) is a failed join: it waits for the decision that replaces that member, as a
+     * survivor. Any other failure here ends the process. */
     LC_NEW,
     /* A warm spare: the application built its state, and the process waits in the spare pool
      * for a decision that names it. It owns no rank, holds other ranks' replicas, and is the
@@ -94,12 +96,13 @@ typedef enum {
     LC_IN_RANK_CLAIMED,   /* dp_init claimed a rank */
     LC_IN_NO_RANK,        /* dp_init: a spare (asked for, or every rank taken) */
     LC_IN_STARTED,        /* dp_join: a member of epoch 0 */
-    LC_IN_START_FAILED,   /* dp_join failed: epoch 0's rendezvous or resume, or the spare pool */
+    LC_IN_START_FAILED,   /* dp_join failed: epoch 0's resume or snapshots, or the spare pool */
     LC_IN_DECISION_MINE,  /* a decision newer than our epoch names this process */
     LC_IN_FENCED,         /* a decision newer than our epoch does not name this process */
     LC_IN_RESTORED,       /* the rollback generation is restored */
     LC_IN_RESTORE_FAILED, /* no copy of this rank's state, or of the identical state, is usable */
-    LC_IN_JOIN_FAILED,    /* the new epoch's rendezvous, broadcast, rebuild or resnapshot failed */
+    LC_IN_JOIN_FAILED,    /* the new epoch's rendezvous, broadcast, rebuild or resnapshot failed;
+                           * in NEW: epoch 0's rendezvous or broadcast (a member died as it started) */
     LC_IN_JOINED,         /* a member of the new epoch */
     LC_IN_COMMITTED,      /* dp_step_commit committed a step */
     LC_IN_STEP_FAILED,    /* a step failed (comm failure, epoch closed, replication): dp_recover */

@@ -22,7 +22,8 @@ static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
         ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
     event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"%s\",\"rank\":%d,\"step\":%lld,\"pid\":%d", name,
                dp->rank, step + 1, (int)getpid());
-    log_msg("injecting %s at step %lld", name, step + 1);
+    if (kind == FAULT_RKILL) log_msg("injecting %s while joining epoch %ld", name, dp->epoch);
+    else log_msg("injecting %s at step %lld", name, step + 1);
     if (kind == FAULT_KILL || kind == FAULT_RKILL) raise(SIGKILL);
     else if (kind == FAULT_STOP) raise(SIGSTOP);
     else if (kind == FAULT_NETDOWN) {

@@ -161,8 +161,7 @@ static int ring_holders(dp_t *dp, int want, Holder *out) {
     return n;
 }
 
-int dp_local_rank(dp_t *dp) {
-    if (dp->rank <= 0) return dp->rank; /* rank 0 is first wherever it runs: no Redis needed */
+static int local_rank_once(dp_t *dp) {
     int world = dp->cfg.workers, below = 0;
     long *owners = malloc(sizeof *owners * (size_t)world);
     ProcFacts *f = malloc(sizeof *f * (size_t)world);
@@ -172,6 +171,17 @@ int dp_local_rank(dp_t *dp) {
     free(owners);
     free(f);
     return ok ? below : -1;
+}
+
+/* Asked at the end, to write the model: a Redis that blinks then must not cost a machine its
+ * copy, so an outage is waited out within --control-wait. */
+int dp_local_rank(dp_t *dp) {
+    if (dp->rank <= 0) return dp->rank; /* rank 0 is first wherever it runs: no Redis needed */
+    for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;) {
+        int lr = local_rank_once(dp);
+        if (lr >= 0 || !ctl_error_transient(dp->ctl) || now_ms() > deadline) return lr;
+        sleep_ms(200);
+    }
 }
 
 /* Spares (sorted by process id) rank, rank+1, ... mod S; waits for enough spares to register. */

@@ -182,8 +182,12 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
 static int claim_one(dp_t *dp, int r) {
     for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;) {
         int got = ctl_claim_rank(dp->ctl, r, dp->proc_id);
-        if (got == 0 && ctl_rank_owner(dp->ctl, r) == dp->proc_id) return 1;
-        if (got >= 0) return got;
+        /* Taken: by us, when Redis ran an earlier try whose reply timed out. Who holds it is
+         * read before the rank is given up (a failed read is no "taken by another"). */
+        long owner = got == 0 ? ctl_rank_owner(dp->ctl, r) : -1;
+        if (got == 0 && owner == dp->proc_id) return 1;
+        if (got == 0 && owner == 0 && now_ms() < deadline) continue; /* gone meanwhile (a Redis restarted empty) */
+        if (got == 1 || (got == 0 && owner > 0)) return got;
         if (!retry_transient(dp->ctl, deadline)) return -1;
     }
 }
@@ -521,9 +525,37 @@ static lc_actions await_decision(dp_t *dp, Decision *d, long *epoch) {
     return lc_feed(dp, decision_rank_of(d, dp->proc_id) < 0 ? LC_IN_FENCED : LC_IN_DECISION_MINE);
 }
 
+/* RETRYING (a join failed; a the transition's actions): reports it, drops the epoch's
+ * communicators and waits for the next decision. DP_OK with d read when one names this
+ * process (RESTORING); else how the wait ended: DP_STOPPED (the job ended, or the control
+ * plane is lost), DP_FENCED, DP_ERR (no decision came). */
+static dp_status retry_after_failed_join(dp_t *dp, lc_actions a, Decision *d, char *err, size_t errlen) {
+    /* JOIN_RESTORE: this rank's state is unreachable (the coordinator stops the job rather
+     * than hand the next spare the same hopeless decision); otherwise a member is missing
+     * and the coordinator decides again. */
+    if (a.flags & LC_ACT_REPORT_JOIN_FAILED) {
+            Report r = {.kind = REPORT_JOIN_FAILED, .epoch = dp->epoch, .rank = dp->rank, .step = -1,
+                        .t_wall_ms = wall_ms(), .phase = a.phase};
+        snprintf(r.text, sizeof r.text, "%s", err);
+        report_send(dp->ctl, dp->t0_wall_ms, &r);
+    }
+    if (a.flags & LC_ACT_END_COMMS) rt_end_epoch_comms(dp);
+    if (!(a.flags & LC_ACT_AWAIT_DECISION)) return DP_ERR; /* not reached: the lifecycle logged why */
+    long e;
+    a = await_decision(dp, d, &e);
+    if (a.flags & LC_ACT_PERSIST_LOCAL) control_lost_persist(dp, err, errlen);
+    if (dp->lc == LC_STOPPED) return DP_STOPPED;
+    if (dp->lc == LC_FAILED) {
+        snprintf(err, errlen, "no recovery decision arrived: giving up");
+        return DP_ERR;
+    }
+    if (a.flags & LC_ACT_REPORT_FENCED) report_fenced(dp, e);
+    if (dp->lc == LC_FENCED) return DP_FENCED;
+    return a.flags & LC_ACT_RESTORE ? DP_OK : DP_ERR; /* DP_ERR: not reached, the lifecycle logged why */
+}
+
 /* RESTORING (a decision named this process): follows decisions until this process is a
- * working member of one: DP_OK (RESUMING), DP_STOPPED (the job ended, or the control plane
- * is lost), DP_FENCED (not a member any more), DP_ERR (no decision came). */
+ * working member of one: DP_OK (RESUMING), else as retry_after_failed_join. */
 static dp_status follow_decisions(dp_t *dp, Decision *d, char *err, size_t errlen) {
     for (;;) {
         lc_input outcome = join_epoch(dp, d, err, errlen);
@@ -531,29 +563,19 @@ static dp_status follow_decisions(dp_t *dp, Decision *d, char *err, size_t errle
         if (dp->lc == LC_RESUMING) return DP_OK;
         /* Usually a member died while recovering; the coordinator decides again. */
         log_msg("joining epoch %ld failed: %s", dp->epoch, err);
-        /* JOIN_RESTORE: this rank's state is unreachable (the coordinator stops the job rather
-         * than hand the next spare the same hopeless decision); otherwise a member is missing
-         * and the coordinator decides again. */
-        if (a.flags & LC_ACT_REPORT_JOIN_FAILED) {
-            Report r = {.kind = REPORT_JOIN_FAILED, .epoch = dp->epoch, .rank = dp->rank, .step = -1,
-                        .t_wall_ms = wall_ms(), .phase = a.phase};
-            snprintf(r.text, sizeof r.text, "%s", err);
-            report_send(dp->ctl, dp->t0_wall_ms, &r);
-        }
-        if (a.flags & LC_ACT_END_COMMS) rt_end_epoch_comms(dp);
-        if (!(a.flags & LC_ACT_AWAIT_DECISION)) return DP_ERR; /* not reached: the lifecycle logged why */
-        long e;
-        a = await_decision(dp, d, &e);
-        if (a.flags & LC_ACT_PERSIST_LOCAL) control_lost_persist(dp, err, errlen);
-        if (dp->lc == LC_STOPPED) return DP_STOPPED;
-        if (dp->lc == LC_FAILED) {
-            snprintf(err, errlen, "no recovery decision arrived: giving up");
-            return DP_ERR;
-        }
-        if (a.flags & LC_ACT_REPORT_FENCED) report_fenced(dp, e);
-        if (dp->lc == LC_FENCED) return DP_FENCED;
-        if (!(a.flags & LC_ACT_RESTORE)) return DP_ERR; /* not reached: the lifecycle logged why */
+        dp_status st = retry_after_failed_join(dp, a, d, err, errlen);
+        if (st != DP_OK) return st;
     }
+}
+
+/* Epoch 0's rendezvous or broadcast failed: a member died or hung as the job started (its
+ * epoch was closed, or it never came). The coordinator replaces it as it would in a step, and
+ * this process, a survivor with nothing committed, follows that decision (rolling back to the
+ * start, or to the resumed checkpoint) instead of stopping the job as a bad one. */
+static dp_status start_rendezvous_failed(dp_t *dp, char *err, size_t errlen) {
+    lc_actions a = lc_feed(dp, LC_IN_JOIN_FAILED); /* RETRYING */
+    dp_status st = retry_after_failed_join(dp, a, &dp->decision, err, errlen);
+    return st == DP_OK ? follow_decisions(dp, &dp->decision, err, errlen) : st;
 }
 
 static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
@@ -562,10 +584,10 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
     event_emit(dp->ctl, dp->t0_wall_ms, "rank_joined", "\"rank\":%d,\"proc\":%ld,\"pid\":%d,\"host\":\"%s\"", dp->rank,
                dp->proc_id, (int)getpid(), host);
     dp->epoch = 0;
+    rt_maybe_inject_in_recovery(dp); /* rkill:R@0: a member dies as the job starts */
     if (join_communicator(dp, dp->cfg.start_timeout_ms, err, errlen) != 0) {
         emit_error(dp, "joining the communicator failed: ", err);
-        lc_feed(dp, LC_IN_START_FAILED);
-        return DP_FAILED;
+        return start_rendezvous_failed(dp, err, errlen);
     }
     if (dp->cfg.resume_step >= 0) { /* resumed from disk: every rank restores its state file */
         SnapHeader h;
@@ -576,8 +598,7 @@ static dp_status join_initial(dp_t *dp, char *err, size_t errlen) {
         if (rc != 0) { emit_error(dp, "resume: ", err); lc_feed(dp, LC_IN_START_FAILED); return DP_ERR; }
         if (rt_share_and_rebuild(dp, NULL, err, errlen) != DP_OK) {
             emit_error(dp, "resume: ", err);
-            lc_feed(dp, LC_IN_START_FAILED);
-            return DP_FAILED;
+            return start_rendezvous_failed(dp, err, errlen);
         }
     }
     /* Redis away while the job starts is no bad job (item 12): tried again within

@@ -829,23 +829,25 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
                    c->npending, c->in.nspares, g + 1, c->cfg->spare_wait);
         /* One machine: the launcher can start what is missing (a spare that was not there
          * when the ranks failed is as good as one that was). */
+        char persisting[1200] = "nothing is committed yet, so nothing is persisted"; /* failed as the job started */
+        if (g >= 0) snprintf(persisting, sizeof persisting, "step %lld is being persisted to %s/ckpt", g + 1, c->cfg->out);
         if (c->cfg->nnodes == 0 && c->cfg->respawn_spares) {
             c->spares_wanted = c->npending - c->in.nspares;
-            log_msg("%d rank(s) failed and %d spare(s) are left: starting %d more; step %lld is being persisted to "
-                    "%s/ckpt meanwhile", c->npending, c->in.nspares, c->spares_wanted, g + 1, c->cfg->out);
+            log_msg("%d rank(s) failed and %d spare(s) are left: starting %d more; %s meanwhile", c->npending,
+                    c->in.nspares, c->spares_wanted, persisting);
         } else {
             const char *rf = getenv(DP_ENV_REDIS_FILE); /* the launcher's: URL and password, 0600 */
-            log_msg("%d rank(s) failed and %d spare(s) are left: step %lld is being persisted to %s/ckpt; waiting up to "
-                    "%d s for a spare (deadpool worker --spare --job %s %s%s)", c->npending, c->in.nspares, g + 1,
-                    c->cfg->out, c->cfg->spare_wait, ctl_job(c->ctl), rf ? "--redis-file " : "--redis URL", rf ? rf : "");
+            log_msg("%d rank(s) failed and %d spare(s) are left: %s; waiting up to %d s for a spare (deadpool worker "
+                    "--spare --job %s %s%s)", c->npending, c->in.nspares, persisting, c->cfg->spare_wait, ctl_job(c->ctl),
+                    rf ? "--redis-file " : "--redis URL", rf ? rf : "");
         }
-        if (c->cfg->ft == FT_DEADPOOL) persist_for_fallback(c, g);
+        if (c->cfg->ft == FT_DEADPOOL && g >= 0) persist_for_fallback(c, g);
     }
     double waited = now_ms() - c->waiting_spare_since, spare_wait = c->cfg->spare_wait * 1000.0;
     if (waited < spare_wait) return COORD_RUNNING;
     /* Looked at every 100 ms, not at every tick (2 ms now): a directory scan, or across
      * machines a Redis read. */
-    int on_disk = c->cfg->ft != FT_DEADPOOL;
+    int on_disk = c->cfg->ft != FT_DEADPOOL || g < 0;
     if (!on_disk && now_ms() - c->persist_checked_ms >= 100) {
         c->persist_checked_ms = now_ms();
         on_disk = coord_persisted(c, g);

@@ -101,6 +101,7 @@ typedef struct {
     long netdown_epoch;     /* the link went down in this epoch; -1 = up */
     char self_path[4096];   /* this executable: the built-in trainer is its `train` command */
     int respawn_due;        /* spares used by a decision, started once the recovery is over */
+    int unjoined_restarts;  /* processes started again for a rank their predecessor never claimed */
     double respawn_at;      /* ...or at this time (now_ms) should no `recovered` event come */
     double beat_ms;         /* when the launcher key was last renewed */
     /* machines: every launcher is one machine of the job (one for `--workers N`) */
@@ -861,6 +862,32 @@ static void report_exit(Launcher *L, const Child *c) {
         log_msg("reporting process %d's exit: %s", (int)c->pid, ctl_last_error(L->ctl));
 }
 
+/* A process started for a rank died before it claimed it (a crash, a kill, a machine's OOM
+ * killer as the job starts): nobody's failure to the coordinator, which knows epoch 0's
+ * members only once every rank is claimed, while the other ranks wait in the rendezvous for
+ * it. Nothing of it was committed, so another process is started for the rank, at most
+ * START_RESTARTS_MAX times per launcher (a program that dies so every time is a bad job).
+ * 0 when restarted (or the job failed on it); -1 when the exit is the coordinator's (the
+ * rank was claimed, the job is past its start, or Redis does not say). */
+#define START_RESTARTS_MAX 3
+static int restart_unjoined(Launcher *L, const Child *c, const char *how) {
+    if (c->rank < 0 || L->failed || L->job_done) return -1;
+    if (ctl_epoch(L->ctl) != 0 || ctl_rank_owner(L->ctl, c->rank) != 0) return -1;
+    if (++L->unjoined_restarts > START_RESTARTS_MAX) {
+        log_msg("process %d, started for rank %d, %s before it claimed the rank; %d processes died so: the job cannot "
+                "start", (int)c->pid, c->rank, how, L->unjoined_restarts);
+        L->failed = 1;
+        return 0;
+    }
+    log_msg("process %d, started for rank %d, %s before it claimed the rank: starting another for it", (int)c->pid,
+            c->rank, how);
+    if (start_process(L, c->rank) != 0) {
+        log_msg("starting a process for rank %d failed: the job cannot start", c->rank);
+        L->failed = 1;
+    }
+    return 0;
+}
+
 /* Reaps exited children and tells the coordinator. Returns the number still running. */
 static int reap_children(Launcher *L) {
     pid_t pid;
@@ -918,6 +945,8 @@ static int reap_children(Launcher *L) {
         } else if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_OUTPUT) {
             log_msg("process %d trained every step but could not write its output (see the message above)", (int)pid);
             L->failed = 1; /* not a crash: a spare would not write it any better */
+        } else if (restart_unjoined(L, c, how) == 0) {
+            continue;
         } else if (L->coord) {
             coord_child_exited(L->coord, pid, status);
         }

@@ -212,12 +212,16 @@ other = [c for c in r["conn"] if not c["addr"].startswith("127.77.")]
 dpl = len({c["addr"] for c in dp})
 bad = []
 if want_nobody and r["uid"] != 65534: bad.append("attacker ran as uid %d, not nobody" % r["uid"])
-# Rank 0 listens in every communicator and never dials, so its listener lasts longest: the
-# attacker must have reached it in the first communicator and in the rebuild's (two ports).
+# Rank 0 listens in every communicator and never dials, so its listener lasts longest. The
+# first communicator's listeners last while the processes start (hundreds of ms apart): the
+# attacker must have reached two of them. The rebuild's last a few ms (every member is warm,
+# the spare restores in about 2 ms): the attacker reaches them in most runs, not all (it
+# missed them in 1 run of 10 on 76cb25d, 3 of 11 on the next build), so they are counted, not
+# required.
 rank0 = {c["addr"] for c in dp if c["addr"].startswith("127.77.0.1:")}
-if dpl < 3 or len(rank0) < 2:
-    bad.append("the attacker reached %d data-plane listeners, %d of rank 0 (want >= 3, and rank 0's in both "
-               "communicators)" % (dpl, len(rank0)))
+if dpl < 2 or not rank0:
+    bad.append("the attacker reached %d data-plane listeners, %d of rank 0 (want >= 2, rank 0's among them)"
+               % (dpl, len(rank0)))
 for c in dp:
     g = bytes.fromhex(c["got"])
     if c["n"] > 36 or (c["n"] and not g.startswith(b"DPC1")):
@@ -230,8 +234,9 @@ for c in other:
         bad.append("%s sent the attacker %d bytes: %s" % (c["addr"], c["n"], c["got"][:40]))
 hello = sum(1 for c in dp if c["n"] == 36)
 print("ok" if not bad else "bad")
-print("%d listeners, %d data-plane (%d connections, %d got the HELLO, longest kept %.1f s), %d other connections, uid %d"
-      % (r["listeners"], dpl, len(dp), hello, max([c["life"] for c in dp] or [0]), len(other), r["uid"]))
+print("%d listeners, %d data-plane (%d of rank 0: %s; %d connections, %d got the HELLO, longest kept %.1f s), %d other "
+      "connections, uid %d" % (r["listeners"], dpl, len(rank0), "the rebuild's too" if len(rank0) > 1 else "not the rebuild's",
+                               len(dp), hello, max([c["life"] for c in dp] or [0]), len(other), r["uid"]))
 for b in bad[:8]: print(b)
 PY
 )

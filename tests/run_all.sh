@@ -6,10 +6,11 @@ passed=0; failed=0
 log=$(mktemp -d)/tests.log
 failures="" # "script: test" per failure, repeated before the count (a CI log may keep only its tail)
 run_one() { # name, timeout seconds, command...
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$2 t0=$SECONDS; shift 2
   echo "== $name"
   timeout -k 10 "$limit" "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
+  echo "-- $name: $((SECONDS - t0)) s"
   local p f
   p=$(grep -c '^ok - ' "$log"); f=$(grep -c '^not ok - ' "$log")
   passed=$((passed + p)); failed=$((failed + f))

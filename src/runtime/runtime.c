@@ -525,7 +525,7 @@ static lc_actions await_decision(dp_t *dp, Decision *d, long *epoch) {
     return lc_feed(dp, decision_rank_of(d, dp->proc_id) < 0 ? LC_IN_FENCED : LC_IN_DECISION_MINE);
 }
 
-/* RETRYING (a join failed; a the transition's actions): reports it, drops the epoch's
+/* RETRYING (a join failed; a: the transition's actions): reports it, drops the epoch's
  * communicators and waits for the next decision. DP_OK with d read when one names this
  * process (RESTORING); else how the wait ended: DP_STOPPED (the job ended, or the control
  * plane is lost), DP_FENCED, DP_ERR (no decision came). */
@@ -534,8 +534,8 @@ static dp_status retry_after_failed_join(dp_t *dp, lc_actions a, Decision *d, ch
      * than hand the next spare the same hopeless decision); otherwise a member is missing
      * and the coordinator decides again. */
     if (a.flags & LC_ACT_REPORT_JOIN_FAILED) {
-            Report r = {.kind = REPORT_JOIN_FAILED, .epoch = dp->epoch, .rank = dp->rank, .step = -1,
-                        .t_wall_ms = wall_ms(), .phase = a.phase};
+        Report r = {.kind = REPORT_JOIN_FAILED, .epoch = dp->epoch, .rank = dp->rank, .step = -1, .t_wall_ms = wall_ms(),
+                    .phase = a.phase};
         snprintf(r.text, sizeof r.text, "%s", err);
         report_send(dp->ctl, dp->t0_wall_ms, &r);
     }

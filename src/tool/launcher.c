@@ -101,8 +101,8 @@ typedef struct {
     long netdown_epoch;     /* the link went down in this epoch; -1 = up */
     char self_path[4096];   /* this executable: the built-in trainer is its `train` command */
     int respawn_due;        /* spares used by a decision, started once the recovery is over */
-    int unjoined_restarts;  /* processes started again for a rank their predecessor never claimed */
     double respawn_at;      /* ...or at this time (now_ms) should no `recovered` event come */
+    int unjoined_restarts;  /* processes started again for a rank their predecessor never claimed */
     double beat_ms;         /* when the launcher key was last renewed */
     /* machines: every launcher is one machine of the job (one for `--workers N`) */
     char node_id[128];      /* this machine's id (--node-id, else node_id_default) */

@@ -992,23 +992,14 @@ static redisReply *ctl_mget(ctl_t *c, char (*keys)[CTL_KEY_MAX], int n) {
 }
 
 long long ctl_committed_min(ctl_t *c, long epoch, int nranks) {
-    long long min = LLONG_MAX;
-    for (int base = 0; base < nranks; base += MGET_CHUNK) {
-        int n = nranks - base < MGET_CHUNK ? nranks - base : MGET_CHUNK;
-        char keys[MGET_CHUNK][CTL_KEY_MAX];
-        for (int i = 0; i < n; i++) make_key(c, keys[i], sizeof keys[i], KEY_COMMITTED, epoch, base + i);
-        redisReply *r = ctl_mget(c, keys, n);
-        if (!r) return -2;
-        for (size_t i = 0; i < r->elements; i++) {
-            long long v;
-            if (reply_int(NULL, r->element[i], "committed", 0, LLONG_MAX, &v) != 0) {
-                min = -1; /* a rank has committed nothing */
-                continue;
-            }
-            if (v < min) min = v;
-        }
-        freeReplyObject(r);
+    long long *steps = malloc(sizeof *steps * (size_t)(nranks > 0 ? nranks : 1)), min = LLONG_MAX;
+    if (!steps || ctl_committed_get_many(c, epoch, nranks, steps) != 0) {
+        free(steps);
+        return -2;
     }
+    for (int i = 0; i < nranks; i++)
+        if (steps[i] < min) min = steps[i]; /* -1: a rank has committed nothing */
+    free(steps);
     return min == LLONG_MAX ? -1 : min;
 }
 

@@ -1,6 +1,6 @@
 /* rt_inject.c — fault injection: the faults of --inject and --chaos, fired once each mid-step
  * (SET NX in Redis, so a step re-run after a rollback does not fire them again), and rkill,
- * which fires while a process recovers into an epoch. */
+ * which fires while a process recovers into an epoch (epoch 0: as the job starts). */
 #include <signal.h>
 #include <stdio.h>
 #include <unistd.h>

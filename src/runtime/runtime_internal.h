@@ -135,7 +135,8 @@ dp_status rt_epoch_closed(dp_t *dp);
 
 /* dp_step_before_reduce: fires the --inject and --chaos faults of step `step`. */
 void rt_maybe_inject(dp_t *dp, int64_t step);
-/* join_epoch: rkill, the process taking its rank dies while it recovers into dp->epoch. */
+/* join_epoch and join_initial: rkill, the process taking its rank dies while it joins dp->epoch
+ * (a recovery, or epoch 0 as the job starts). */
 void rt_maybe_inject_in_recovery(dp_t *dp);
 
 /* --- rt_exec.c ----------------------------------------------------------------------- */

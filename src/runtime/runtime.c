@@ -182,12 +182,13 @@ static int read_job(dp_t *dp, char *err, size_t errlen) {
 static int claim_one(dp_t *dp, int r) {
     for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;) {
         int got = ctl_claim_rank(dp->ctl, r, dp->proc_id);
-        /* Taken: by us, when Redis ran an earlier try whose reply timed out. Who holds it is
-         * read before the rank is given up (a failed read is no "taken by another"). */
-        long owner = got == 0 ? ctl_rank_owner(dp->ctl, r) : -1;
-        if (got == 0 && owner == dp->proc_id) return 1;
-        if (got == 0 && owner == 0 && now_ms() < deadline) continue; /* gone meanwhile (a Redis restarted empty) */
-        if (got == 1 || (got == 0 && owner > 0)) return got;
+        if (got == 1) return 1;
+        if (got == 0) { /* taken: by us, when Redis ran an earlier try whose reply timed out */
+            long owner = ctl_rank_owner(dp->ctl, r); /* a failed read is no "taken by another" */
+            if (owner == dp->proc_id) return 1;
+            if (owner > 0) return 0;
+            if (owner == 0 && now_ms() < deadline) continue; /* gone meanwhile (a Redis restarted empty) */
+        }
         if (!retry_transient(dp->ctl, deadline)) return -1;
     }
 }
@@ -457,22 +458,7 @@ static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen
     return LC_IN_JOINED;
 }
 
-/* Waits (bounded) for a decision newer than our epoch. The decision's epoch, 0 when the job
- * ended, -1 on timeout. */
-static long wait_for_decision_within(dp_t *dp, int timeout_ms);
-static long wait_for_decision(dp_t *dp, int timeout_ms) {
-    /* Each Redis call of the wait is bounded by a quarter of --control-wait (500 ms at least,
-     * for the 100 ms BLPOP; never more than the connection's own bound): a call blocked on a
-     * stalled server for the connection's 5 s would let an outage outlast --control-wait
-     * unnoticed (a survivor whose join had failed kept nothing on disk). */
-    int saved = ctl_timeout(dp->ctl), bound = job_control_outage_ms(&dp->cfg) / 4;
-    if (bound < 500) bound = 500;
-    if (bound < saved) ctl_set_timeout(dp->ctl, bound);
-    long e = wait_for_decision_within(dp, timeout_ms);
-    ctl_set_timeout(dp->ctl, saved);
-    return e;
-}
-
+/* wait_for_decision's loop, its Redis calls bounded by the caller. */
 static long wait_for_decision_within(dp_t *dp, int timeout_ms) {
     double start = now_ms(), deadline = start + timeout_ms;
     while (now_ms() < deadline) {
@@ -499,6 +485,21 @@ static long wait_for_decision_within(dp_t *dp, int timeout_ms) {
         if (ctl_wait_notice(dp->ctl, dp->proc_id, KEY_NOTICE, 100) < 0) sleep_ms(100); /* Redis unreachable */
     }
     return -1;
+}
+
+/* Waits (bounded) for a decision newer than our epoch. The decision's epoch, 0 when the job
+ * ended, -1 on timeout. */
+static long wait_for_decision(dp_t *dp, int timeout_ms) {
+    /* Each Redis call of the wait is bounded by a quarter of --control-wait (500 ms at least,
+     * for the 100 ms BLPOP; never more than the connection's own bound): a call blocked on a
+     * stalled server for the connection's 5 s would let an outage outlast --control-wait
+     * unnoticed (a survivor whose join had failed kept nothing on disk). */
+    int saved = ctl_timeout(dp->ctl), bound = job_control_outage_ms(&dp->cfg) / 4;
+    if (bound < 500) bound = 500;
+    if (bound < saved) ctl_set_timeout(dp->ctl, bound);
+    long e = wait_for_decision_within(dp, timeout_ms);
+    ctl_set_timeout(dp->ctl, saved);
+    return e;
 }
 
 /* LC_ACT_PERSIST_LOCAL: the control plane is lost; what this process committed goes to disk. */

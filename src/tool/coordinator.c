@@ -814,13 +814,9 @@ int coord_persisted(Coordinator *c, long long g) {
            proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &complete, NULL, 0) == 0 && complete >= g;
 }
 
-/* How long a stop without a spare waits, after --spare-wait, for the members to have written
- * the generation it names (a short --spare-wait may end first). */
-#define PERSIST_WAIT_MS 30000
-
 /* No live spare for every failed rank: persist generation g once, then wait --spare-wait
  * seconds for spares; after that the job fails with `why`, once g is on disk (or with what
- * is, when it is not within PERSIST_WAIT_MS: the message never names a checkpoint that is
+ * is, when it is not within COORD_PERSIST_WAIT_MS: the message never names a checkpoint that is
  * not there). */
 static coord_state no_spare(Coordinator *c, long long g, const char *why) {
     if (c->waiting_spare_since == 0) {
@@ -856,11 +852,11 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
         snprintf(c->message, sizeof c->message, "%s", why);
         return COORD_FAILED;
     }
-    if (waited < spare_wait + PERSIST_WAIT_MS) return COORD_RUNNING;
+    if (waited < spare_wait + COORD_PERSIST_WAIT_MS) return COORD_RUNNING;
     int n = snprintf(c->message, sizeof c->message,
                      "no spare joined within %d s, and step %lld, the newest every rank committed, was not written to "
                      "%s/ckpt within %d s (the processes' messages above say why); ",
-                     c->cfg->spare_wait, g + 1, c->cfg->out, PERSIST_WAIT_MS / 1000);
+                     c->cfg->spare_wait, g + 1, c->cfg->out, COORD_PERSIST_WAIT_MS / 1000);
     say_newest_checkpoint(c, n, "no checkpoint exists");
     return COORD_FAILED;
 }

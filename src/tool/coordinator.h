@@ -60,8 +60,10 @@ const char *coord_message(const Coordinator *c);
  * they leave their step and answer it. That generation, -1 if none was committed. */
 long long coord_persist_on_stop(Coordinator *c);
 /* 1 when generation g is whole on disk: a complete checkpoint in --out (one machine), the
- * persist record every rank wrote its part (across machines). */
+ * persist record every rank wrote its part (across machines). How long a stop waits for that
+ * (after --spare-wait when no spare came; after Ctrl-C): COORD_PERSIST_WAIT_MS. */
 int coord_persisted(Coordinator *c, long long g);
+#define COORD_PERSIST_WAIT_MS 30000
 long coord_epoch(const Coordinator *c);
 /* The control plane's outages: 1 when it answers and its last outage ended a detect timeout
  * ago (silence is judged, decisions are taken), else 0. */

@@ -867,11 +867,12 @@ static void report_exit(Launcher *L, const Child *c) {
  * members only once every rank is claimed, while the other ranks wait in the rendezvous for
  * it. Nothing of it was committed, so another process is started for the rank, at most
  * START_RESTARTS_MAX times per launcher (a program that dies so every time is a bad job).
- * 0 when restarted (or the job failed on it); -1 when the exit is the coordinator's (the
- * rank was claimed, the job is past its start, or Redis does not say). */
+ * 0 when restarted (or the job failed on it); -1 when the exit is the coordinator's (a member
+ * it knows, a claimed rank, a job past its start, or Redis does not say). A known member's
+ * crash costs no Redis read here: it is on the recovery's path. */
 #define START_RESTARTS_MAX 3
 static int restart_unjoined(Launcher *L, const Child *c, const char *how) {
-    if (c->rank < 0 || L->failed || L->job_done) return -1;
+    if (c->rank < 0 || L->failed || L->job_done || (L->coord && coord_is_member(L->coord, c->pid))) return -1;
     if (ctl_epoch(L->ctl) != 0 || ctl_rank_owner(L->ctl, c->rank) != 0) return -1;
     if (++L->unjoined_restarts > START_RESTARTS_MAX) {
         log_msg("process %d, started for rank %d, %s before it claimed the rank; %d processes died so: the job cannot "
@@ -1122,7 +1123,7 @@ static void keep_on_stop(Launcher *L) {
             L->run_cfg.out);
     sig_atomic_t first = stop_signal;
     stop_signal = 0;
-    double deadline = now_ms() + 30000;
+    double deadline = now_ms() + COORD_PERSIST_WAIT_MS;
     while (!stop_signal && now_ms() < deadline && L->coordinating) {
         if (coord_persisted(L->coord, g)) {
             char cmd[9000];
@@ -1137,7 +1138,7 @@ static void keep_on_stop(Launcher *L) {
         drain_outputs(L);
         sleep_ms(50);
     }
-    if (now_ms() >= deadline) log_msg("stopping: step %lld was not written within 30 s", g + 1);
+    if (now_ms() >= deadline) log_msg("stopping: step %lld was not written within %d s", g + 1, COORD_PERSIST_WAIT_MS / 1000);
     stop_signal = first;
 }
 

@@ -270,6 +270,36 @@ DP_EXPORT dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n
 DP_EXPORT dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root);
 DP_EXPORT dp_status dp_barrier(dp_t *dp);
 
+/* --- asynchronous collectives of the current epoch ---------------------------------------
+ * Start a collective, go on computing, wait for it later (a gradient bucket's allreduce while
+ * backward computes the next). Requests run one at a time on a DeadPool thread, in the order
+ * started, on the same fixed ring as the collectives above: the same bits whatever the timing,
+ * as long as every rank starts the same requests in the same order. A buffer belongs to
+ * DeadPool from the start until dp_wait returns. A synchronous collective first waits for the
+ * requests started before it. When the epoch closes (a failure), the request in flight and
+ * every one queued fail at once: dp_wait returns DP_FAILED for each, as a failed collective
+ * does. Every request is waited for once (dp_wait frees it), also after a failure, before
+ * dp_recover. */
+typedef enum { DP_FLOAT32 = 0, DP_FLOAT64 = 1, DP_BFLOAT16 = 2, DP_INT64 = 3 } dp_dtype;
+/* DP_MEAN: the sum times 1 / world, computed once in the element type (float types; bfloat16
+ * in float32, rounded to nearest even), or the sum divided by world (int64, truncated). Max and
+ * min of a NaN give the NaN. */
+typedef enum { DP_SUM = 0, DP_MEAN = 1, DP_MAX = 2, DP_MIN = 3 } dp_op;
+typedef struct dp_request dp_request;
+
+/* Collective. In place over buf[0..n), n elements of `type`. DP_OK with *req set, or DP_ERR
+ * (bad arguments, no epoch; *req NULL, dp_last_error says which). */
+DP_EXPORT dp_status dp_iallreduce(dp_t *dp, void *buf, size_t n, dp_dtype type, dp_op op, dp_request **req);
+/* Collective. out[r*n .. (r+1)*n) = rank r's in[0..n) (n elements of `type`, a multiple of 4
+ * bytes); in may alias out + rank*n. */
+DP_EXPORT dp_status dp_iallgather(dp_t *dp, const void *in, void *out, size_t n, dp_dtype type, dp_request **req);
+/* Collective. Root's buf[0..nbytes) to every rank. */
+DP_EXPORT dp_status dp_ibroadcast(dp_t *dp, void *buf, size_t nbytes, int root, dp_request **req);
+/* Local. Waits for req and frees it: DP_OK, or DP_FAILED (the step failed: dp_recover), DP_ERR. */
+DP_EXPORT dp_status dp_wait(dp_request *req);
+/* Local. 1 when req has completed (dp_wait returns at once), else 0. */
+DP_EXPORT int dp_test(const dp_request *req);
+
 /* --- groups: collectives among some of the ranks (tensor-, pipeline-, data-parallel) ----- */
 typedef struct dp_group dp_group;
 /* Joins the group `name` (letters, digits, '_', '-', '.'; at most 64) of `size` ranks as its

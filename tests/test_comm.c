@@ -436,6 +436,60 @@ static void test_allreduce_mean_3ranks(void) {
     wait_children(pids, 3, 25, "mean");
 }
 
+/* comm_allreduce over every element type and reduction: exact where the arithmetic is
+ * (integers, max/min, small integers in float), the same bits on every rank always. */
+static uint16_t to_bf16(float f) { uint32_t u; memcpy(&u, &f, 4); return (uint16_t)(u >> 16); } /* exact values only */
+static float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static void rank_typed(int r, const char *prefix, int size) {
+    comm_t *c = create_or_fail(prefix, r, size, 10000);
+    if (c == NULL) return;
+    enum { N = 777 };
+    static const char *const tn[] = {"f32", "f64", "bf16", "i64"}, *const on[] = {"sum", "mean", "max", "min"};
+    for (int t = COMM_F32; t <= COMM_I64; t++)
+        for (int op = COMM_SUM; op <= COMM_MIN; op++) {
+            size_t es = comm_dtype_size((comm_dtype)t);
+            unsigned char *buf = malloc(N * es), *copy = malloc(N * es);
+            size_t bad = 0;
+            for (int i = 0; i < N; i++) { /* element i of rank r: (i % 13) - 6 + 2 r (exact in every type) */
+                double v = (double)(i % 13 - 6 + 2 * r);
+                if (t == COMM_F32) ((float *)buf)[i] = (float)v;
+                else if (t == COMM_F64) ((double *)buf)[i] = v;
+                else if (t == COMM_BF16) ((uint16_t *)buf)[i] = to_bf16((float)v);
+                else ((int64_t *)buf)[i] = (int64_t)v;
+            }
+            comm_status st = comm_allreduce(c, buf, N, (comm_dtype)t, (comm_op)op, 10000);
+            CHECK(st == COMM_OK, "%s %s: %s", tn[t], on[op], comm_status_str(st));
+            for (int i = 0; i < N; i++) {
+                double base = (double)(i % 13 - 6), sum = size * base + (double)(size * (size - 1)), want;
+                want = op == COMM_SUM ? sum : op == COMM_MAX ? base + 2 * (size - 1) : op == COMM_MIN ? base : sum / size;
+                if (op == COMM_MEAN && t == COMM_I64) want = (double)((int64_t)sum / size);
+                double got = t == COMM_F32 ? ((float *)buf)[i] : t == COMM_F64 ? ((double *)buf)[i]
+                           : t == COMM_BF16 ? from_bf16(((uint16_t *)buf)[i]) : (double)((int64_t *)buf)[i];
+                if (op == COMM_MEAN && t != COMM_I64 ? fabs(got - want) > 1e-2 * (fabs(want) + 1) : got != want) bad++;
+            }
+            CHECK(bad == 0, "%s %s: %zu of %d elements wrong", tn[t], on[op], bad, N);
+            memcpy(copy, buf, N * es);
+            CHECK(comm_broadcast(c, copy, N * es, 0, 10000) == COMM_OK, "broadcast");
+            CHECK(memcmp(copy, buf, N * es) == 0, "%s %s: rank %d's result differs bitwise from rank 0's", tn[t], on[op], r);
+            free(buf);
+            free(copy);
+        }
+    /* A NaN wins max and min; a bad type or op is refused. */
+    float x[2] = {r == 1 ? NAN : 1.0f, 2.0f};
+    CHECK(comm_allreduce(c, x, 2, COMM_F32, COMM_MAX, 10000) == COMM_OK && isnan(x[0]) && x[1] == 2.0f, "max with a NaN");
+    CHECK(comm_allreduce(c, x, 2, (comm_dtype)9, COMM_SUM, 1000) == COMM_ERR_INVALID, "an unknown type is refused");
+    CHECK(comm_allreduce(c, x, 2, COMM_F32, (comm_op)9, 1000) == COMM_ERR_INVALID, "an unknown op is refused");
+    comm_destroy(c);
+}
+
+static void test_allreduce_typed_3ranks(void) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "test-comm-%d-typed", (int)getpid());
+    pid_t pids[3];
+    for (int r = 0; r < 3; r++) pids[r] = spawn(rank_typed, r, prefix, 3);
+    wait_children(pids, 3, 40, "typed");
+}
+
 /* Peer failure: the last rank dies by SIGKILL while the others are inside an allreduce. The
  * survivors must fail promptly (PEER, or TIMEOUT at worst) and keep the broken communicator
  * for 1.5 s before destroying it: with 4 ranks, survivors that are not ring neighbours of the
@@ -1427,6 +1481,7 @@ int main(void) {
     RUN_TEST(test_size_one);
     RUN_TEST(test_collectives_4ranks);
     RUN_TEST(test_allreduce_mean_3ranks);
+    RUN_TEST(test_allreduce_typed_3ranks);
     RUN_TEST(test_peer_failure_and_swap);
     RUN_TEST(test_peer_failure_cascade);
     RUN_TEST(test_timeout);

@@ -312,6 +312,23 @@ static void test_comm_failure_rebuild(void) {
     in->ft = FT_DISK;
     o = run(in);
     CHECK(o == DECIDE_REBUILD, "--ft disk: %s", decide_outcome_name(o));
+    in->ft = FT_DEADPOOL;
+    /* Rebuilt again and again with nothing committed: the job stops, it does not loop. */
+    in->fruitless_rebuilds = DECIDE_MAX_FRUITLESS_REBUILDS;
+    o = run(in);
+    CHECK(o == DECIDE_REBUILD, "a step was committed since (9 > 5): %s", decide_outcome_name(o));
+    in->committed_min = 5;
+    o = run(in);
+    CHECK(o == DECIDE_GIVE_UP && g_d.rollback == 5, "no step since: %s, rollback %lld", decide_outcome_name(o), g_d.rollback);
+    CHECK(strstr(g_why, "failed 3 times in a row") && strstr(g_why, "step 6"), "why: %s", g_why);
+    in->fruitless_rebuilds = DECIDE_MAX_FRUITLESS_REBUILDS - 1;
+    CHECK(run(in) == DECIDE_REBUILD, "one try left");
+    long holders[] = {14};
+    int alive[] = {1};
+    in->fruitless_rebuilds = DECIDE_MAX_FRUITLESS_REBUILDS;
+    add_failure(in, 2, "crash", 49000, 49500, 1, holders, alive);
+    o = run(in);
+    CHECK(o == DECIDE_SWAP, "a failed member is swapped whatever the rebuilds: %s", decide_outcome_name(o));
 }
 
 static void test_ft_disk_none(void) {

@@ -45,6 +45,11 @@ void sleep_ms(int ms) {
     }
 }
 
+int bound_for_bytes_ms(int base_ms, uint64_t bytes) {
+    uint64_t ms = (uint64_t)(base_ms > 0 ? base_ms : 0) + bytes / TRANSFER_FLOOR_BYTES_PER_MS;
+    return ms > 3600000 ? 3600000 : (int)ms;
+}
+
 void *alloc_huge(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
     size_t len = bytes ? (bytes + huge - 1) / huge * huge : huge;

@@ -15,6 +15,13 @@ int64_t wall_ms(void);     /* the job's clock, milliseconds since the epoch (sha
 void wall_clock_offset_set(int64_t offset_ms);
 void sleep_ms(int ms);
 
+/* The slowest rate a transfer between the job's processes is assumed to keep (bytes per ms:
+ * 20 MB/s, far below loopback or any data-centre link even on a loaded machine). */
+#define TRANSFER_FLOOR_BYTES_PER_MS 20000
+/* base_ms plus the time `bytes` take at the floor rate, capped at one hour: the bound on a
+ * wait that moves `bytes`, so that a bigger model never outlasts it. */
+int bound_for_bytes_ms(int base_ms, uint64_t bytes);
+
 /* "[deadpool <role>] message" on stderr, one line. */
 void log_set_role(const char *role);
 void log_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -69,6 +69,17 @@ unsigned long comm_store_round_trips(const comm_t *c);
  * (mostly waiting for the last rank to arrive), and connecting the pairs. */
 void comm_rendezvous_ms(const comm_t *c, double *wait_ms, double *connect_ms);
 
+/* Element types and reductions of comm_allreduce. COMM_BF16 is bfloat16 (the upper half of
+ * a float32), reduced in float32 and rounded to nearest even, as torch does. */
+typedef enum { COMM_F32 = 0, COMM_F64, COMM_BF16, COMM_I64 } comm_dtype;
+typedef enum { COMM_SUM = 0, COMM_MEAN, COMM_MAX, COMM_MIN } comm_op;
+size_t comm_dtype_size(comm_dtype t); /* bytes per element, 0 for an unknown type */
+
+/* In-place reduction over all ranks of buf[0..n) elements of `type`, on the ring (fixed
+ * operand order: the same bits on every rank, whatever the timing). COMM_MEAN is the sum
+ * times 1 / size (float types, as comm_allreduce_mean) or the sum divided by size (int64,
+ * truncated). Max and min of a NaN: the NaN. */
+comm_status comm_allreduce(comm_t *c, void *buf, size_t n, comm_dtype type, comm_op op, int timeout_ms);
 /* In-place sum over all ranks of buf[0..n). */
 comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms);
 /* In-place mean: the sum above, then every element multiplied by inv = 1.0f / (float)size

@@ -381,6 +381,49 @@ void sumFloat(void *c_, const void *a_, const void *b_, size_t n) {
     for (size_t i = 0; i < n; i++) c[i] = a[i] + b[i];
 }
 
+// The other element types and reductions (comm_allreduce), in the same fixed operand order.
+float bf16ToFloat(uint16_t v) {
+    uint32_t u = static_cast<uint32_t>(v) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+uint16_t floatToBf16(float f) { // round to nearest even, as torch; a NaN stays a (quiet) NaN
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (f != f) return static_cast<uint16_t>((u >> 16) | 0x40);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return static_cast<uint16_t>(u >> 16);
+}
+struct OpSum { template <typename T> static T apply(T a, T b) { return a + b; } };
+struct OpMax { template <typename T> static T apply(T a, T b) { return a != a ? a : b != b ? b : a > b ? a : b; } };
+struct OpMin { template <typename T> static T apply(T a, T b) { return a != a ? a : b != b ? b : a < b ? a : b; } };
+template <typename T, typename Op>
+void reduceTyped(void *c_, const void *a_, const void *b_, size_t n) {
+    T *c = static_cast<T *>(c_);
+    const T *a = static_cast<const T *>(a_);
+    const T *b = static_cast<const T *>(b_);
+    for (size_t i = 0; i < n; i++) c[i] = Op::apply(a[i], b[i]);
+}
+template <typename Op>
+void reduceBf16(void *c_, const void *a_, const void *b_, size_t n) {
+    uint16_t *c = static_cast<uint16_t *>(c_);
+    const uint16_t *a = static_cast<const uint16_t *>(a_);
+    const uint16_t *b = static_cast<const uint16_t *>(b_);
+    for (size_t i = 0; i < n; i++) c[i] = floatToBf16(Op::apply(bf16ToFloat(a[i]), bf16ToFloat(b[i])));
+}
+using ReduceFn = void (*)(void *, const void *, const void *, size_t);
+template <typename Op>
+ReduceFn reduceFor(comm_dtype t) {
+    switch (t) {
+    case COMM_F32: return reduceTyped<float, Op>;
+    case COMM_F64: return reduceTyped<double, Op>;
+    case COMM_BF16: return reduceBf16<Op>;
+    case COMM_I64: return reduceTyped<int64_t, Op>;
+    }
+    return nullptr;
+}
+
 // Runs fn, converting every exception into a status and a message. Order matters: the more
 // specific types first.
 template <typename Fn>
@@ -741,6 +784,60 @@ comm_status comm_allreduce_sum(comm_t *c, float *buf, size_t n, int timeout_ms) 
         opts.setTimeout(callTimeout(c, timeout_ms));
         gloo::allreduce(opts);
     });
+}
+
+size_t comm_dtype_size(comm_dtype t) {
+    switch (t) {
+    case COMM_F32: return 4;
+    case COMM_F64: return 8;
+    case COMM_BF16: return 2;
+    case COMM_I64: return 8;
+    }
+    return 0;
+}
+
+comm_status comm_allreduce(comm_t *c, void *buf, size_t n, comm_dtype type, comm_op op, int timeout_ms) {
+    size_t es = comm_dtype_size(type);
+    if (c == nullptr || es == 0 || op < COMM_SUM || op > COMM_MIN || (buf == nullptr && n > 0) || n > SIZE_MAX / es)
+        return COMM_ERR_INVALID;
+    if (c->broken != COMM_OK) return c->broken;
+    if (n == 0 || c->size == 1) return COMM_OK;
+    ReduceFn fn = op == COMM_MAX ? reduceFor<OpMax>(type) : op == COMM_MIN ? reduceFor<OpMin>(type) : reduceFor<OpSum>(type);
+    comm_status st = runCollective(c, [&] {
+        gloo::AllreduceOptions opts(c->ctx);
+        auto out = c->ctx->createUnboundBuffer(buf, n * es);
+        Inflight in(c, {out.get()});
+        if (in.abortedBefore()) throw gloo::IoException("aborted: the epoch was closed");
+        switch (type) { // the element size is all Gloo takes from the type
+        case COMM_F32: opts.setOutput<float>(std::move(out)); break;
+        case COMM_F64: opts.setOutput<double>(std::move(out)); break;
+        case COMM_BF16: opts.setOutput<uint16_t>(std::move(out)); break;
+        case COMM_I64: opts.setOutput<int64_t>(std::move(out)); break;
+        }
+        opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+        opts.setReduceFunction(fn);
+        opts.setTag(c->tag++);
+        opts.setTimeout(callTimeout(c, timeout_ms));
+        gloo::allreduce(opts);
+    });
+    if (st != COMM_OK || op != COMM_MEAN) return st;
+    if (type == COMM_F32) {
+        const float inv = 1.0f / static_cast<float>(c->size);
+        float *f = static_cast<float *>(buf);
+        for (size_t i = 0; i < n; i++) f[i] *= inv;
+    } else if (type == COMM_F64) {
+        const double inv = 1.0 / static_cast<double>(c->size);
+        double *d = static_cast<double *>(buf);
+        for (size_t i = 0; i < n; i++) d[i] *= inv;
+    } else if (type == COMM_BF16) {
+        const float inv = 1.0f / static_cast<float>(c->size);
+        uint16_t *h = static_cast<uint16_t *>(buf);
+        for (size_t i = 0; i < n; i++) h[i] = floatToBf16(bf16ToFloat(h[i]) * inv);
+    } else {
+        int64_t *v = static_cast<int64_t *>(buf);
+        for (size_t i = 0; i < n; i++) v[i] /= c->size;
+    }
+    return COMM_OK;
 }
 
 comm_status comm_allreduce_mean(comm_t *c, float *buf, size_t n, int timeout_ms) {

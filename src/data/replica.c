@@ -1740,7 +1740,7 @@ int replica_last_put_pulled(const ReplicaConn *c) { return c && c->last_pulled; 
 
 static replica_status put_generation(ReplicaConn *c, SnapHeader *h, const void *payload, int crc_known, int timeout_ms) {
     if (!c || !h || (h->length > 0 && !payload)) return REPLICA_IO;
-    io_bound b = bound_total(timeout_ms);
+    io_bound b = bound_total(bound_for_bytes_ms(timeout_ms, h->length)); /* a bigger state takes longer */
     replica_status ready = conn_ready(c, &b);
     if (ready != REPLICA_OK) return ready;
     c->last_pulled = 0;
@@ -1829,6 +1829,7 @@ replica_status replica_get_into(ReplicaConn *c, const char *job, int rank, int64
         conn_drop(c);
         return REPLICA_CORRUPT;
     }
+    b = bound_total(bound_for_bytes_ms(timeout_ms, got.length)); /* the payload: as long as its bytes take */
     unsigned char *into = place ? place(arg, got.length) : NULL;
     int own = into == NULL;
     unsigned char *buf = own ? malloc(got.length ? got.length : 1) : into;

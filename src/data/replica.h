@@ -111,7 +111,8 @@ int replica_server_debug_flip(ReplicaServer *s, int rank, int64_t step, uint64_t
 
 /* A client connection to one holder. After an I/O failure or a refusal it is reopened by
  * the next call, so one ReplicaConn can be kept for the whole job. timeout_ms bounds the
- * whole call (connect, send, receive); values <= 0 mean 1 ms. */
+ * whole call (connect, send, receive), plus the time the generation's bytes take at the floor
+ * rate (bound_for_bytes_ms) where a payload moves; values <= 0 mean 1 ms. */
 typedef struct ReplicaConn ReplicaConn;
 
 /* Connects to holder process `proc` of the job (0: a launcher) at host:port and runs the

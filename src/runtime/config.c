@@ -23,7 +23,7 @@ static const OptSpec OPTIONS[] = {
     {"out", OPT_STR, S(out), 0, 0, NULL, "output directory (model.bin, metrics.jsonl, events.jsonl)"},
     {"redis", OPT_STR, S(redis), 0, 0, NULL, "redis://HOST:PORT (or redis-sentinel://, unix:///PATH), password in DEADPOOL_REDIS_PASSWORD or --redis-file FILE (a 0600 file holding the whole URL); a password written in this URL is readable by every user of the machine (ps) until deadpool overwrites it, at once but not before (default: embedded server on a unix socket only this user can open)"},
     {"detect-timeout-ms", OPT_INT, F(detect_timeout_ms), 0, 50, 3600000, NULL, "a silent (hung, cut off) process is failed after this"},
-    {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 0, 0, 3600000, NULL, "bound on every collective (0 = detect timeout)"},
+    {"comm-timeout-ms", OPT_INT, F(comm_timeout_ms), 0, 0, 3600000, NULL, "fixed base of every collective's bound (0 = the detect timeout + 4 usual steps; the bytes' time is added)"},
     {"start-timeout-ms", OPT_INT, F(start_timeout_ms), 0, 100, 3600000, NULL, "bound on joining the job"},
     {"ft", OPT_ENUM, F(ft), 0, 0, 0, FT_NAMES, "fault tolerance: deadpool (in-memory snapshots), disk, none"},
     {"ckpt-every", OPT_INT, F(ckpt_every), 0, 0, 1e9, NULL, "--ft disk: synchronous checkpoint every K steps"},

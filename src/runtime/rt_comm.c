@@ -21,6 +21,19 @@ int rt_epoch_store(dp_t *dp, EpochStore *es, char *err, size_t errlen) {
     return 0;
 }
 
+/* The bound on a collective that moves `bytes` (per rank). Whoever fails (a crash, a hang,
+ * a lost network) is found by the coordinator, which closes the epoch and aborts every
+ * collective in flight at once: this bound is only the backstop for a peer stuck with nobody
+ * noticing. So it follows the work the collective waits for, not the detection timeout: the
+ * peers may be a step's compute apart and more (4 usual steps, the detection timeout on top),
+ * and the bytes must move. Until a step has been timed (the first one, a spare's), the start
+ * timeout. --comm-timeout-ms, when given, replaces the base. */
+int rt_collective_bound_ms(const dp_t *dp, uint64_t bytes) {
+    double base = dp->cfg.comm_timeout_ms;
+    if (base <= 0) base = dp->step_ewma > 0 ? dp->cfg.detect_timeout_ms + 4 * dp->step_ewma : dp->cfg.start_timeout_ms;
+    return bound_for_bytes_ms(base < 3600000 ? (int)base : 3600000, bytes);
+}
+
 /* A collective's status on communicator c (the epoch's or one of its groups'). */
 static dp_status result_on(dp_t *dp, comm_t *c, comm_status st) {
     if (st == COMM_OK) return DP_OK;
@@ -32,27 +45,32 @@ static dp_status comm_result(dp_t *dp, comm_status st) { return result_on(dp, dp
 
 dp_status dp_allreduce_sum(dp_t *dp, float *buf, size_t n) {
     if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_allreduce_sum(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
+    rt_async_idle(dp); /* one collective at a time, in the order started */
+    return comm_result(dp, comm_allreduce_sum(dp->comm, buf, n, rt_collective_bound_ms(dp, n * sizeof *buf)));
 }
 
 dp_status dp_allreduce_mean(dp_t *dp, float *buf, size_t n) {
     if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_allreduce_mean(dp->comm, buf, n, job_comm_timeout_ms(&dp->cfg)));
+    rt_async_idle(dp); /* one collective at a time, in the order started */
+    return comm_result(dp, comm_allreduce_mean(dp->comm, buf, n, rt_collective_bound_ms(dp, n * sizeof *buf)));
 }
 
 dp_status dp_allgather(dp_t *dp, const float *in, float *out, size_t n) {
     if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_allgather(dp->comm, in, out, n, job_comm_timeout_ms(&dp->cfg)));
+    rt_async_idle(dp); /* one collective at a time, in the order started */
+    return comm_result(dp, comm_allgather(dp->comm, in, out, n, rt_collective_bound_ms(dp, n * sizeof *in * (size_t)dp->cfg.workers)));
 }
 
 dp_status dp_broadcast(dp_t *dp, void *buf, size_t nbytes, int root) {
     if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_broadcast(dp->comm, buf, nbytes, root, job_comm_timeout_ms(&dp->cfg)));
+    rt_async_idle(dp); /* one collective at a time, in the order started */
+    return comm_result(dp, comm_broadcast(dp->comm, buf, nbytes, root, rt_collective_bound_ms(dp, nbytes)));
 }
 
 dp_status dp_barrier(dp_t *dp) {
     if (!dp->comm) return DP_ERR;
-    return comm_result(dp, comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)));
+    rt_async_idle(dp); /* one collective at a time, in the order started */
+    return comm_result(dp, comm_barrier(dp->comm, rt_collective_bound_ms(dp, 0)));
 }
 
 /* --- groups --------------------------------------------------------------------------- */
@@ -66,6 +84,7 @@ struct dp_group {
 
 /* Groups first: each is a child of the epoch's communicator (comm_create_group). */
 void rt_end_epoch_comms(dp_t *dp) {
+    rt_async_end_epoch(dp);
     while (dp->groups) {
         struct dp_group *g = dp->groups;
         dp->groups = g->next;
@@ -113,15 +132,15 @@ int dp_group_size(const dp_group *g) { return g->size; }
 static dp_status group_result(dp_group *g, comm_status st) { return result_on(g->dp, g->comm, st); }
 
 dp_status dp_group_allreduce_sum(dp_group *g, float *buf, size_t n) {
-    return group_result(g, comm_allreduce_sum(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
+    return group_result(g, comm_allreduce_sum(g->comm, buf, n, rt_collective_bound_ms(g->dp, n * sizeof *buf)));
 }
 
 dp_status dp_group_allreduce_mean(dp_group *g, float *buf, size_t n) {
-    return group_result(g, comm_allreduce_mean(g->comm, buf, n, job_comm_timeout_ms(&g->dp->cfg)));
+    return group_result(g, comm_allreduce_mean(g->comm, buf, n, rt_collective_bound_ms(g->dp, n * sizeof *buf)));
 }
 
 dp_status dp_group_allgather(dp_group *g, const float *in, float *out, size_t n) {
-    return group_result(g, comm_allgather(g->comm, in, out, n, job_comm_timeout_ms(&g->dp->cfg)));
+    return group_result(g, comm_allgather(g->comm, in, out, n, rt_collective_bound_ms(g->dp, n * sizeof *in * (size_t)g->size)));
 }
 
 dp_status dp_group_send(dp_group *g, const void *buf, size_t nbytes, int dst, uint32_t tag) {
@@ -129,9 +148,9 @@ dp_status dp_group_send(dp_group *g, const void *buf, size_t nbytes, int dst, ui
 }
 
 dp_status dp_group_recv(dp_group *g, void *buf, size_t nbytes, int src, uint32_t tag) {
-    return group_result(g, comm_recv(g->comm, buf, nbytes, src, tag, job_comm_timeout_ms(&g->dp->cfg)));
+    return group_result(g, comm_recv(g->comm, buf, nbytes, src, tag, rt_collective_bound_ms(g->dp, nbytes)));
 }
 
 dp_status dp_group_wait_sends(dp_group *g) {
-    return group_result(g, comm_wait_sends(g->comm, job_comm_timeout_ms(&g->dp->cfg)));
+    return group_result(g, comm_wait_sends(g->comm, rt_collective_bound_ms(g->dp, 0)));
 }

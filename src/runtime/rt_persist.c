@@ -112,7 +112,7 @@ dp_status rt_disk_checkpoint(dp_t *dp, int64_t step, const void *extra, size_t e
     if (checkpoint_write_live(dp->cfg.out, dp->job, dp->epoch, dp->rank, dp->cfg.workers, step, dp->snap_regions, n, err,
                               sizeof err) != 0)
         log_msg("checkpoint step %lld: %s", (long long)step + 1, err);
-    if (comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)) != COMM_OK) return DP_FAILED;
+    if (comm_barrier(dp->comm, rt_collective_bound_ms(dp, dp->block_bytes)) != COMM_OK) return DP_FAILED;
     dp->last_disk_step = step + 1;
     if (dp->rank != 0) return DP_OK;
     if (checkpoint_finish(dp->cfg.out, step, dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, err, sizeof err) != 0)
@@ -200,12 +200,12 @@ void rt_answer_persist_request(dp_t *dp) {
 void rt_persist_without_control(dp_t *dp) {
     Snapshot *s = dp->snap ? dp->snap : dp->restore_src;
     if (!s) return;
-    snapshot_drain(s, job_comm_timeout_ms(&dp->cfg));
+    snapshot_drain(s, rt_collective_bound_ms(dp, dp->block_bytes));
     /* A join that failed after starting the new epoch's snapshots left them empty: what this
      * process committed is still in the old epoch's, kept until the new epoch commits. */
     if (snapshot_committed(s) < 0 && s == dp->snap && dp->restore_src) {
         s = dp->restore_src;
-        snapshot_drain(s, job_comm_timeout_ms(&dp->cfg));
+        snapshot_drain(s, rt_collective_bound_ms(dp, dp->block_bytes));
     }
     int64_t newest = snapshot_committed(s), g[2] = {newest, newest - dp->cfg.snapshot_every};
     if (newest < 0) return; /* nothing committed (a spare that took a rank): nothing to write or complete */

@@ -380,7 +380,9 @@ static int identical_from_replica(dp_t *dp) {
  * trying again cannot help. */
 dp_status rt_share_and_rebuild(dp_t *dp, int *state_lost, char *err, size_t errlen) {
     if (dp->cfg.workers > 1) {
-        int world = dp->cfg.workers, from = -1, to = job_comm_timeout_ms(&dp->cfg);
+        /* The flags wait for every member's restore (a spare fetches a state about the size of
+         * ours), the blob for its bytes: both bounds follow what they wait for. */
+        int world = dp->cfg.workers, from = -1, to = rt_collective_bound_ms(dp, 2 * (uint64_t)dp->block_bytes);
         float *has = malloc(sizeof *has * (size_t)world);
         if (!has) { snprintf(err, errlen, "out of memory for %d flags", world); return DP_ERR; }
         has[dp->rank] = dp->restored_identical ? 1.0f : 0.0f;
@@ -423,7 +425,7 @@ dp_status rt_share_and_rebuild(dp_t *dp, int *state_lost, char *err, size_t errl
                 size_t off = gen_head_bytes(k, 0);
                 for (int i = 0; i < k; i++) { memcpy(blob + off, same[i].ptr, same[i].len); off += same[i].len; }
             }
-            if (comm_broadcast(dp->comm, blob, size, from, to) != COMM_OK) {
+            if (comm_broadcast(dp->comm, blob, size, from, rt_collective_bound_ms(dp, size)) != COMM_OK) {
                 if (!warm) free(blob);
                 goto comm_failed;
             }

@@ -253,6 +253,7 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
 }
 
 static void free_process(dp_t *dp) {
+    rt_async_stop(dp);
     if (dp->hb_thread) {
         atomic_store(&dp->hb_stop, 1);
         pthread_mutex_lock(&dp->pub_mu);
@@ -299,6 +300,9 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     pthread_mutex_init(&dp->snap_ctl_mu, NULL);
     pthread_mutex_init(&dp->pub_mu, NULL);
     pthread_mutex_init(&dp->facts_mu, NULL);
+    pthread_mutex_init(&dp->aq_mu, NULL);
+    pthread_cond_init(&dp->aq_cv, NULL);
+    pthread_cond_init(&dp->aq_done, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -774,7 +778,7 @@ dp_status dp_step_before_update(dp_t *dp) {
 static dp_status diverged(dp_t *dp, int64_t step, const dp_metrics *m) {
     long long good = -1;
     if (dp->snap) {
-        snapshot_drain(dp->snap, job_comm_timeout_ms(&dp->cfg));
+        snapshot_drain(dp->snap, rt_collective_bound_ms(dp, dp->block_bytes));
         good = snapshot_committed(dp->snap);
         SnapHeader h;
         void *payload = NULL;
@@ -785,7 +789,7 @@ static dp_status diverged(dp_t *dp, int64_t step, const dp_metrics *m) {
     } else if (dp->cfg.ft == FT_DISK) {
         good = dp->last_disk_step - 1;
     }
-    comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg)); /* every rank's state is on disk */
+    comm_barrier(dp->comm, rt_collective_bound_ms(dp, dp->block_bytes)); /* every rank's state is on disk */
     if (dp->rank == 0) {
         char cmd[1024];
         Report r = {.kind = REPORT_DIVERGED, .epoch = dp->epoch, .rank = dp->rank, .step = (long long)step + 1,
@@ -872,10 +876,10 @@ int dp_finish(dp_t *dp, dp_status how) {
     lc_actions a = how == DP_OK ? lc_feed(dp, LC_IN_FINISHED) : (lc_actions){.role = -1};
     int done = (a.flags & LC_ACT_REPORT_DONE) != 0;
     if (dp->snap) {
-        snapshot_drain(dp->snap, job_comm_timeout_ms(&dp->cfg));
+        snapshot_drain(dp->snap, rt_collective_bound_ms(dp, dp->block_bytes));
         rt_report_snapshot_stats(dp);
         /* Every rank's last replication is done before anyone closes its replica server. */
-        if (done) comm_barrier(dp->comm, job_comm_timeout_ms(&dp->cfg));
+        if (done) comm_barrier(dp->comm, rt_collective_bound_ms(dp, dp->block_bytes));
         snapshot_destroy(dp->snap);
     }
     /* Rank 0 says the job is done once every rank is: the launcher ends the job on it. That

@@ -72,6 +72,12 @@ struct dp {
     long epoch;
     int64_t next_step;
     comm_t *comm;
+    /* asynchronous collectives (rt_async.c): their queue, run in order by aq_thread */
+    pthread_mutex_t aq_mu;
+    pthread_cond_t aq_cv, aq_done; /* something queued / a request done */
+    struct dp_request *aq_head, *aq_tail;
+    pthread_t aq_thread;
+    int aq_started, aq_stop;
     struct dp_group *groups;  /* the epoch's groups (dp_group_join), ended with the epoch */
     Snapshot *snap;
     Snapshot *restore_src;    /* a previous epoch's snapshots, kept until the next epoch commits */
@@ -153,6 +159,13 @@ void rt_control_down(dp_t *dp, const ctl_t *c, int confirmed);
 void rt_note_failure(dp_t *dp, const ctl_t *c);
 /* The bound on a Redis call on the training path (about a third of a step). */
 int rt_path_timeout_ms(const dp_t *dp);
+int rt_collective_bound_ms(const dp_t *dp, uint64_t bytes);
+/* rt_async.c: waits until no asynchronous collective is queued (before a synchronous one);
+ * fails what is queued at the end of an epoch (before its communicator goes); stops the
+ * queue's thread (before the process's memory goes). */
+void rt_async_idle(dp_t *dp);
+void rt_async_end_epoch(dp_t *dp);
+void rt_async_stop(dp_t *dp);
 /* A Redis connection of a thread of this process (named `who` in the log), tried again while
  * the control plane is away, until it connects or the process stops (dp->hb_stop): NULL then,
  * or for a failure that is no outage. */

@@ -64,6 +64,8 @@ struct Coordinator {
     int last_step;
     double waiting_spare_since; /* no-spare fallback in progress, 0 = no */
     double persist_checked_ms;  /* when no_spare last looked whether its generation is on disk */
+    int fruitless_rebuilds;     /* rebuilds decided in a row with no step committed (DecideInput's) */
+    double giving_up_since;     /* give_up's persist was requested then, 0 = not giving up */
     int fenced;              /* the current epoch is closed */
     char message[2048];
     char resume[1024];       /* the command that resumes the job, for messages */
@@ -651,6 +653,7 @@ static void gather_input(Coordinator *c, int suspicion_due) {
     in->resume = c->resume;
     in->spare_wait = c->cfg->spare_wait;
     in->restore_point = c->rollback;
+    in->fruitless_rebuilds = c->fruitless_rebuilds;
     in->control_unsettled = !coord_control_settled(c);
     in->committed_min = c->outage_epoch == c->epoch ? committed_after_outage(c) : ctl_committed_min(c->ctl, c->epoch, c->cfg->workers);
     if (in->committed_min == -2) in->control_unsettled = 1; /* not read: decided at a later tick, not from nothing */
@@ -706,6 +709,8 @@ static void decide(Coordinator *c, Decision *d) {
         /* A stopped ex-member is woken so that it finds itself fenced and leaves. */
         if (old > 0) kill(old, SIGCONT);
     }
+    if (d->rollback > c->rollback) c->fruitless_rebuilds = 0; /* a step was committed in between */
+    if (d->nfailed == 0) c->fruitless_rebuilds++;
     c->epoch = d->epoch;
     c->rollback = d->rollback;
     memcpy(c->procs, d->procs, sizeof(long) * (size_t)d->world);
@@ -861,6 +866,25 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
     return COORD_FAILED;
 }
 
+/* The recovery keeps failing with no process failing (DECIDE_GIVE_UP): generation g is
+ * persisted, and once it is on disk (or COORD_PERSIST_WAIT_MS later) the job fails with `why`
+ * and where the work is. */
+static coord_state give_up(Coordinator *c, long long g, const char *why) {
+    if (c->giving_up_since == 0) {
+        c->giving_up_since = now_ms();
+        log_msg("%s; persisting step %lld to %s/ckpt", why, g + 1, c->cfg->out);
+        if (c->cfg->ft == FT_DEADPOOL && g >= 0) persist_for_fallback(c, g);
+    }
+    int on_disk = c->cfg->ft != FT_DEADPOOL || g < 0;
+    if (!on_disk && now_ms() - c->persist_checked_ms >= 100) {
+        c->persist_checked_ms = now_ms();
+        on_disk = coord_persisted(c, g);
+    }
+    if (!on_disk && now_ms() - c->giving_up_since < COORD_PERSIST_WAIT_MS) return COORD_RUNNING;
+    say_newest_checkpoint(c, snprintf(c->message, sizeof c->message, "%s; ", why), "no checkpoint exists");
+    return COORD_FAILED;
+}
+
 int coord_spares_wanted(Coordinator *c) {
     int n = c->spares_wanted;
     c->spares_wanted = 0;
@@ -972,6 +996,8 @@ static coord_state tick(Coordinator *c, int *spares_used) {
     }
     case DECIDE_NO_SPARE:
         return no_spare(c, c->decision.rollback, why);
+    case DECIDE_GIVE_UP:
+        return give_up(c, c->decision.rollback, why);
     case DECIDE_STATE_LOST:
     case DECIDE_NO_FT:
     case DECIDE_INVALID:

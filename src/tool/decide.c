@@ -16,6 +16,7 @@ const char *decide_outcome_name(decide_outcome o) {
     case DECIDE_NO_SPARE: return "no_spare";
     case DECIDE_STATE_LOST: return "state_lost";
     case DECIDE_NO_FT: return "no_ft";
+    case DECIDE_GIVE_UP: return "give_up";
     case DECIDE_INVALID: return "invalid";
     }
     return "?";
@@ -108,7 +109,15 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
         if (f->spare_proc) out->procs[f->rank] = f->spare_proc;
         if (p->t_fail_ms < out->t_fail_ms) out->t_fail_ms = p->t_fail_ms;
     }
-    /* A failed collective with no failed member: rebuild the communicator, same members. */
+    /* A failed collective with no failed member: rebuild the communicator, same members,
+     * unless that was tried again and again without a step committed in between: the same
+     * cause would fail the next one too. */
+    if (in->nfailed == 0 && in->fruitless_rebuilds >= DECIDE_MAX_FRUITLESS_REBUILDS && in->committed_min <= in->restore_point) {
+        set_err(why, whylen, "the recovery to step %lld failed %d times in a row with no process failing (a collective or "
+                "a transfer of the recovery did not complete: the messages above say which); stopping rather than "
+                "trying again", out->rollback + 1, in->fruitless_rebuilds);
+        return DECIDE_GIVE_UP;
+    }
     if (in->nfailed == 0) return DECIDE_REBUILD;
 
     const DecideFailure *first = &in->failed[0];

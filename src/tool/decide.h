@@ -56,7 +56,14 @@ typedef struct {
      * (decide_control_settled says 0): the processes may not have republished their commit
      * records and heartbeats yet, so nothing is decided (DECIDE_WAIT), failures wait. */
     int control_unsettled;
+    /* Rebuilds with the same members decided in a row while no step was committed: a recovery
+     * that keeps failing with no member failing (a transfer too slow for its bound, say) */
+    int fruitless_rebuilds;
 } DecideInput;
+
+/* So many rebuilds in a row without a committed step, and the job stops (DECIDE_GIVE_UP)
+ * instead of looping on a recovery that fails every time. */
+#define DECIDE_MAX_FRUITLESS_REBUILDS 3
 
 typedef enum {
     DECIDE_WAIT = 0,     /* nothing to decide yet */
@@ -67,6 +74,7 @@ typedef enum {
     DECIDE_STATE_LOST,   /* a failed rank with state of its own lost every holder of its replicas, or
                           * every rank failed and rank 0's holders with them (the identical state): `why` */
     DECIDE_NO_FT,        /* --ft disk|none: no in-memory snapshots to hot-swap from: `why` */
+    DECIDE_GIVE_UP,      /* DECIDE_MAX_FRUITLESS_REBUILDS rebuilds failed alike: persist, stop; `why` */
     DECIDE_INVALID,      /* the input is inconsistent (a world, rank or count out of range): `why` */
 } decide_outcome;
 

@@ -13,13 +13,17 @@
 #           worker (--max_restarts 1), which reload the newest torch.save checkpoint, taken
 #           every 10 steps (--ckpt-every 10), and replay the steps since.
 # usage: bench/torch.sh [PAIRS=5] [STEPS=80] [KILL_AT=35]     prints a Markdown report
+#   MODEL="--n-layer 6 --n-embd 384 --n-head 6 --block 256"   another model (default: the script's 0.12M)
+#   KILLS=3   kill runs of each side (0: step time and memory only)
 # torchrun is started as `python3 -m torch.distributed.run --redirects 1 --tee 1`: Debian's
 # torch 1.13 under Python 3.11 fails on the default --redirects 0 (Std.from_str returns None).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PAIRS=${1:-5} STEPS=${2:-80} KILL_AT=${3:-35}
 PY=/usr/bin/python3
-TRAIN=(examples/torch/train_gpt2.py)
+read -r -a MODEL_ARGS <<<"${MODEL:-}"
+TRAIN=(examples/torch/train_gpt2.py "${MODEL_ARGS[@]}")
+KILLS=${KILLS:-3}
 W=$(mktemp -d /tmp/dp_bench_torch_XXXXXX)
 if [ -n "${KEEP:-}" ]; then echo "# runs kept in $W"; else trap 'rm -rf "$W"' EXIT; fi
 make -s >/dev/null
@@ -65,7 +69,7 @@ dp_span() { awk -F'"t":' 'NR == 1 {split($2, a, "}"); f = a[1]} {split($2, a, "}
 ddp_span() { grep -o ' t=[0-9.]*' "$1.log" | awk -F= 'NR == 1 {f = $2} {l = $2} END {print l - f}'; }
 ddp_step_ms() { grep -o 'step [0-9]*/[0-9]* loss [0-9.]* [0-9.]* ms' "$1.log" | awk '{split($2, s, "/"); if (s[1] > 5) print $5}' | median; }
 
-echo "# bench/torch.sh $PAIRS $STEPS $KILL_AT — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+echo "# bench/torch.sh $PAIRS $STEPS $KILL_AT (MODEL=\"${MODEL:-}\" KILLS=$KILLS) — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo
 ratios=()
 echo "| pair | DeadPool ms/step | DDP ms/step | DeadPool / DDP |"
@@ -87,8 +91,9 @@ echo
 
 # Time lost to one kill -9: DeadPool's injected kill, torchrun's kill of local rank 1's process
 # when rank 0 prints step KILL_AT.
+[ "$KILLS" -gt 0 ] || exit 0
 lost_dp=() lost_ddp=() base_dp=() base_ddp=()
-for ((i = 1; i <= 3; i++)); do
+for ((i = 1; i <= KILLS; i++)); do
   run_dp "$W/kb$i"; base_dp+=("$(dp_span "$W/kb$i")")
   run_dp "$W/kk$i" --inject "kill:1@$KILL_AT"; lost_dp+=("$(dp_span "$W/kk$i")")
   run_ddp "$W/tb$i" --ckpt-every 10; base_ddp+=("$(ddp_span "$W/tb$i")")
@@ -106,7 +111,7 @@ done
 bd=$(printf '%s\n' "${base_dp[@]}" | median); kd=$(printf '%s\n' "${lost_dp[@]}" | median)
 bt=$(printf '%s\n' "${base_ddp[@]}" | median); kt=$(printf '%s\n' "${lost_ddp[@]}" | median)
 ld=$(echo "$kd - $bd" | bc); lt=$(echo "$kt - $bt" | bc)
-echo "| one kill -9 at step $KILL_AT (medians of 3; training span: step 1 done to step $STEPS done) | without | with the kill | time lost |"
+echo "| one kill -9 at step $KILL_AT (medians of $KILLS; training span: step 1 done to step $STEPS done) | without | with the kill | time lost |"
 echo "|---|---:|---:|---:|"
 echo "| DeadPool (hot-swap, snapshot every step) | $bd s | $kd s | **$ld s** |"
 echo "| torchrun + DDP (restart, torch.save every 10 steps) | $bt s | $kt s | **$lt s** |"

@@ -188,6 +188,7 @@ def options():
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (fixed: determinism)")
     p.add_argument("--zero", action="store_true", help="ZeRO-1: each rank owns a slice of the optimizer state")
     p.add_argument("--ddp", action="store_true", help="run under torchrun with DistributedDataParallel instead")
+    p.add_argument("--bucket-mb", type=float, default=25, help="gradient bucket size, MiB (DeadPool's and DDP's)")
     p.add_argument("--steps", type=int, default=50, help="--ddp only (under DeadPool: the job's)")
     p.add_argument("--seed", type=int, default=1337, help="--ddp only (under DeadPool: the job's)")
     p.add_argument("--out", default="out", help="--ddp only (under DeadPool: the job's)")
@@ -209,7 +210,7 @@ def train_deadpool(a):
     import deadpool.torch as dpt
     ft = dpt.FaultTolerant()
     tokens, model, opt = build(a, ft.seed)
-    if not ft.join(model, opt, zero=a.zero):
+    if not ft.join(model, opt, zero=a.zero, bucket_mb=a.bucket_mb):
         return ft.finish()
     for step in ft.steps():
         x, y = get_batch(tokens, ft.seed, step, ft.rank, a.batch, a.block)
@@ -233,7 +234,7 @@ def train_ddp(a):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     tokens, model, opt = build(a, a.seed)
-    ddp = DDP(model)
+    ddp = DDP(model, bucket_cap_mb=a.bucket_mb)
     ckpt, start = os.path.join(a.out, "ckpt.pt"), 0
     if a.ckpt_every and os.path.exists(ckpt):
         state = torch.load(ckpt)

@@ -23,6 +23,7 @@ from . import _lib
 from ._lib import find as find_library  # noqa: F401  (public: where the library is)
 
 __all__ = ["version", "Job", "Callbacks", "Region", "Generation", "Group", "Status", "Role", "Kind", "Error",
+           "DType", "Op", "Request",
            "checkpoint_read", "find_library", "API_VERSION"]
 
 API_VERSION = 1  # DEADPOOL_API_VERSION of the deadpool.h this binding covers
@@ -55,6 +56,60 @@ class Role(enum.IntEnum):
 class Kind(enum.IntEnum):
     SHARDED = 0    # this rank's own state: snapshotted and replicated by every rank
     IDENTICAL = 1  # the same bytes on every rank
+
+
+class DType(enum.IntEnum):
+    """Element types of the asynchronous collectives (deadpool.h's dp_dtype)."""
+    FLOAT32 = 0
+    FLOAT64 = 1
+    BFLOAT16 = 2
+    INT64 = 3
+
+
+class Op(enum.IntEnum):
+    """Reductions of Job.iallreduce (dp_op)."""
+    SUM = 0
+    MEAN = 1
+    MAX = 2
+    MIN = 3
+
+
+_TORCH_DTYPES = {"torch.float32": DType.FLOAT32, "torch.float64": DType.FLOAT64, "torch.bfloat16": DType.BFLOAT16,
+                 "torch.int64": DType.INT64}
+
+
+def _typed_buffer(buf, what):
+    """(address, elements, DType) of a contiguous host tensor of a supported dtype."""
+    if not (hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous")):
+        raise Error("%s: expected a torch tensor" % what)
+    t = _TORCH_DTYPES.get(str(buf.dtype))
+    if t is None:
+        raise Error("%s: expected a float32, float64, bfloat16 or int64 tensor, found %s" % (what, buf.dtype))
+    if buf.device.type != "cpu":
+        raise Error("%s: expected a tensor in host memory, found one on %s" % (what, buf.device))
+    if not buf.is_contiguous():
+        raise Error("%s: expected a contiguous tensor" % what)
+    return buf.data_ptr(), buf.numel(), t
+
+
+class Request:
+    """A collective in flight (Job.iallreduce ...): wait() once, for its Status."""
+
+    def __init__(self, job, handle, keep, what):
+        self._job, self._handle, self._keep, self._what = job, handle, keep, what
+
+    def done(self):
+        """True once it completed (wait() then returns at once). Local."""
+        return self._handle is None or bool(self._job._L.dp_test(self._handle))
+
+    def wait(self):
+        """Waits for it: Status.OK, or FAILED (the step failed). Local; once."""
+        if self._handle is None:
+            raise Error("%s: waited for twice" % self._what)
+        h, self._handle = self._handle, None
+        st = self._job._status(self._job._L.dp_wait(h), self._what)
+        self._keep = None
+        return st
 
 
 class Error(Exception):
@@ -376,6 +431,33 @@ class Job:
 
     def barrier(self):
         return self._status(self._L.dp_barrier(self._h()), "barrier")
+
+    # --- asynchronous collectives (collective: every rank starts the same ones in the same
+    # order; they complete in that order; the tensor is DeadPool's until wait() returns) ---
+    def _start(self, what, call, keep):
+        req = ctypes.c_void_p()
+        st = self._status(call(ctypes.byref(req)), what)
+        if st != Status.OK:
+            return None
+        return Request(self, req.value, keep, what)
+
+    def iallreduce(self, tensor, op=Op.SUM):
+        """Starts an in-place allreduce of a float32/float64/bfloat16/int64 host tensor: a Request."""
+        p, n, t = _typed_buffer(tensor, "iallreduce")
+        return self._start("iallreduce", lambda r: self._L.dp_iallreduce(self._h(), p, n, int(t), int(op), r), tensor)
+
+    def iallgather(self, inp, out):
+        """Starts out[r*n:(r+1)*n] = rank r's inp (same dtype, n*itemsize a multiple of 4): a Request."""
+        pi, n, t = _typed_buffer(inp, "iallgather input")
+        po, m, t2 = _typed_buffer(out, "iallgather output")
+        if t2 != t or m != n * self.world:
+            raise Error("iallgather: the output holds %d %s, expected %d x %d %s" % (m, t2.name, n, self.world, t.name))
+        return self._start("iallgather", lambda r: self._L.dp_iallgather(self._h(), pi, po, n, int(t), r), (inp, out))
+
+    def ibroadcast(self, buf, root):
+        """Starts root's buf (any contiguous buffer) to every rank: a Request."""
+        p, n = _byte_buffer(buf, "ibroadcast")
+        return self._start("ibroadcast", lambda r: self._L.dp_ibroadcast(self._h(), p, n, int(root), r), buf)
 
     def group(self, name, index, size):
         """Joins group `name` of `size` ranks as member `index` (collective among its members);

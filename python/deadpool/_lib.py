@@ -128,6 +128,11 @@ def _declare(lib):
         "dp_log": (None, [P, S, S]),
         "dp_allreduce_mean": (I, [P, F, SZ]),
         "dp_group_allreduce_mean": (I, [P, F, SZ]),
+        "dp_iallreduce": (I, [P, P, SZ, I, I, ctypes.POINTER(P)]),
+        "dp_iallgather": (I, [P, P, P, SZ, I, ctypes.POINTER(P)]),
+        "dp_ibroadcast": (I, [P, P, SZ, I, ctypes.POINTER(P)]),
+        "dp_wait": (I, [P]),
+        "dp_test": (I, [P]),
     }
     for name, (res, args) in sigs.items():
         try:

@@ -43,7 +43,7 @@ import pickle
 
 import torch
 
-from . import Callbacks, Error, Job, Kind, Region, Status, checkpoint_read
+from . import Callbacks, Error, Job, Kind, Op, Region, Status, checkpoint_read
 
 __all__ = ["FaultTolerant", "partition", "Error"]
 
@@ -138,10 +138,16 @@ class FaultTolerant:
     out_dir = property(lambda self: self.job.out_dir)
     epoch = property(lambda self: self.job.epoch)
 
-    def join(self, model, optimizer, zero=False, stateful=(), rng=False):
+    def join(self, model, optimizer, zero=False, stateful=(), rng=False, bucket_mb=25, overlap=True):
         """Puts `model` and `optimizer` under DeadPool and becomes a member (collective). A
         spare waits here, warm, until it takes a failed rank's place and restores its state.
-        True to train, False if the job ended first (then leave with finish())."""
+        True to train, False if the job ended first (then leave with finish()).
+        Gradients are averaged in buckets of up to `bucket_mb` MiB (DDP's 25), each started
+        from a backward hook as soon as its gradients are complete; overlap=False starts them
+        all in reduce_gradients (a loop with several backward passes per step needs that)."""
+        if not bucket_mb > 0:
+            raise Error("join: bucket_mb must be > 0, found %r" % (bucket_mb,))
+        self._bucket_mb, self._overlap = float(bucket_mb), bool(overlap)
         self._model, self._opt, self._zero = model, optimizer, bool(zero)
         self._stateful, self._rng = list(stateful), bool(rng)
         for obj in self._stateful:
@@ -220,17 +226,86 @@ class FaultTolerant:
                 self._tensors[i].data = self._buf_flat.view(j)
 
     def _setup_grads(self):
-        """One float32 buffer for every gradient and the loss: one collective a step."""
+        """The gradients in buckets, as DDP makes them: the parameters in reverse order (the
+        order backward produces their gradients), the first bucket 1 MiB, the others up to
+        bucket_mb; each bucket one float32 buffer that the gradients then view. The composition
+        is a function of the model alone, so every rank and every run reduces the same bytes
+        in the same collectives. The last bucket carries the loss too."""
         self._gparams = [p for p in self._model.parameters() if p.requires_grad]
         for p in self._gparams:
             if p.dtype != torch.float32:
                 raise Error("gradients are averaged in float32; a parameter of %s is not supported" % p.dtype)
-        self._goffs, n = [], 0
-        for p in self._gparams:
-            self._goffs.append(n)
-            n += p.numel()
-        self._gflat = torch.zeros(n + 1, dtype=torch.float32)
-        self._gviews = [self._gflat[o:o + p.numel()].view_as(p) for o, p in zip(self._goffs, self._gparams)]
+        cap, first = int(self._bucket_mb * 1024 * 1024), min(1 << 20, int(self._bucket_mb * 1024 * 1024))
+        members, size = [[]], 0
+        for k in reversed(range(len(self._gparams))):
+            n = self._gparams[k].numel() * 4
+            if members[-1] and size + n > (first if len(members) == 1 else cap):
+                members.append([])
+                size = 0
+            members[-1].append(k)
+            size += n
+        self._buckets = []
+        self._bucket_of = [0] * len(self._gparams)
+        self._gviews = [None] * len(self._gparams)
+        for b, ks in enumerate(members):
+            n = sum(self._gparams[k].numel() for k in ks)
+            flat = torch.zeros(n + (1 if b == len(members) - 1 else 0), dtype=torch.float32)
+            o = 0
+            for k in ks:
+                p = self._gparams[k]
+                self._gviews[k] = flat[o:o + p.numel()].view_as(p)
+                self._bucket_of[k] = b
+                o += p.numel()
+            self._buckets.append((flat, ks))
+        # A hook on each parameter's gradient accumulator fires once its gradient is complete
+        # (the node is kept alive here: autograd holds it only while a graph needs it).
+        self._accs = []
+        if self._overlap and self.job.world > 1:
+            for k, p in enumerate(self._gparams):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._make_hook(k))
+                self._accs.append(acc)
+        self._arm(None)
+
+    def _arm(self, step):
+        """A new step's buckets: none ready, none started."""
+        self._hook_step = step
+        self._left = [len(ks) for _, ks in self._buckets]
+        self._next_bucket, self._requests, self._began = 0, [], None
+
+    def _make_hook(self, k):
+        def hook(*_):
+            if self._hook_step is None or self._step != self._hook_step or self._reduced:
+                return  # backward outside a step (or after it was reduced): nothing to start
+            b = self._bucket_of[k]
+            if b < self._next_bucket:
+                raise Error("step %d: a gradient arrived after its bucket was reduced (a second backward pass in one "
+                            "step?); join(..., overlap=False) for gradient accumulation" % self._step)
+            self._bind_grad(k)
+            self._left[b] -= 1
+            # Started in bucket order, and the last one (with the loss) from reduce_gradients:
+            # the same collectives in the same order on every rank, whatever the timing.
+            while self._next_bucket < len(self._buckets) - 1 and self._left[self._next_bucket] == 0:
+                self._start_bucket(self._next_bucket)
+        return hook
+
+    def _bind_grad(self, k):
+        """Parameter k's gradient in its bucket (backward accumulates into the view from then on)."""
+        p, v = self._gparams[k], self._gviews[k]
+        with torch.no_grad():
+            if p.grad is None:
+                v.zero_()
+            elif p.grad.data_ptr() != v.data_ptr():
+                v.copy_(p.grad)
+        p.grad = v
+
+    def _start_bucket(self, b):
+        self._next_bucket = b + 1
+        if self._began is None:  # the step's first collective: the previous generation committed first
+            self._began = self.job.before_reduce(self._step)
+        if self._began != Status.OK:
+            return
+        self._requests.append(self.job.iallreduce(self._buckets[b][0], Op.MEAN))
 
     def _own_segment(self):
         r = self.job.rank
@@ -460,6 +535,7 @@ class FaultTolerant:
             step = self.job.next_step
             while step < self.job.steps:
                 self._step, self._reduced, self._committed = step, False, False
+                self._arm(step)
                 self._drop_foreign_grads()
                 yield step
                 if self._final is not None or self._failed:
@@ -490,25 +566,30 @@ class FaultTolerant:
         return False
 
     def reduce_gradients(self, loss=None):
-        """After backward: averages every gradient (and `loss`) over the ranks in a fixed order,
-        in one collective. Collective. True: go on with the optimizer step; False: the step
-        failed (a peer died, the job stopped): `continue`, and steps() recovers."""
+        """After backward: averages every gradient (and `loss`) over the ranks in a fixed order.
+        Buckets whose gradients were complete during backward are already under way (overlap);
+        the rest start now, and all are waited for. Collective. True: go on with the optimizer
+        step; False: the step failed (a peer died, the job stopped): `continue`, and steps()
+        recovers."""
         if self._step is None or self._reduced:
             raise Error("reduce_gradients: call it once per step, inside `for step in ft.steps()`")
         self._reduced = True
-        if not self._outcome(self.job.before_reduce(self._step)):
+        last = len(self._buckets) - 1
+        for b in range(self._next_bucket, last + 1):
+            for k in self._buckets[b][1]:
+                self._bind_grad(k)  # those backward did not reach (an unused parameter): zeros
+            if b == last:
+                self._buckets[b][0][-1] = float(loss) if loss is not None else 0.0
+            self._start_bucket(b)
+        results = [r.wait() for r in self._requests if r is not None]  # every one, also after a failure
+        if not self._outcome(self._began):
             return False
-        with torch.no_grad():
-            for p, v in zip(self._gparams, self._gviews):
-                if p.grad is None:
-                    v.zero_()
-                elif p.grad.data_ptr() != v.data_ptr():
-                    v.copy_(p.grad)
-                p.grad = v  # later backward passes accumulate in the buffer itself
-            self._gflat[-1] = float(loss) if loss is not None else 0.0
-        if not self._outcome(self.job.allreduce_mean(self._gflat)):
-            return False
-        self.loss = float(self._gflat[-1])
+        if len(results) != len(self._buckets):
+            return self._outcome(Status.FAILED)
+        for st in results:
+            if not self._outcome(st):
+                return False
+        self.loss = float(self._buckets[last][0][-1])
         return self._outcome(self.job.before_update())
 
     def commit(self, lr=None, tokens=0.0):

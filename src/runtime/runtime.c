@@ -9,6 +9,8 @@
  * the application: state is regions and callbacks. */
 #include "deadpool.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -250,6 +253,20 @@ static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
     snprintf(err, errlen, "registering the replica server failed: %s", ctl_last_error(dp->ctl));
     init_transient = ctl_error_transient(dp->ctl);
     return -1;
+}
+
+/* A spare started at a low priority (the launcher's) takes a rank at the default one: every
+ * thread of the process (on Linux the priority is a thread's; those started since inherited it). */
+static void priority_default(void) {
+    errno = 0;
+    if (getpriority(PRIO_PROCESS, 0) <= 0 || errno) return;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int failed = 0;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.' && setpriority(PRIO_PROCESS, (id_t)atoi(e->d_name), 0) != 0) failed = 1;
+    if (d) closedir(d);
+    if (!d || failed) log_msg("this spare keeps its low priority (%s)", strerror(errno ? errno : ENOENT));
 }
 
 static void free_process(dp_t *dp) {
@@ -675,6 +692,7 @@ static dp_status join_as_spare(dp_t *dp, char *err, size_t errlen) {
             seen = e;
             if (decision_read(dp->ctl, e, d) == 0 && decision_rank_of(d, dp->proc_id) >= 0) {
                 log_msg("taking over rank %d in epoch %ld", decision_rank_of(d, dp->proc_id), e);
+                priority_default();
                 lc_actions a = lc_feed(dp, LC_IN_DECISION_MINE); /* RESTORING */
                 if (a.flags & LC_ACT_LEAVE_POOL) {
                     atomic_store(&dp->in_pool, 0);

@@ -419,6 +419,12 @@ static pid_t spawn_process(Launcher *L, int rank, long proc) {
      * Workers run at the default priority, below the control plane's. */
     setpgid(0, 0);
     if (setpriority(PRIO_PROCESS, 0, 0) != 0) { /* keep the inherited one */ }
+    /* A spare starts (imports its framework, builds its model) at the lowest priority, so that
+     * a replacement started during a recovery takes no CPU the job needs; it returns to the
+     * default when it takes a rank (rt_priority_default). Only where it may go back up. */
+    struct rlimit nl;
+    if (rank < 0 && (geteuid() == 0 || (getrlimit(RLIMIT_NICE, &nl) == 0 && nl.rlim_cur >= 20)))
+        if (setpriority(PRIO_PROCESS, 0, 19) != 0) { /* keep the default */ }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     /* Slurm's signal (--signal=USR1@T, scancel --signal=USR1) reaches every process of the
      * step: the launcher keeps the work (keep_on_stop); the processes must live on for it. */

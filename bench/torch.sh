@@ -47,14 +47,14 @@ poll_rss() {
 # up to N times).
 run_dp() {
   local d=$1; shift
-  touch "$d.rss.poll"; poll_rss "$d.rss" "train_gpt2.py$" & local poller=$!
+  touch "$d.rss.poll"; poll_rss "$d.rss" "^$PY (-u )?${TRAIN[0]}" & local poller=$!
   timeout -k 5 600 ./deadpool run --workers 4 --spares 1 --steps "$STEPS" --seed 1 --out "$d" "$@" \
     -- "$PY" "${TRAIN[@]}" >"$d.log" 2>&1 || { echo "deadpool run failed: $(tail -3 "$d.log")" >&2; exit 1; }
   rm -f "$d.rss.poll"; wait $poller
 }
 run_ddp() {
   local d=$1; shift
-  touch "$d.rss.poll"; poll_rss "$d.rss" "train_gpt2.py --ddp" & local poller=$!
+  touch "$d.rss.poll"; poll_rss "$d.rss" "^$PY (-u )?${TRAIN[0]}" & local poller=$!
   mkdir -p "$d"
   timeout -k 5 600 "$PY" -m torch.distributed.run --redirects 1 --tee 1 --log_dir "$d/logs" --nproc_per_node 4 \
     --max_restarts "${RESTARTS:-0}" "${TRAIN[@]}" --ddp --steps "$STEPS" --seed 1 --out "$d" "$@" >"$d.log" 2>&1 \
@@ -98,8 +98,8 @@ for ((i = 1; i <= KILLS; i++)); do
   run_dp "$W/kk$i" --inject "kill:1@$KILL_AT"; lost_dp+=("$(dp_span "$W/kk$i")")
   run_ddp "$W/tb$i" --ckpt-every 10; base_ddp+=("$(ddp_span "$W/tb$i")")
   d="$W/tk$i"
-  ( for _ in $(seq 3000); do grep -q "step $KILL_AT/" "$d.log" 2>/dev/null && break; sleep 0.02; done
-    for p in $(pgrep -f "train_gpt2.py --ddp" || true); do
+  ( for _ in $(seq 30000); do grep -q "step $KILL_AT/" "$d.log" 2>/dev/null && break; sleep 0.02; done
+    for p in $(pgrep -f "train_gpt2.py.* --ddp" || true); do
       { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qx 'LOCAL_RANK=1' && { kill -9 "$p"; break; }
     done ) & killer=$!
   RESTARTS=1 run_ddp "$d" --ckpt-every 10

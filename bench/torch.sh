@@ -15,6 +15,8 @@
 # usage: bench/torch.sh [PAIRS=5] [STEPS=80] [KILL_AT=35]     prints a Markdown report
 #   MODEL="--n-layer 6 --n-embd 384 --n-head 6 --block 256"   another model (default: the script's 0.12M)
 #   KILLS=3   kill runs of each side (0: step time and memory only)
+#   DPLOOP=ddp  DeadPool's side runs the DDP program itself (train_gpt2.py --ddp) over the
+#               `deadpool` torch.distributed backend; default: the deadpool.torch loop
 # torchrun is started as `python3 -m torch.distributed.run --redirects 1 --tee 1`: Debian's
 # torch 1.13 under Python 3.11 fails on the default --redirects 0 (Std.from_str returns None).
 set -euo pipefail
@@ -48,8 +50,10 @@ poll_rss() {
 run_dp() {
   local d=$1; shift
   touch "$d.rss.poll"; poll_rss "$d.rss" "^$PY (-u )?${TRAIN[0]}" & local poller=$!
+  local prog=("$PY" "${TRAIN[@]}")
+  [ "${DPLOOP:-}" = ddp ] && prog+=(--ddp --steps "$STEPS" --seed 1 --out "$d")
   timeout -k 5 600 ./deadpool run --workers 4 --spares 1 --steps "$STEPS" --seed 1 --out "$d" "$@" \
-    -- "$PY" "${TRAIN[@]}" >"$d.log" 2>&1 || { echo "deadpool run failed: $(tail -3 "$d.log")" >&2; exit 1; }
+    -- "${prog[@]}" >"$d.log" 2>&1 || { echo "deadpool run failed: $(tail -3 "$d.log")" >&2; exit 1; }
   rm -f "$d.rss.poll"; wait $poller
 }
 run_ddp() {
@@ -69,7 +73,7 @@ dp_span() { awk -F'"t":' 'NR == 1 {split($2, a, "}"); f = a[1]} {split($2, a, "}
 ddp_span() { grep -o ' t=[0-9.]*' "$1.log" | awk -F= 'NR == 1 {f = $2} {l = $2} END {print l - f}'; }
 ddp_step_ms() { grep -o 'step [0-9]*/[0-9]* loss [0-9.]* [0-9.]* ms' "$1.log" | awk '{split($2, s, "/"); if (s[1] > 5) print $5}' | median; }
 
-echo "# bench/torch.sh $PAIRS $STEPS $KILL_AT (MODEL=\"${MODEL:-}\" KILLS=$KILLS) — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+echo "# bench/torch.sh $PAIRS $STEPS $KILL_AT (MODEL=\"${MODEL:-}\" KILLS=$KILLS DPLOOP=${DPLOOP:-}) — $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo
 ratios=()
 echo "| pair | DeadPool ms/step | DDP ms/step | DeadPool / DDP |"

@@ -10,8 +10,9 @@ pkgs=(build-essential pkg-config libgloo-dev libhiredis-dev redis-server libopen
 # tests/fuzz/run.sh; llvm: llvm-symbolizer, so their reports name functions and lines.
 [ "${1:-}" = "--test" ] && pkgs+=(clang libclang-rt-dev llvm)
 # python3-torch (1.13, CPU) + numpy: the PyTorch examples and tests/e2e_torch.sh, e2e_python.sh;
-# python3-setuptools + python3-pip: `pip install ./python` (offline) in tests/e2e_install.sh.
-[ "${1:-}" = "--test" ] && pkgs+=(python3-torch python3-numpy python3-setuptools python3-pip)
+# python3-setuptools + python3-pip: `pip install ./python` (offline) in tests/e2e_install.sh;
+# patch: examples/torch/cnn_ddp_deadpool.patch applied in tests/e2e_torch.sh.
+[ "${1:-}" = "--test" ] && pkgs+=(python3-torch python3-numpy python3-setuptools python3-pip patch)
 # slurmctld, slurmd, slurm-client (Debian's slurm-wlm, 22.05) + munge: the Slurm cluster of
 # tests/e2e_slurm.sh (tests/lib_slurm.sh), whose daemons run inside simulated machines only.
 [ "${1:-}" = "--test" ] && pkgs+=(slurmctld slurmd slurm-client munge)

@@ -3,7 +3,12 @@ data-parallel with DistributedDataParallel, written the ordinary way:
 
     torchrun --nproc_per_node 3 examples/torch/cnn_ddp.py --steps 100 --out out
 
-examples/torch/cnn.py is this program under DeadPool; docs/PYTORCH.md shows the diff.
+Under DeadPool, DDP kept: examples/torch/cnn_ddp_deadpool.patch (6 lines; docs/PYTORCH.md),
+
+    patch -o /tmp/cnn_ddp_deadpool.py examples/torch/cnn_ddp.py examples/torch/cnn_ddp_deadpool.patch
+    deadpool run --workers 3 --spares 1 --steps 100 -- /usr/bin/python3 /tmp/cnn_ddp_deadpool.py --steps 100
+
+examples/torch/cnn.py is this program written for deadpool.torch instead; docs/PYTORCH.md shows both diffs.
 """
 import argparse
 import os

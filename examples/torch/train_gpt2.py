@@ -1,8 +1,10 @@
 """train_gpt2.py — GPT-2 in PyTorch, written the way nanoGPT is, trained data-parallel under
-DeadPool (or, with --ddp, under torchrun with DistributedDataParallel, for comparison).
+DeadPool with deadpool.torch, or with --ddp as an ordinary DistributedDataParallel program:
+under torchrun over gloo, or under `deadpool run` over the `deadpool` backend.
 
     deadpool run --workers 3 --spares 1 --steps 50 --seed 1 -- /usr/bin/python3 examples/torch/train_gpt2.py
     torchrun --nproc_per_node 3 examples/torch/train_gpt2.py --ddp --steps 50 --seed 1 --out out
+    deadpool run --workers 3 --spares 1 --steps 50 -- /usr/bin/python3 examples/torch/train_gpt2.py --ddp --steps 50 --out out
 
 With no arguments it trains a small model on the built-in generated corpus; under DeadPool the
 steps, the seed and the output directory are the job's, and the final weights go to
@@ -187,11 +189,12 @@ def options():
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (fixed: determinism)")
     p.add_argument("--zero", action="store_true", help="ZeRO-1: each rank owns a slice of the optimizer state")
-    p.add_argument("--ddp", action="store_true", help="run under torchrun with DistributedDataParallel instead")
+    p.add_argument("--ddp", action="store_true", help="the DistributedDataParallel program: under torchrun (gloo), "
+                   "or under deadpool run over the deadpool backend")
     p.add_argument("--bucket-mb", type=float, default=25, help="gradient bucket size, MiB (DeadPool's and DDP's)")
-    p.add_argument("--steps", type=int, default=50, help="--ddp only (under DeadPool: the job's)")
-    p.add_argument("--seed", type=int, default=1337, help="--ddp only (under DeadPool: the job's)")
-    p.add_argument("--out", default="out", help="--ddp only (under DeadPool: the job's)")
+    p.add_argument("--steps", type=int, default=50, help="--ddp only (without --ddp, under DeadPool: the job's)")
+    p.add_argument("--seed", type=int, default=1337, help="--ddp only (without --ddp, under DeadPool: the job's)")
+    p.add_argument("--out", default="out", help="--ddp only (without --ddp, under DeadPool: the job's)")
     p.add_argument("--ckpt-every", type=int, default=0, help="--ddp only: torch.save a checkpoint every N steps "
                    "and resume from it when torchrun restarts the workers")
     return p.parse_args()
@@ -229,9 +232,14 @@ def train_deadpool(a):
 
 
 def train_ddp(a):
+    """The torchrun + DDP program. Under `deadpool run` the same program over the `deadpool`
+    backend: the seven lines marked DeadPool are the whole difference (docs/PYTORCH.md)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("gloo")
+    dp = "DEADPOOL_JOB" in os.environ  # DeadPool
+    if dp:
+        import deadpool.torch as dpt  # DeadPool
+    dist.init_process_group("deadpool", init_method="deadpool://") if dp else dist.init_process_group("gloo")  # DeadPool
     rank, world = dist.get_rank(), dist.get_world_size()
     tokens, model, opt = build(a, a.seed)
     ddp = DDP(model, bucket_cap_mb=a.bucket_mb)
@@ -244,7 +252,8 @@ def train_ddp(a):
         if rank == 0:
             print("resumed from %s after step %d" % (ckpt, start), flush=True)
     t0 = time.time()
-    for step in range(start, a.steps):
+    for step in dpt.steps(ddp, opt, a.steps) if dp else range(start, a.steps):  # DeadPool
+        rank = dist.get_rank()  # DeadPool: a spare learns its rank when it takes one
         x, y = get_batch(tokens, a.seed, step, rank, a.batch, a.block)
         loss = ddp(x, y)
         opt.zero_grad()
@@ -264,7 +273,7 @@ def train_ddp(a):
         os.makedirs(a.out, exist_ok=True)
         torch.save(model.state_dict(), os.path.join(a.out, "model.pt"))
     dist.destroy_process_group()
-    return 0
+    return dpt.finish() if dp else 0  # DeadPool
 
 
 def main():

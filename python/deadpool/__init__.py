@@ -406,10 +406,10 @@ class Job:
 
     def commit(self, step, extra=b"", loss=0.0, lr=0.0, grad_norm=0.0, tokens=0.0):
         """After the update of `step`: captures generation `step` (regions + `extra` bytes,
-        copied now) and reports the metrics. OK or FAILED."""
+        copied now) and reports the metrics (loss=None: none, the loop does not know them). OK or FAILED."""
         extra = bytes(extra)
-        m = _lib.Metrics(float(loss), float(lr), float(grad_norm), float(tokens))
-        st = self._L.dp_step_commit(self._h(), int(step), extra, len(extra), ctypes.byref(m))
+        m = None if loss is None else ctypes.byref(_lib.Metrics(float(loss), float(lr), float(grad_norm), float(tokens)))
+        st = self._L.dp_step_commit(self._h(), int(step), extra, len(extra), m)
         return self._status(st, "commit")
 
     # --- collectives of the current epoch (collective; a fixed-order ring: deterministic) ---

@@ -45,7 +45,7 @@ import torch
 
 from . import Callbacks, Error, Job, Kind, Op, Region, Status, checkpoint_read
 
-__all__ = ["FaultTolerant", "partition", "Error"]
+__all__ = ["FaultTolerant", "partition", "Error", "steps", "failed", "finish"]
 
 _ALIGN = 64  # bytes: every tensor in a flat buffer starts on a cache line
 # Region ids (one generation): the module's state, the optimizer's state, its description.
@@ -148,13 +148,18 @@ class FaultTolerant:
         if not bucket_mb > 0:
             raise Error("join: bucket_mb must be > 0, found %r" % (bucket_mb,))
         self._bucket_mb, self._overlap = float(bucket_mb), bool(overlap)
+        return self._join(model, optimizer, zero, stateful, rng, self._setup_grads)
+
+    def _join(self, model, optimizer, zero, stateful, rng, setup_grads):
+        """join without the gradients' part (the `deadpool` backend: DDP reduces them)."""
         self._model, self._opt, self._zero = model, optimizer, bool(zero)
         self._stateful, self._rng = list(stateful), bool(rng)
         for obj in self._stateful:
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise Error("stateful: %r has no state_dict/load_state_dict" % (obj,))
         self._setup_model()
-        self._setup_grads()
+        if setup_grads:
+            setup_grads()
         self._initial = {
             "model": self._model_flat.buf.clone(),
             "buffers": self._buf_flat.buf.clone() if self._buf_flat else None,
@@ -621,3 +626,7 @@ class FaultTolerant:
 
 def _hyper(group):
     return {k: v for k, v in group.items() if k != "params"}
+
+
+# torch.distributed's `deadpool` backend (registered on import) and its loop.
+from .distributed import failed, finish, steps  # noqa: E402

@@ -229,14 +229,16 @@ void rt_push_metrics(dp_t *dp, int64_t step, const dp_metrics *m, double step_ms
     if (direct) ctl_set_timeout(dp->ctl, rt_path_timeout_ms(dp));
     long long committed = committed_step(dp, direct);
     if (atomic_load(&dp->ctl_down)) direct = 0;
-    char json[640];
+    char json[640], app[128] = "";
     double tokens = m ? m->tokens : 0.0;
+    /* No metrics from the loop (a DDP program under the deadpool backend): no loss, lr or
+     * gradient norm in the line, rather than zeros that read as values. */
+    if (m) snprintf(app, sizeof app, "\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,", m->loss, m->lr, m->grad_norm);
     snprintf(json, sizeof json,
-             "{\"step\":%lld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,\"step_ms\":%.3f,"
+             "{\"step\":%lld,%s\"step_ms\":%.3f,"
              "\"tokens_per_s\":%.1f,\"epoch\":%ld,\"committed_step\":%lld,\"snapshot_wait_ms\":%.3f,\"t\":%.3f}",
-             (long long)step + 1, m ? m->loss : 0.0, m ? m->lr : 0.0, m ? m->grad_norm : 0.0, step_ms,
-             step_ms > 0 ? tokens / (step_ms / 1e3) : 0.0, dp->epoch, committed, dp->snapshot_wait_ms,
-             (double)(wall_ms() - dp->t0_wall_ms) / 1e3);
+             (long long)step + 1, app, step_ms, step_ms > 0 ? tokens / (step_ms / 1e3) : 0.0, dp->epoch, committed,
+             dp->snapshot_wait_ms, (double)(wall_ms() - dp->t0_wall_ms) / 1e3);
     if (!direct) {
         mq_push(dp, json);
     } else if (ctl_push_metric(dp->ctl, json) != 0) {

@@ -585,8 +585,11 @@ static void observe_metric(Launcher *L, const json_t *o, double step, double los
     else snprintf(spares, sizeof spares, "?");
     if (committed >= 1) snprintf(comm, sizeof comm, "%d", (int)committed);
     else snprintf(comm, sizeof comm, "-");
-    printf("step %5d/%d | loss %.4f | %8.0f tok/s | %8.1f ms/step | committed %5s | spares %s | ETA %s | %7.1f s\n",
-           (int)step, L->cfg->steps, loss, tps, ms, comm, spares, eta, t);
+    char loss_text[24];
+    if (isnan(loss)) snprintf(loss_text, sizeof loss_text, "     -");
+    else snprintf(loss_text, sizeof loss_text, "%.4f", loss);
+    printf("step %5d/%d | loss %s | %8.0f tok/s | %8.1f ms/step | committed %5s | spares %s | ETA %s | %7.1f s\n",
+           (int)step, L->cfg->steps, loss_text, tps, ms, comm, spares, eta, t);
 }
 
 /* One line per recovery with its phases (the timeline of the `recovered` event), and the
@@ -700,12 +703,13 @@ static StepLine take_metric(Launcher *L, const char *json, const json_t *o) {
     StepLine s = {0};
     fprintf(L->metrics, "%s\n", json);
     jnum(o, "step", &s.step);
-    jnum(o, "loss", &s.loss);
+    s.loss = NAN; /* absent: the loop reports none */
+    int has_loss = jnum(o, "loss", &s.loss) == 0;
     jnum(o, "step_ms", &s.ms);
     jnum(o, "tokens_per_s", &s.tps);
     jnum(o, "t", &s.t);
     L->last_step = (int)s.step;
-    L->have_loss = 1;
+    L->have_loss = has_loss;
     L->last_loss = (float)s.loss;
     resumed_states_done(L, s.step);
     return s;

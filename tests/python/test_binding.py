@@ -150,4 +150,32 @@ try:
 except ImportError:
     check("torch_rng_and_cursor_restored # SKIP no torch", True)
 
+# The `deadpool` torch.distributed backend: collectives by dtype and op, async ones, broadcast,
+# all_gather, barrier and the errors (tests/python/ddp_backend_job.py checks them on every rank
+# and step); two kills with collectives in flight end with the failure-free DDP model.
+DDP_PROG = [sys.executable, os.path.join(ROOT, "tests", "python", "ddp_backend_job.py")]
+
+
+def ddp_job(name, *args):
+    out = os.path.join(work, name)
+    os.makedirs(out, exist_ok=True)
+    cmd = [DP, "run", "--workers", "3", "--spares", "1", "--steps", "12", "--out", out] + list(args)
+    try:
+        r = subprocess.run(cmd + ["--"] + DDP_PROG + [out], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as e:
+        return 124, b"", 0, (e.stderr or b"").decode(errors="replace"), ""
+    read = lambda f, mode="r": open(os.path.join(out, f), mode).read() if os.path.exists(os.path.join(out, f)) else None  # noqa: E731
+    return r.returncode, read("ddp.pt", "rb"), int(read("checks.txt") or 0), r.stderr, read("events.jsonl") or ""
+
+
+try:
+    import torch  # noqa: F401,F811
+    rc, ref, n, err, _ = ddp_job("ddp_ref")
+    check("ddp_backend_collectives_by_dtype_and_op (%d checks on rank 0)" % n, rc == 0 and ref and n == 12 * 19, err)
+    rc, got, n, err, ev = ddp_job("ddp_kill", "--inject", "kill:1@5", "--inject", "kill:0@9")
+    check("ddp_backend_two_kills_with_collectives_in_flight",
+          rc == 0 and ref and got == ref and ev.count('"event":"recovered"') >= 2, err)
+except ImportError:
+    check("ddp_backend # SKIP no torch", True)
+
 sys.exit(1 if failed else 0)

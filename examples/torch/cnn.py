@@ -1,4 +1,4 @@
-"""cnn.py — examples/torch/cnn_ddp.py under DeadPool (docs/PYTORCH.md shows the diff):
+"""cnn.py — examples/torch/cnn_ddp.py written for deadpool.torch (DDP removed; docs/PYTORCH.md).
 
     deadpool run --workers 3 --spares 1 --steps 100 -- /usr/bin/python3 examples/torch/cnn.py
 """

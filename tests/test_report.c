@@ -164,6 +164,36 @@ static void test_report_names_the_malformed_line(void) {
     CHECK(strstr(err, "events.jsonl:2:"), "err '%s'", err);
 }
 
+/* Hostile text in every string field of events.jsonl (and an unknown event) comes out as
+ * text: no markup of its own reaches report.html. A string where metrics.jsonl has a number
+ * is an error that names the field. */
+static void test_report_escapes_hostile_text(void) {
+#define H "<svg/onload='x'>\\\"&"
+    write_text("metrics.jsonl", "{\"step\":1,\"loss\":2.5,\"step_ms\":50,\"t\":0.5}\n"
+                                "{\"step\":2,\"loss\":2.4,\"step_ms\":50,\"t\":0.6}\n");
+    write_text("events.jsonl",
+               "{\"event\":\"start\",\"t\":0,\"job\":\"" H "\",\"workers\":2,\"spares\":1,\"program\":\"" H "\",\"steps\":2}\n"
+               "{\"event\":\"failure\",\"t\":0.52,\"rank\":1,\"proc\":3,\"kind\":\"" H "\",\"epoch\":0}\n"
+               "{\"event\":\"recovered\",\"t\":0.55,\"epoch\":1,\"rank\":1,\"spare\":2,\"failure_kind\":\"" H "\","
+               "\"mode\":\"" H "\",\"rollback_step\":0,\"detect_ms\":1,\"total_ms\":20,\"first_step_done_ms\":30}\n"
+               "{\"event\":\"" H "\",\"t\":0.56,\"message\":\"" H "\",\"" H "\":\"" H "\"}\n"
+               "{\"event\":\"no_spare\",\"t\":0.57,\"message\":\"" H "\"}\n"
+               "{\"event\":\"finish\",\"t\":0.7,\"status\":\"" H "\",\"message\":\"" H "\",\"steps\":2}\n");
+#undef H
+    char err[8192] = "", path[512];
+    CHECK(report_write(g_dir, NULL, NULL, 0, err, sizeof err) == 0, "report_write: %s", err);
+    snprintf(path, sizeof path, "%s/report.html", g_dir);
+    char *html = read_all(path);
+    CHECK(html != NULL, "no report.html");
+    if (!html) return;
+    CHECK(!strstr(html, "<svg/onload") && !strstr(html, "'x'"), "hostile text reached the page as markup");
+    CHECK(strstr(html, "&lt;svg/onload=&#39;x&#39;&gt;"), "the hostile text is not shown escaped");
+    free(html);
+    write_text("metrics.jsonl", "{\"step\":1,\"loss\":\"<svg/onload='x'>\",\"step_ms\":50,\"t\":0.5}\n");
+    CHECK(report_write(g_dir, NULL, NULL, 0, err, sizeof err) == -1 && strstr(err, "metrics.jsonl") && strstr(err, "\"loss\""),
+          "a string loss: '%s'", err);
+}
+
 static void test_report_of_empty_logs(void) {
     write_text("metrics.jsonl", "");
     write_text("events.jsonl", "");
@@ -304,6 +334,7 @@ int main(void) {
     RUN_TEST(test_nonfinite_words_become_null);
     RUN_TEST(test_report_two_failures_in_every_plot);
     RUN_TEST(test_report_names_the_malformed_line);
+    RUN_TEST(test_report_escapes_hostile_text);
     RUN_TEST(test_report_of_empty_logs);
     RUN_TEST(test_metrics_exposition);
     RUN_TEST(test_metrics_server_serves);

@@ -825,8 +825,9 @@ static void plot_recovery(FILE *o, const Report *R) {
         double y = f.y0 + row * (double)i + 5, bh = row - 10;
         fprintf(o, "<g class=\"failure\" data-failure=\"%d\">", x->k);
         char r[32];
-        fprintf(o, "<text x=\"8\" y=\"%.1f\" class=\"rowlabel\">#%d %s %s</text>\n", y + bh / 2 + 4, x->k, rank_text(x, r, sizeof r),
-                x->kind);
+        fprintf(o, "<text x=\"8\" y=\"%.1f\" class=\"rowlabel\">#%d %s ", y + bh / 2 + 4, x->k, rank_text(x, r, sizeof r));
+        esc(o, x->kind); /* from events.jsonl: text, never markup */
+        fputs("</text>\n", o);
         if (!x->recovered) {
             fprintf(o, "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\">not recovered</text>", f.x0 + 4, y + bh / 2 + 4, C_FAIL);
             fputs("</g>\n", o);

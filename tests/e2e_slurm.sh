@@ -68,7 +68,7 @@ if slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180 && [
    && [ "$(model_hosts "$J" | wc -l)" -eq 2 ] && grep -q 'spare machine 0' "$(out_of "$J")" \
    && grep -q 'under Slurm: --job' "$(out_of "$J")"; then
   ok "slurm_job_identical (job $J, models on hosts $(model_hosts "$J" | tr '\n' ' '| sed 's/ $//'); $(took))"
-else notok "slurm_job_identical" "job $J: $(slurm_job_state "$J")" "$(tail -20 "$(out_of "$J")")"; fi
+else notok "slurm_job_identical" "job $J: $(slurm_job_state "$J")" "$(tail -20 "$(out_of "$J")")" "$(slurm_explain "$J")"; fi
 
 # host_of_node J PATTERN — the host whose launcher in job J printed PATTERN (from srun's labels:
 # task k runs on the k-th node of the job's node list).
@@ -87,7 +87,7 @@ task_of() { grep -E "^[0-9]+: .*$2" "$(out_of "$1")" | head -1 | cut -d: -f1; }
 crash_case() {
   local name=$1 which=$2 J t h victim survivors="" s
   J=$(submit)
-  if ! wait_step "$J" 20; then notok "$name" "job $J did not reach step 20" "$(tail -5 "$(out_of "$J")")"; return; fi
+  if ! wait_step "$J" 20; then notok "$name" "job $J did not reach step 20" "$(tail -5 "$(out_of "$J")")" "$(slurm_explain "$J")"; return; fi
   if [ "$which" = master ]; then t=$(task_of "$J" "this node runs the master")
   else t=$(task_of "$J" "machine [0-9]+ of 2 .*ranks" | head -1)
        for s in $(grep -E "^[0-9]+: .*machine [0-9]+ of 2 " "$(out_of "$J")" | cut -d: -f1); do
@@ -106,7 +106,7 @@ crash_case() {
   if [ "$ends" -eq 2 ] && [ "$models" -eq 2 ] && grep -q 'recovery of' "$(out_of "$J")"; then
     ok "$name (job $J, node$victim crashed: task $t; $(grep -oE 'resumed after [0-9]+ ms' "$(out_of "$J")" | head -1); $(took))"
   else notok "$name" "job $J $(slurm_job_state "$J"): node$victim (task $t) crashed; $ends surviving tasks ended, $models models identical" \
-    "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -25)"; fi
+    "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -25)" "$(slurm_explain "$J")"; fi
 }
 crash_case slurm_node_crash_spare_node_takes_over ranks
 crash_case slurm_redis_master_node_crash master
@@ -117,55 +117,55 @@ crash_case slurm_redis_master_node_crash master
 #    drained: node2..node4, node4 with an empty disk): it resumes from those local checkpoints,
 #    ranks whose state is on another node fetch it, and it ends byte-identical.
 J=$(submit)
-sleep 3; [ -n "${SLURM_E2E_DEBUG:-}" ] && slurm_exec scontrol show job "$J" | grep -E "JobState|Time=" >&2
 slurm_wait_state "$J" RUNNING 90
 echo "# job $J running: $(took)$(slurm_exec squeue -h -j "$J" -o ' (%r)' 2>/dev/null)"
-kept="" resumed="" st1="" models=0 nodes2="" rq=""
-if wait_step "$J" 70; then
+kept="" resumed="" st1="" models=0 nodes2="" rq="" why=""
+if ! wait_step "$J" 70; then why="the first run did not reach step 70"
+else
   slurm_exec scancel --signal=USR1 "$J"
-  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 90
+  # the first run's end: its state once every node has finished it (no longer COMPLETING)
+  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 90 || why="the first run did not end after USR1"
   st1=$(slurm_job_state "$J")
   cp "$(out_of "$J")" "$WORK/first-$J.out"
   kept=$(grep -oE 'step [0-9]+ is on disk' "$WORK/first-$J.out" | grep -oE '[0-9]+' | head -1)
   slurm_exec scontrol update nodename=node1 state=drain reason=e2e_slurm
-  # (refused, or without effect, while the job's nodes are still completing it: retried until
-  # the job is pending again, 30 s at most)
-  for _ in $(seq 15); do
-    rq=$(slurm_exec scontrol requeue "$J" 2>&1)
-    slurm_wait_state "$J" "PENDING|RUNNING|CONFIGURING" 2 && break
-  done
-  # Slurm holds a requeued job back (Reason=BeginTime, about two minutes): not here
-  slurm_exec scontrol update jobid="$J" starttime=now
-  echo "# job $J: stopped by USR1 and requeued: $(took)"
-  slurm_wait_state "$J" "RUNNING|COMPLETED" 60
-  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 180
+  # Requeued once; Slurm holds it back until the first run's credential has expired
+  # (lib_slurm.sh: cred_expire), then starts it on node2..node4.
+  if [ -z "$why" ] && ! rq=$(slurm_exec scontrol requeue "$J" 2>&1); then why="scontrol requeue refused it: $rq"; fi
+  if [ -z "$why" ]; then
+    echo "# job $J: stopped by USR1 and requeued: $(took)"
+    slurm_wait_state "$J" "RUNNING|COMPLETED" 60 || why="the requeued job did not start"
+    slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 180 || why="the requeued job did not end"
+  fi
   nodes2=$(grep -oE 'requeued\), --nnodes 2 \(3 node\(s\) [a-z0-9.]+' "$(out_of "$J")" | head -1 | awk '{print $NF}')
   slurm_exec scontrol update nodename=node1 state=resume
   resumed=$(grep -oE 'resuming from the checkpoint of step [0-9]+' "$(out_of "$J")" | grep -oE '[0-9]+' | head -1)
   models=$(model_hosts "$J" | wc -l)
 fi
-if [ -n "$kept" ] && [ "$kept" -gt 50 ] && [ "$resumed" = "$kept" ] && [ "$models" -ge 2 ] && [ "$nodes2" = "node2..node4" ] \
+if [ -z "$why" ] && [ -n "$kept" ] && [ "$kept" -gt 50 ] && [ "$resumed" = "$kept" ] && [ "$models" -ge 2 ] && [ "$nodes2" = "node2..node4" ] \
    && [ "$(slurm_job_state "$J")" = COMPLETED ] && grep -q 'requeued (SLURM_RESTART_COUNT 1)' "$(out_of "$J")"; then
   ok "slurm_signal_then_requeue_resumes (job $J: step $kept kept on USR1, resumed from it on $nodes2 after the requeue; $(took))"
-else notok "slurm_signal_then_requeue_resumes" "job $J: first run $st1, kept step '${kept}', resumed from '${resumed}', $models identical models, now $(slurm_job_state "$J") on '$nodes2'; requeue: '$rq'" \
-  "$(grep -vE '^[0-9]+: step' "$WORK/first-$J.out" 2>/dev/null | tail -12)" "--- requeued:" "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)"; fi
+else notok "slurm_signal_then_requeue_resumes" "job $J: ${why:+$why; }first run $st1, kept step '${kept}', resumed from '${resumed}', $models identical models, now $(slurm_job_state "$J") on '$nodes2'" \
+  "$(grep -vE '^[0-9]+: step' "$WORK/first-$J.out" 2>/dev/null | tail -12)" "--- requeued:" "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)" \
+  "$(slurm_explain "$J")"; fi
 
 # 5. `scontrol requeue` of a running job before its first checkpoint (Slurm kills every task:
 #    SIGTERM, SIGKILL after KillWait): no node has a complete checkpoint, so the requeued run
 #    (the same job id) starts from step 1, deliberately and saying so, and ends byte-identical.
 J=$(submit)
-fresh="" models=0
-if wait_step "$J" 10; then
-  slurm_exec scontrol requeue "$J" >/dev/null
-  slurm_wait_state "$J" "PENDING" 60
+fresh="" models=0 why=""
+if ! wait_step "$J" 10; then why="the first run did not reach step 10"
+elif ! rq=$(slurm_exec scontrol requeue "$J" 2>&1); then why="scontrol requeue refused it: $rq"
+else
+  # Slurm ends every task, then holds the job back until the first run's credential expired
+  slurm_wait_state "$J" "PENDING" 60 || why="the job was not pending after the requeue"
   cp "$(out_of "$J")" "$WORK/first-$J.out" 2>/dev/null
-  slurm_exec scontrol update jobid="$J" starttime=now
-  slurm_wait_state "$J" "RUNNING|COMPLETED" 60
-  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 180
+  slurm_wait_state "$J" "RUNNING|COMPLETED" 60 || why="the requeued job did not start"
+  slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED" 180 || why="the requeued job did not end"
   fresh=$(grep -c "requeued job $J: no complete checkpoint .*starting from step 1" "$(out_of "$J")")
   models=$(model_hosts "$J" | wc -l)
 fi
-if [ "${fresh:-0}" -ge 1 ] && [ "$models" -ge 2 ] && [ "$(slurm_job_state "$J")" = COMPLETED ]; then
+if [ -z "$why" ] && [ "${fresh:-0}" -ge 1 ] && [ "$models" -ge 2 ] && [ "$(slurm_job_state "$J")" = COMPLETED ]; then
   ok "slurm_requeue_before_a_checkpoint_starts_fresh (job $J; $(took))"
-else notok "slurm_requeue_before_a_checkpoint_starts_fresh" "job $J: fresh '$fresh', $models identical models, now $(slurm_job_state "$J")" \
-  "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)"; fi
+else notok "slurm_requeue_before_a_checkpoint_starts_fresh" "job $J: ${why:+$why; }fresh '$fresh', $models identical models, now $(slurm_job_state "$J")" \
+  "$(grep -vE '^[0-9]+: step' "$(out_of "$J")" | tail -15)" "$(slurm_explain "$J")"; fi

@@ -5,7 +5,8 @@
 #   slurm_available || { echo "ok - NAME # SKIP no slurmctld/slurmd/munged"; exit 0; }
 #   hosts_create 5 && slurm_create 4 || exit 1  # host 0: munged + slurmctld; hosts 1..4: munged + slurmd
 #   slurm_exec sbatch --parsable job.sbatch     # any Slurm command, run inside host 0
-#   slurm_wait_state JOBID COMPLETED 120        # bounded
+#   slurm_wait_state JOBID COMPLETED 120        # bounded; says what it saw when it gives up
+#   slurm_explain JOBID                         # scontrol show job + the controller's log of it
 #   host_kill 2                                 # node2 crashes (its slurmd and its tasks with it)
 #   slurm_node_up 2                             # after host_restart 2: its munged and slurmd again
 #   slurm_destroy                               # the daemons, bounded (hosts_destroy does the rest)
@@ -22,6 +23,14 @@
 #   host's private directory (so only that host reaches them, and a host_kill leaves them on
 #   its disk). proctrack/linuxproc, task/none, no cgroups, SlurmUser=root, select/linear (whole
 #   nodes), short timeouts, ReturnToService=2 (a node that comes back is usable again).
+#   AuthInfo=cred_expire=10: a requeued job is held back (Reason=BeginTime) until the first
+#   run's job credential has expired, cred_expire + 1 s (120 + 1 by default); the tests wait
+#   for that hold instead of lifting it. Lifting it (`scontrol update starttime=now`) launched
+#   the new run within the wall-clock second in which the slurmds had revoked the old run's
+#   credential, and a slurmd refuses every credential created in or before that second:
+#   "Killing non-startable batch JobId=4: Job credential revoked" (issue 44).
+#   SchedulerParameters=sched_interval=2: a job whose hold ends is started by the main
+#   scheduling loop, every 60 s by default (no event wakes it then); every 2 s here.
 # - A node-local disk: SLURM_LOCAL ($HOSTS_BASE/local) is, in every host, its own private
 #   directory ${HOST_DIR[i]}/local (like a cluster node's /tmp): the same path on every node, no
 #   file shared. The root namespace sees host i's at ${HOST_DISK[i]}/local.
@@ -109,6 +118,7 @@ SlurmdUser=root
 SlurmctldPort=6817
 SlurmdPort=6818
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 CredType=cred/munge
 StateSaveLocation=${HOST_DIR[0]}/slurm/state
 SlurmctldLogFile=${HOST_DIR[0]}/slurm/slurmctld.log
@@ -122,6 +132,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 SelectType=select/linear
 MpiDefault=none
 SwitchType=switch/none
@@ -159,26 +170,41 @@ EOF
 # slurm_job_state JOBID — the job's state (PENDING, RUNNING, COMPLETED, CANCELLED, ...).
 slurm_job_state() { slurm_exec scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 
-# slurm_wait_state JOBID STATE [TIMEOUT_S=60] — until the job is in STATE (a regex); 1 after the
-# timeout.
+# slurm_wait_state JOBID STATE [TIMEOUT_S=60] — until the job is in STATE (a regex); after the
+# timeout, says on stderr what it saw last and returns 1.
 slurm_wait_state() {
-  local j=$1 want=$2 limit=${3:-60} k st
-  for ((k = 0; k < limit * 5; k++)); do
+  local j=$1 want=$2 limit=${3:-60} end st=""
+  end=$((SECONDS + limit))
+  while [ "$SECONDS" -lt "$end" ]; do
     st=$(slurm_job_state "$j")
     [[ $st =~ ^($want)$ ]] && return 0
     sleep 0.2
   done
+  echo "# slurm_wait_state: job $j is '$st' after ${limit} s, not ($want)" >&2
   return 1
 }
 
+# slurm_explain JOBID — what Slurm knows of the job, for a failure to explain itself: its
+# record (scontrol show job) and the controller's log lines that name it.
+slurm_explain() {
+  echo "--- scontrol show job $1:"
+  slurm_exec scontrol show job "$1" 2>&1 | sed 's/^ */  /'
+  echo "--- slurmctld.log, JobId=$1:"
+  grep -E "JobId=$1([^0-9]|$)|job_?id[ =]$1([^0-9]|$)" "${HOST_DISK[0]}/slurm/slurmctld.log" 2>/dev/null | tail -40
+}
+
 # slurm_wait_idle [TIMEOUT_S=60] — until every node is idle (no job completing on any): what
-# a job that needs them all may count on. 1 after the timeout.
+# a job that needs them all may count on. After the timeout, says on stderr which nodes were
+# not and returns 1.
 slurm_wait_idle() {
-  local limit=${1:-60} k
-  for ((k = 0; k < limit * 5; k++)); do
-    [ -z "$(slurm_exec sinfo -h -o %T 2>/dev/null | grep -vx idle)" ] && return 0
+  local limit=${1:-60} end all busy="no answer from sinfo"
+  end=$((SECONDS + limit))
+  while [ "$SECONDS" -lt "$end" ]; do
+    all=$(slurm_exec sinfo -h -N -o '%N %T' 2>/dev/null)
+    if [ -n "$all" ]; then busy=$(echo "$all" | grep -v ' idle$'); [ -z "$busy" ] && return 0; fi
     sleep 0.2
   done
+  echo "# slurm_wait_idle: after ${limit} s, not idle: $(echo "$busy" | tr '\n' ' ')" >&2
   return 1
 }
 

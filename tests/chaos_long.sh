@@ -42,7 +42,8 @@ rows="$WORK/rows"; : >"$rows"
 cp_rows="$WORK/cp_rows"; : >"$cp_rows"
 
 pid_of() { grep "\"event\":\"$2\"" "$1/events.jsonl" 2>/dev/null | grep -o '"pid":[0-9]*' | cut -d: -f2 | head -"${3:-1}" | tail -1; }
-wait_steps() { for _ in $(seq 400); do [ "$(count_lines "$1/metrics.jsonl")" -ge "$2" ] && return 0; sleep 0.025; done; return 1; }
+wait_steps() { for _ in $(seq 400); do [ "$(count_lines "$1/metrics.jsonl")" -ge "$2" ] && return 0; sleep 0.025; done
+  echo "# waited 10 s for $2 steps in $1/metrics.jsonl: saw $(count_lines "$1/metrics.jsonl")" >&2; return 1; }
 
 # one_run N KIND — runs the job with faults of KIND; appends "kind faults outcome total_ms..." to rows.
 one_run() {
@@ -80,7 +81,9 @@ one_run() {
       rpl=$(grep -o 'replica :[0-9]* (pid [0-9]*' "$out.log" | grep -o '[0-9]*$')
       cp_a=$(date +%s%3N); kill -STOP "$rpl" 2>/dev/null; kill -9 "$mp" 2>/dev/null; sleep 13; kill -CONT "$rpl" 2>/dev/null
       for _ in $(seq 300); do grep -q 'deadpool\] the control plane is back' "$out.log" && break; kill -0 $lp 2>/dev/null || break; sleep 0.1; done
-      cp_b=$(date +%s%3N) ;;
+      cp_b=$(date +%s%3N)
+      grep -q 'deadpool\] the control plane is back' "$out.log" || echo "# waited up to 30 s for 'the control plane is back' in $out.log:" \
+        "not seen, launcher $(kill -0 $lp 2>/dev/null && echo running || echo exited) (last: '$(grep -v '^step' "$out.log" | tail -1)')" >&2 ;;
   esac
   local hang=0
   for _ in $(seq $((CONTROL ? 6000 : 1200))); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done

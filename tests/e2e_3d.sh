@@ -74,6 +74,8 @@ mkdir -p "$WORK/outside"
 timeout -k 5 180 "$DP" run --out "$WORK/outside" "${LONG[@]}" --spares 1 >"$WORK/outside.stdout" 2>"$WORK/outside.log" &
 lp=$!
 for _ in $(seq 600); do [ "$(count_lines "$WORK/outside/metrics.jsonl")" -ge 40 ] && break; sleep 0.05; done
+[ "$(count_lines "$WORK/outside/metrics.jsonl")" -ge 40 ] \
+  || echo "# waited 30 s for 40 steps in $WORK/outside/metrics.jsonl: saw $(count_lines "$WORK/outside/metrics.jsonl")" >&2
 victim=$(grep '"event":"rank_joined"' "$WORK/outside/events.jsonl" 2>/dev/null | grep '"rank":2,' | grep -o '"pid":[0-9]*' | head -1 | cut -d: -f2)
 [ -n "$victim" ] && grep -qa deadpool "/proc/$victim/cmdline" 2>/dev/null && kill -9 "$victim"
 wait $lp; rc2=$?
@@ -93,8 +95,11 @@ out="$WORK/resume"; mkdir -p "$out"
 "$DP" run --out "$out" "${LONG[@]}" --spares 0 --persist-every 40 >"$out.stdout" 2>"$out.log" &
 lp=$!
 for _ in $(seq 600); do [ -f "$out/ckpt/step_000000040/DONE" ] && break; kill -0 $lp 2>/dev/null || break; sleep 0.05; done
+[ -f "$out/ckpt/step_000000040/DONE" ] || echo "# waited up to 30 s for $out/ckpt/step_000000040/DONE: absent," \
+  "launcher $(kill -0 $lp 2>/dev/null && echo running || echo exited) (checkpoints: $(ls "$out/ckpt" 2>/dev/null | tr '\n' ' '))" >&2
 kill -INT $lp 2>/dev/null
 for _ in $(seq 300); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -0 $lp 2>/dev/null && echo "# waited 30 s for the launcher to exit after SIGINT: still running, killed (last: '$(tail -1 "$out.log")')" >&2
 kill -9 $lp 2>/dev/null
 wait $lp; rc1=$?
 ck=$(ls "$out/ckpt" 2>/dev/null | tail -1)

@@ -186,6 +186,7 @@ attacked() {
   local atk=$!
   wait $job; local rc=$?
   for _ in $(seq 100); do kill -0 $atk 2>/dev/null || break; sleep 0.1; done
+  kill -0 $atk 2>/dev/null && echo "# waited 10 s for the attacker to exit after the job: still running, killed (last: '$(tail -1 "$WORK/$name.attack.log" 2>/dev/null)')" >&2
   kill -9 $atk 2>/dev/null; wait $atk 2>/dev/null
   return $rc
 }

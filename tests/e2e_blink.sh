@@ -22,7 +22,8 @@ replica_pid() { grep -o 'replica :[0-9]* (pid [0-9]*' "$1.log" 2>/dev/null | gre
 worker_pid() { grep -o "\"rank\":$2,\"proc\":[0-9]*,\"pid\":[0-9]*" "$1/events.jsonl" 2>/dev/null | head -1 | grep -o '[0-9]*$'; }
 is_redis() { [ -n "$1" ] && grep -qa redis "/proc/$1/cmdline" 2>/dev/null; }
 is_ours() { [ -n "$1" ] && grep -qa deadpool "/proc/$1/cmdline" 2>/dev/null; }
-wait_steps() { for _ in $(seq 1200); do [ "$(count_lines "$1/metrics.jsonl")" -ge "$2" ] && return 0; kill -0 "$3" 2>/dev/null || return 1; sleep 0.05; done; return 1; }
+wait_steps() { for _ in $(seq 1200); do [ "$(count_lines "$1/metrics.jsonl")" -ge "$2" ] && return 0; kill -0 "$3" 2>/dev/null || break; sleep 0.05; done
+  echo "# waited up to 60 s for $2 steps in $1/metrics.jsonl: saw $(count_lines "$1/metrics.jsonl"), job $(kill -0 "$3" 2>/dev/null && echo running || echo exited)" >&2; return 1; }
 now_ms() { date +%s%3N; }
 
 
@@ -146,6 +147,7 @@ out="$WORK/start_stall"; mkdir -p "$out"
 timeout -k 5 240 "$DP" run --out "$out" "${ARGS[@]}" >"$out.stdout" 2>"$out.log" &
 job=$!
 for _ in $(seq 400); do grep -q '^\[deadpool\] job ' "$out.log" 2>/dev/null && break; sleep 0.01; done
+grep -q '^\[deadpool\] job ' "$out.log" 2>/dev/null || echo "# waited 4 s for '[deadpool] job ' in $out.log: not seen (last: '$(tail -1 "$out.log" 2>/dev/null)')" >&2
 rp=$(redis_pid "$out")
 if is_redis "$rp"; then kill -STOP "$rp"; sleep 6; kill -CONT "$rp"; fi
 wait $job; rc=$?

@@ -37,8 +37,11 @@ mkdir -p "$WORK/shared"
 "$DP" run --out "$WORK/shared" --workers 2 --spares 0 "${BASE[@]}" --steps 200 >"$WORK/shared1.out" 2>&1 &
 lp=$!
 for _ in $(seq 200); do [ "$(count_lines "$WORK/shared/metrics.jsonl")" -ge 1 ] && break; sleep 0.05; done
+[ "$(count_lines "$WORK/shared/metrics.jsonl")" -ge 1 ] \
+  || echo "# waited 10 s for 1 step in $WORK/shared/metrics.jsonl: saw $(count_lines "$WORK/shared/metrics.jsonl") (last: '$(tail -1 "$WORK/shared1.out")')" >&2
 timeout -k 5 30 "$DP" run --out "$WORK/shared" --workers 1 --spares 0 "${BASE[@]}" >"$WORK/shared2.out" 2>&1; rc2=$?
 for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -0 $lp 2>/dev/null && echo "# waited 60 s for the launcher to exit: still running, killed (last: '$(tail -1 "$WORK/shared1.out")')" >&2
 kill -9 $lp 2>/dev/null; wait $lp; rc=$?
 if [ $rc -eq 0 ] && [ $rc2 -ne 0 ] && grep -q "in use by another running job" "$WORK/shared2.out"; then ok "one_job_per_out_directory"
 else notok "one_job_per_out_directory" "rc $rc $rc2" "$(tail -2 "$WORK/shared2.out")"; fi
@@ -91,10 +94,13 @@ mkdir -p "$WORK/redis"
   >"$WORK/redis.stdout" 2>"$WORK/redis.log" &
 lp=$!
 for _ in $(seq 300); do [ "$(count_lines "$WORK/redis/metrics.jsonl")" -ge 20 ] && break; sleep 0.05; done
+[ "$(count_lines "$WORK/redis/metrics.jsonl")" -ge 20 ] \
+  || echo "# waited 15 s for 20 steps in $WORK/redis/metrics.jsonl: saw $(count_lines "$WORK/redis/metrics.jsonl") (last: '$(tail -1 "$WORK/redis.log")')" >&2
 rp=$(grep -o 'embedded redis-server on [^ ]* (pid [0-9]*' "$WORK/redis.log" | grep -o '[0-9]*$')
 [ -n "$rp" ] && kill -9 "$rp"
 t0=$(date +%s)
 for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -0 $lp 2>/dev/null && echo "# waited 60 s for the launcher to exit: still running, killed (last: '$(tail -1 "$WORK/redis.log")')" >&2
 kill -9 $lp 2>/dev/null; wait $lp; rc=$?
 secs=$(( $(date +%s) - t0 ))
 if [ -n "$rp" ] && [ $rc -eq 0 ] && grep -q "started again on" "$WORK/redis.log" \
@@ -117,6 +123,7 @@ read -r s1 s2 <<<"$sp"
 [ -n "$s2" ] && kill -9 "$s2"
 [ -n "$s1" ] && kill -STOP "$s1" && sleep 1.5 && kill -CONT "$s1"
 for _ in $(seq 900); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -0 $lp 2>/dev/null && echo "# waited 90 s for the launcher to exit: still running, killed (last: '$(tail -1 "$WORK/spares.log")')" >&2
 kill -9 $lp 2>/dev/null; wait $lp; rc=$?
 run_job "$WORK/ref3" 120 --workers 2 --spares 0 "${BASE[@]}" --steps 400
 e="$WORK/spares/events.jsonl"
@@ -154,16 +161,23 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     for _ in $(seq 100); do rcli ping 2>/dev/null | grep -q PONG && break; kill -0 $rp 2>/dev/null || break; sleep 0.05; done
     kill -0 $rp 2>/dev/null && break
   done
+  pong=$(timeout 2 redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>&1)
+  grep -q PONG <<<"$pong" || echo "# waited up to 5 s for redis-server on port $port: no PONG," \
+    "server $(kill -0 $rp 2>/dev/null && echo running || echo exited) (last: '$pong')" >&2
   mkdir -p "$WORK/lk"
   "$DP" run --out "$WORK/lk" --model tiny --steps 100000 --seed 3 --workers 2 --spares 0 --spare-wait 3 \
     --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/lk.stdout" 2>"$WORK/lk.log" &
   lp=$!
   for _ in $(seq 600); do [ "$(count_lines "$WORK/lk/metrics.jsonl")" -ge 2 ] && break; sleep 0.05; done
+  [ "$(count_lines "$WORK/lk/metrics.jsonl")" -ge 2 ] \
+    || echo "# waited 30 s for 2 steps in $WORK/lk/metrics.jsonl: saw $(count_lines "$WORK/lk/metrics.jsonl") (last: '$(tail -1 "$WORK/lk.log")')" >&2
   job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/lk/events.jsonl" | head -1 | cut -d'"' -f4)
   DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
     >"$WORK/lk.spare.log" 2>&1 &
   sp=$!
   for _ in $(seq 600); do grep -q '"event":"spare_joined"' "$WORK/lk/events.jsonl" 2>/dev/null && break; sleep 0.05; done
+  grep -q '"event":"spare_joined"' "$WORK/lk/events.jsonl" 2>/dev/null \
+    || echo "# waited 30 s for a spare_joined event in $WORK/lk/events.jsonl: none (spare: '$(tail -1 "$WORK/lk.spare.log")')" >&2
   kill -9 $lp; wait $lp 2>/dev/null
   t0=$(date +%s)
   wait $sp; src=$?; spare_s=$(( $(date +%s) - t0 ))
@@ -196,6 +210,8 @@ if [ "$(id -u)" -eq 0 ] && ip netns add dp_probe_$$ 2>/dev/null; then
     >"$WORK/nk.stdout" 2>"$WORK/nk.log" &
   lp=$!
   for _ in $(seq 300); do [ "$(count_lines "$WORK/nk/metrics.jsonl")" -ge 1 ] && break; sleep 0.05; done
+  [ "$(count_lines "$WORK/nk/metrics.jsonl")" -ge 1 ] \
+    || echo "# waited 15 s for 1 step in $WORK/nk/metrics.jsonl: saw $(count_lines "$WORK/nk/metrics.jsonl") (last: '$(tail -1 "$WORK/nk.log")')" >&2
   ns=$(grep -o 'network namespace [^ ]*' "$WORK/nk.log" | head -1 | cut -d' ' -f3)
   kill -9 $lp; wait $lp 2>/dev/null
   sleep 0.5
@@ -217,8 +233,11 @@ mkdir -p "$WORK/ls"
   >"$WORK/ls.stdout" 2>"$WORK/ls.log" &
 lp=$!
 for _ in $(seq 400); do [ "$(count_lines "$WORK/ls/metrics.jsonl")" -ge 3 ] && break; sleep 0.025; done
+[ "$(count_lines "$WORK/ls/metrics.jsonl")" -ge 3 ] \
+  || echo "# waited 10 s for 3 steps in $WORK/ls/metrics.jsonl: saw $(count_lines "$WORK/ls/metrics.jsonl") (last: '$(tail -1 "$WORK/ls.log")')" >&2
 kill -STOP $lp; sleep 11; kill -CONT $lp
 for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -0 $lp 2>/dev/null && echo "# waited 60 s for the launcher to exit: still running, killed (last: '$(tail -1 "$WORK/ls.log")')" >&2
 kill -9 $lp 2>/dev/null; wait $lp; rc=$?
 tot=$(grep '"event":"recovered"' "$WORK/ls/events.jsonl" | grep -o '"total_ms":[0-9]*' | head -1 | cut -d: -f2)
 # The workers train on while the launcher is stopped: the fault fires well inside the 11 s;

@@ -98,6 +98,7 @@ for _ in $(seq 200); do
 done
 [ -n "$sp" ] && kill -9 "$sp"
 for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+kill -0 $lp 2>/dev/null && echo "# waited 60 s for the launcher to exit: still running, killed (last: '$(tail -1 "$WORK/spare_dies.log")')" >&2
 kill -9 $lp 2>/dev/null; wait $lp; rc=$?
 run_job "$WORK/ref200" 120 "${BASE[@]}" --steps 200 --spares 0
 if [ $rc -eq 0 ] && grep -q '"event":"spare_lost"' "$WORK/spare_dies/events.jsonl" \
@@ -141,6 +142,8 @@ timeout -k 5 120 "$DP" run --out "$WORK/nockpt" --workers 2 --model tiny --steps
   --spare-wait 1 --inject kill:1@400 >"$WORK/nockpt.stdout" 2>"$WORK/nockpt.log" &
 job=$!
 for _ in $(seq 600); do [ "$(count_lines "$WORK/nockpt/metrics.jsonl")" -ge 1 ] && break; sleep 0.05; done
+[ "$(count_lines "$WORK/nockpt/metrics.jsonl")" -ge 1 ] \
+  || echo "# waited 30 s for 1 step in $WORK/nockpt/metrics.jsonl: saw $(count_lines "$WORK/nockpt/metrics.jsonl") (last: '$(tail -1 "$WORK/nockpt.log")')" >&2
 [ -e "$WORK/nockpt/ckpt" ] || : >"$WORK/nockpt/ckpt"
 wait $job; rc=$?
 if [ $rc -ne 0 ] && grep -q 'was not written to .*ckpt within 30 s.*no checkpoint exists' "$WORK/nockpt.log" \
@@ -176,16 +179,22 @@ if command -v redis-server >/dev/null; then
   printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
   rp=$!
   for _ in $(seq 100); do redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  pong=$(timeout 2 redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>&1)
+  grep -q PONG <<<"$pong" || echo "# waited 5 s for redis-server on port $port: no PONG," \
+    "server $(kill -0 $rp 2>/dev/null && echo running || echo exited) (last: '$pong')" >&2
   mkdir -p "$WORK/join"
   "$DP" run --out "$WORK/join" "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 60 --inject kill:3@12 \
     --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/join.stdout" 2>"$WORK/join.log" &
   lp=$!
   for _ in $(seq 300); do grep -q '"event":"no_spare"' "$WORK/join/events.jsonl" 2>/dev/null && break; sleep 0.05; done
+  grep -q '"event":"no_spare"' "$WORK/join/events.jsonl" 2>/dev/null \
+    || echo "# waited 15 s for a no_spare event in $WORK/join/events.jsonl: none (last: '$(tail -1 "$WORK/join.log")')" >&2
   job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/join/events.jsonl" | head -1 | cut -d'"' -f4)
   DEADPOOL_REDIS_PASSWORD=$pw timeout 120 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
     >"$WORK/join.spare.log" 2>&1 &
   wp=$!
   for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+  kill -0 $lp 2>/dev/null && echo "# waited 60 s for the launcher to exit: still running, killed (last: '$(tail -1 "$WORK/join.log")')" >&2
   kill -9 $lp 2>/dev/null; wait $lp; rc=$?
   wait $wp
   kill "$rp" 2>/dev/null; wait "$rp" 2>/dev/null

@@ -46,6 +46,8 @@ else notok "machine_crash_one_decision" "rcs:$RCS decisions:$dec" "$(events $J |
 J=mn3; start_machine 1 $J; start_machine 2 $J; start_machine 3 $J
 if wait_step $J 1 60; then host_link_down 2; fi
 for _ in $(seq 400); do events $J | grep -q '"event":"recovered"' && break; sleep 0.05; done
+events $J | grep -q '"event":"recovered"' \
+  || echo "# waited 20 s for a recovered event of job $J: none (last: '$(events $J | tail -1)')" >&2
 host_link_up 2
 finish 1 3 2
 dec=$(events $J | grep -c '"event":"decision"'); rec=$(events $J | grep -o '"total_ms":[0-9]*' | head -1)

@@ -47,6 +47,7 @@ free_port() {
     p=$(( 20000 + RANDOM % 20000 ))
     [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return; }
   done
+  echo "# free_port: 50 random ports in 20000-39999 all taken (last: $p), using 0" >&2
   echo 0
 }
 P=$(free_port)
@@ -161,6 +162,7 @@ if [ "$n" = 2 ] && [ -n "$(metric deadpool_last_recovery_seconds "$WORK/s2.txt")
 else notok "metrics_count_recoveries_by_kind" "crash recoveries '$n' running $(running && echo yes || echo no) ${why:-}" "$(grep -E 'recover|spares' "$WORK/s2.txt")"; fi
 
 for _ in $(seq 2400); do running || break; sleep 0.1; done
+running && echo "# waited 240 s for the job to end: still running, killed (last: '$(tail -1 "$OUT.log")')" >&2
 kill -9 $JP 2>/dev/null; wait $JP; rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c '"event":"recovered"' "$OUT/events.jsonl")" = 2 ] && no_leftovers "$OUT"; then ok "run_with_two_failures"
 else notok "run_with_two_failures" "rc $rc" "$(tail -5 "$OUT.log")"; fi

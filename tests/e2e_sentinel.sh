@@ -18,6 +18,8 @@ mkdir -p "$WORK/ha"
 timeout -k 5 300 "$DP" run --out "$WORK/ha" "${ARGS[@]}" --redis-ha >"$WORK/ha.stdout" 2>"$WORK/ha.log" &
 job=$!
 for _ in $(seq 1200); do [ "$(step_of "$WORK/ha.stdout")" -ge 60 ] && break; kill -0 $job 2>/dev/null || break; sleep 0.05; done
+[ "$(step_of "$WORK/ha.stdout")" -ge 60 ] || echo "# waited up to 60 s for step 60 in $WORK/ha.stdout: at step $(step_of "$WORK/ha.stdout")," \
+  "job $(kill -0 $job 2>/dev/null && echo running || echo exited)" >&2
 mp=$(master_pid "$WORK/ha.log")
 killed=0
 if [ -n "$mp" ] && grep -qa redis "/proc/$mp/cmdline" 2>/dev/null; then kill -9 "$mp" && killed=1; fi

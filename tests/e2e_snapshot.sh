@@ -42,8 +42,11 @@ interrupt_then_resume() {
   "$DP" run --out "$out" "$@" >"$out.stdout" 2>"$out.log" &
   local lp=$!
   for _ in $(seq 600); do [ -f "$out/ckpt/step_000000040/DONE" ] && break; kill -0 $lp 2>/dev/null || break; sleep 0.05; done
+  [ -f "$out/ckpt/step_000000040/DONE" ] || echo "# waited up to 30 s for $out/ckpt/step_000000040/DONE: absent," \
+    "launcher $(kill -0 $lp 2>/dev/null && echo running || echo exited) (checkpoints: $(ls "$out/ckpt" 2>/dev/null | tr '\n' ' '))" >&2
   kill -INT $lp 2>/dev/null
   for _ in $(seq 300); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
+  kill -0 $lp 2>/dev/null && echo "# waited 30 s for the launcher to exit after SIGINT: still running, killed (last: '$(tail -1 "$out.log")')" >&2
   kill -9 $lp 2>/dev/null
   wait $lp; local rc1=$?
   local resumed_from

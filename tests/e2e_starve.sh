@@ -9,10 +9,13 @@ NOBODY=0
 if [ "$(id -u)" -eq 0 ] && id nobody >/dev/null 2>&1 && as_nobody true 2>/dev/null; then NOBODY=1; fi
 PY=/usr/bin/python3
 
-# wait_for SECONDS CMD... — polls CMD every 0.05 s until it succeeds or the time is up.
+# wait_for SECONDS CMD... — polls CMD every 0.05 s until it succeeds or the time is up (then
+# says so on stderr: the callers go on regardless).
 wait_for() {
-  local n=$(( $1 * 20 )); shift
-  for _ in $(seq "$n"); do "$@" && return 0; sleep 0.05; done
+  local s=$1 n=$(( $1 * 20 )) st=0 a seen=""; shift
+  for _ in $(seq "$n"); do "$@" && return 0; st=$?; sleep 0.05; done
+  for a in "$@"; do [ -f "$a" ] && seen+="; $a: $(count_lines "$a") lines, last '$(tail -1 "$a")'"; done
+  echo "# waited $s s for '$*': still failing (status $st$seen)" >&2
   return 1
 }
 at_least_lines() { [ "$(count_lines "$1")" -ge "$2" ]; }
@@ -20,11 +23,13 @@ at_least_lines() { [ "$(count_lines "$1")" -ge "$2" ]; }
 stop_job() {
   kill -INT "$1" 2>/dev/null
   for _ in $(seq 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$1" 2>/dev/null && echo "# waited 30 s for pid $1 to exit after SIGINT: still running, killed" >&2
   kill -9 "$1" 2>/dev/null; wait "$1"; rc=$?
 }
 # finish_job PID LIMIT_S — waits for the job to end by itself (-9 after LIMIT_S). Status in $rc.
 finish_job() {
   for _ in $(seq $(( $2 * 10 ))); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$1" 2>/dev/null && echo "# waited $2 s for pid $1 to end: still running, killed" >&2
   kill -9 "$1" 2>/dev/null; wait "$1"; rc=$?
 }
 
@@ -165,6 +170,9 @@ if [ $NOBODY -eq 1 ] && command -v redis-server >/dev/null && command -v redis-c
       kill -0 $rp 2>/dev/null || break; sleep 0.05; done
     kill -0 $rp 2>/dev/null && break
   done
+  pong=$(timeout 2 redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>&1)
+  grep -q PONG <<<"$pong" || echo "# waited up to 5 s for redis-server on port $port: no PONG," \
+    "server $(kill -0 $rp 2>/dev/null && echo running || echo exited) (last: '$pong')" >&2
   mkdir -p "$WORK/pw"
   "$DP" run --out "$WORK/pw" --workers 2 --spares 1 "${BASE[@]}" --steps 100000 --redis "redis://:$pw@127.0.0.1:$port" \
     >"$WORK/pw.stdout" 2>"$WORK/pw.log" &

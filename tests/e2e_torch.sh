@@ -57,6 +57,8 @@ mkdir -p "$WORK/sigint"
 timeout -k 30 180 "$DP" run --out "$WORK/sigint" "${BASE[@]}" --spares 1 -- "${TRAIN[@]}" >"$WORK/sigint.stdout" 2>"$WORK/sigint.log" &
 pid=$!
 for _ in $(seq 1200); do grep -qE "^step +6/" "$WORK/sigint.stdout" 2>/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+grep -qE "^step +6/" "$WORK/sigint.stdout" 2>/dev/null || echo "# waited up to 120 s for step 6 in $WORK/sigint.stdout: not seen," \
+  "job $(kill -0 $pid 2>/dev/null && echo running || echo exited) (last: '$(tail -1 "$WORK/sigint.stdout" 2>/dev/null)')" >&2
 # To the launcher itself: timeout would relay the signal to its process group as well, a second Ctrl-C.
 kill -INT "$(pgrep -P $pid | head -1)" 2>/dev/null; wait $pid; rc=$?
 timeout -k 5 180 "$DP" run --resume "$WORK/sigint" -- "${TRAIN[@]}" >"$WORK/sigint.resume.stdout" 2>"$WORK/sigint.resume.log"; rc2=$?
@@ -135,6 +137,8 @@ timeout -k 30 180 "$DP" run --out "$WORK/dsigint" --workers 3 --steps $DSTEPS --
   -- "${TRAIN[@]}" "${DARGS[@]}" --out "$WORK/dsigint" >"$WORK/dsigint.stdout" 2>"$WORK/dsigint.log" &
 pid=$!
 for _ in $(seq 1200); do grep -qE "^step +5/" "$WORK/dsigint.stdout" 2>/dev/null && break; kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+grep -qE "^step +5/" "$WORK/dsigint.stdout" 2>/dev/null || echo "# waited up to 120 s for step 5 in $WORK/dsigint.stdout: not seen," \
+  "job $(kill -0 $pid 2>/dev/null && echo running || echo exited) (last: '$(tail -1 "$WORK/dsigint.stdout" 2>/dev/null)')" >&2
 kill -INT "$(pgrep -P $pid | head -1)" 2>/dev/null; wait $pid; rc=$?
 timeout -k 5 180 "$DP" run --resume "$WORK/dsigint" -- "${TRAIN[@]}" "${DARGS[@]}" --out "$WORK/dsigint" \
   >"$WORK/dsigint.resume.stdout" 2>"$WORK/dsigint.resume.log"; rc2=$?

@@ -71,6 +71,8 @@ mkdir -p "$WORK/int"
 "$DP" run --out "$WORK/int" --workers 2 --spares 1 --model tiny --steps 100000 >"$WORK/int.stdout" 2>"$WORK/int.log" &
 lp=$!
 for _ in $(seq 200); do [ "$(count_lines "$WORK/int/metrics.jsonl")" -ge 3 ] && break; sleep 0.1; done
+[ "$(count_lines "$WORK/int/metrics.jsonl")" -ge 3 ] \
+  || echo "# waited 20 s for 3 steps in $WORK/int/metrics.jsonl: saw $(count_lines "$WORK/int/metrics.jsonl") (last: '$(tail -1 "$WORK/int.log")')" >&2
 kill -INT $lp
 for _ in $(seq 300); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done
 if kill -0 $lp 2>/dev/null; then kill -9 $lp; notok "ctrl_c_stops_job" "launcher still running after 30 s"

@@ -294,17 +294,23 @@ host_spawn() {
     [ -n "$c" ] && [ "$(readlink "/proc/$c/ns/pid" 2>/dev/null)" = "${_HOST_PIDNS[$i]}" ] && return 0
     ! kill -0 "$w" 2>/dev/null
   }
-  _hosts_until 5 _hosts_cmd_of
+  if ! _hosts_until 5 _hosts_cmd_of; then # HOST_SPAWN_CMD stays empty: say what was seen
+    echo "# lib_hosts: host_spawn on host $i: waited 5 s for the command in the host's pid namespace: not seen (nsenter '${ns:-none}', its child '${c:-none}')" >&2
+  fi
   if [ -n "$c" ] && kill -0 "$c" 2>/dev/null; then HOST_SPAWN_CMD=$c; fi
   return 0
 }
 
 # host_wait PID [TIMEOUT_S=30] — bounded wait for a child of this shell (e.g. HOST_SPAWN_PID):
-# its exit status, or 124 if it still runs after TIMEOUT_S (it is left running).
+# its exit status, or 124 if it still runs after TIMEOUT_S (it is left running; a "# " line on
+# stderr says so).
 host_wait() {
   local p=$1 limit=${2:-30}
   _hosts_gone() { ! kill -0 "$p" 2>/dev/null || [ "$(cut -d' ' -f3 "/proc/$p/stat" 2>/dev/null)" = Z ]; }
-  _hosts_until "$limit" _hosts_gone || return 124
+  if ! _hosts_until "$limit" _hosts_gone; then # the caller sees only 124: say what still runs
+    echo "# lib_hosts: host_wait: waited $limit s for pid $p to exit: still running (state $(cut -d' ' -f3 "/proc/$p/stat" 2>/dev/null); ...$(tr '\0\n' '  ' <"/proc/$p/cmdline" 2>/dev/null | tail -c 160))" >&2
+    return 124
+  fi
   wait "$p"
 }
 
@@ -372,7 +378,9 @@ host_link_up() {
   if ! [[ $i =~ ^[0-9]+$ ]] || [ "$i" -ge "$_HOSTS_N" ]; then _hosts_err "no host '$i'"; return 2; fi
   ip -n "$HOSTS_BRIDGE_NS" link set "h$i" up || return
   _hosts_port_up() { ip -n "$HOSTS_BRIDGE_NS" -o link show "h$i" 2>/dev/null | grep -q 'state UP'; }
-  _hosts_until 3 _hosts_port_up
+  _hosts_until 3 _hosts_port_up && return 0
+  echo "# lib_hosts: waited 3 s for host $i's bridge port h$i to be UP (last: '$(ip -n "$HOSTS_BRIDGE_NS" -o link show "h$i" 2>&1 | grep -o 'state [A-Z]*')')" >&2
+  return 1
 }
 
 # hosts_destroy — kills every host's init (everything inside dies), waits (5 s), deletes the

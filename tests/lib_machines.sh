@@ -35,9 +35,11 @@ start_machine() {
   LAUNCHER[$h]=$HOST_SPAWN_PID
   for k in $(seq 600); do
     grep -q 'joined job' "$WORK/$job.h$h.log" 2>/dev/null && return 0
-    kill -0 "$HOST_SPAWN_PID" 2>/dev/null || return 1
+    kill -0 "$HOST_SPAWN_PID" 2>/dev/null || break
     sleep 0.05
   done
+  # the callers go on regardless: say what was seen
+  echo "# start_machine: waited up to 30 s for host $h to join job $job: launcher $(kill -0 "$HOST_SPAWN_PID" 2>/dev/null && echo running || echo exited) (last: '$(tail -1 "$WORK/$job.h$h.log" 2>/dev/null)')" >&2
   return 1
 }
 # wait_step JOB HOST N — until that machine's launcher printed step N (60 s bound).
@@ -47,6 +49,7 @@ wait_step() {
     grep -qE "^step +[0-9]+/" "$f" 2>/dev/null && [ "$(grep -oE '^step +[0-9]+' "$f" | tail -1 | grep -oE '[0-9]+')" -ge "$3" ] && return 0
     sleep 0.05
   done
+  echo "# wait_step: waited 60 s for host $2 to print step $3 of job $1: last step '$(grep -oE '^step +[0-9]+' "$f" 2>/dev/null | tail -1 | grep -oE '[0-9]+')', launcher $(kill -0 "${LAUNCHER[$2]:-}" 2>/dev/null && echo running || echo exited)" >&2
   return 1
 }
 # finish HOST... — waits (bounded) for those launchers; their statuses in RCS.

@@ -82,7 +82,7 @@ static int write_checkpoint(const char *dir, int64_t step, int finish, int by_he
         if (rc != 0) return -1;
     }
     if (!finish) return 0;
-    int rc = checkpoint_finish(dir, step, WORLD, "workers=2\n", NULL, NULL, err, sizeof err);
+    int rc = checkpoint_finish(dir, step, WORLD, "workers=2\n", NULL, NULL, -1, err, sizeof err);
     CHECK(rc == 0, "finish step %" PRId64 ": %s", step, err);
     return rc;
 }
@@ -288,7 +288,7 @@ static void test_finish_app_callback(void) {
     write_checkpoint(dir, 7, 0, 0);
     AppSeen seen;
     memset(&seen, 0, sizeof seen);
-    int rc = checkpoint_finish(dir, 7, WORLD, "workers=2\n", app_callback, &seen, err, sizeof err);
+    int rc = checkpoint_finish(dir, 7, WORLD, "workers=2\n", app_callback, &seen, -1, err, sizeof err);
     CHECK(rc == 0, "%s", err);
     CHECK(seen.calls == 1 && seen.step == 7 && seen.world == WORLD, "calls %d step %" PRId64 " world %d", seen.calls,
           seen.step, seen.world);
@@ -307,13 +307,36 @@ static void test_finish_failing_callback(void) {
     AppSeen seen;
     memset(&seen, 0, sizeof seen);
     seen.fail = 1;
-    int rc = checkpoint_finish(dir, 8, WORLD, "workers=2\n", app_callback, &seen, err, sizeof err);
+    int rc = checkpoint_finish(dir, 8, WORLD, "workers=2\n", app_callback, &seen, -1, err, sizeof err);
     CHECK(rc == -1, "a failing callback fails the checkpoint");
     CHECK(strstr(err, "could not write its model") != NULL, "its message comes back: %s", err);
     CHECK(seen.calls == 1, "called once");
     CHECK(!exists(dir, 8, "DONE"), "no DONE after a failing callback");
     CHECK(checkpoint_latest(dir, err, sizeof err) == 2, "the previous checkpoint stays the newest");
     CHECK(exists(dir, 2, "DONE"), "nothing pruned");
+}
+
+/* The checkpoint a running job resumed from is pinned: rotation keeps it beside the two newest
+ * (a spare that starts late reads its model there; issue 47), and so does the pruning across
+ * machines; unpinned, both take it. */
+static void test_prune_keeps_the_pinned(void) {
+    const char *dir = new_dir("pinned");
+    char err[512] = "";
+    write_checkpoint(dir, 1, 1, 1); /* the resumed one */
+    for (int64_t step = 3; step <= 7; step += 2) {
+        write_checkpoint(dir, step, 0, 1);
+        CHECK(checkpoint_finish(dir, step, WORLD, "workers=2\n", NULL, NULL, 1, err, sizeof err) == 0, "%s", err);
+    }
+    CHECK(exists(dir, 1, "DONE") && exists(dir, 1, "rank_00001.state"), "the pinned step 2 stays whole");
+    CHECK(!exists(dir, 3, "DONE") && exists(dir, 5, "DONE") && exists(dir, 7, "DONE"),
+          "the others rotate as before: the two newest kept");
+    checkpoint_prune_below(dir, 7, 1);
+    CHECK(exists(dir, 1, "DONE") && !exists(dir, 5, "DONE") && exists(dir, 7, "DONE"), "pruning below 8 keeps 2 too");
+    checkpoint_prune_below(dir, 7, -1);
+    CHECK(!exists(dir, 1, "DONE") && exists(dir, 7, "DONE"), "unpinned, it goes");
+    write_checkpoint(dir, 9, 1, 1);
+    write_checkpoint(dir, 11, 1, 1);
+    CHECK(!exists(dir, 7, "DONE"), "and plain rotation is unchanged");
 }
 
 /* --resume verifies every file: a damaged application file (model.bin) or rank state in the
@@ -325,7 +348,7 @@ static void test_resume_falls_back_to_intact(void) {
     for (int64_t step = 3; step <= 6; step += 3) {
         write_checkpoint(dir, step, 0, 0);
         memset(&seen, 0, sizeof seen);
-        CHECK(checkpoint_finish(dir, step, WORLD, "workers=2\n", app_callback, &seen, err, sizeof err) == 0, "%s", err);
+        CHECK(checkpoint_finish(dir, step, WORLD, "workers=2\n", app_callback, &seen, -1, err, sizeof err) == 0, "%s", err);
     }
     CHECK(exists(dir, 6, "MANIFEST") && checkpoint_verify(dir, 6, err, sizeof err) == 0, "intact: %s", err);
     CHECK(checkpoint_latest_intact(dir, err, sizeof err) == 6, "newest intact: %s", err);
@@ -379,6 +402,7 @@ int main(void) {
     RUN_TEST(test_latest_none);
     RUN_TEST(test_latest_ignores_incomplete);
     RUN_TEST(test_prune_keeps_two);
+    RUN_TEST(test_prune_keeps_the_pinned);
     RUN_TEST(test_read_shard_roundtrip);
     RUN_TEST(test_read_shard_corrupt);
     RUN_TEST(test_read_shard_truncated);

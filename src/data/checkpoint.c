@@ -159,8 +159,9 @@ static void remove_tree(const char *path) {
     rmdir(path);
 }
 
-/* Keeps the KEEP_CHECKPOINTS newest complete checkpoints and anything newer than the oldest kept. */
-static void prune(const char *dir) {
+/* Keeps the KEEP_CHECKPOINTS newest complete checkpoints, anything newer than the oldest kept,
+ * and step `pinned`. */
+static void prune(const char *dir, int64_t pinned) {
     char ck[4096];
     snprintf(ck, sizeof ck, "%s/ckpt", dir);
     DIR *d = opendir(ck);
@@ -184,7 +185,7 @@ static void prune(const char *dir) {
     }
     if (nkept < KEEP_CHECKPOINTS) return;
     for (int i = 0; i < n; i++) {
-        if (steps[i] >= kept[nkept - 1]) continue;
+        if (steps[i] >= kept[nkept - 1] || steps[i] == pinned) continue;
         char p[4200];
         step_dir(p, sizeof p, dir, steps[i]);
         remove_tree(p);
@@ -249,7 +250,7 @@ static int write_manifest(const char *d, int world, char *err, size_t errlen) {
 }
 
 int checkpoint_finish(const char *dir, int64_t step, int world, const char *config_text, checkpoint_app_fn app,
-                      void *arg, char *err, size_t errlen) {
+                      void *arg, int64_t pinned, char *err, size_t errlen) {
     char path[4200], d[4096];
     step_dir(d, sizeof d, dir, step);
     checkpoint_path(path, sizeof path, dir, step, "config.txt");
@@ -268,7 +269,7 @@ int checkpoint_finish(const char *dir, int64_t step, int world, const char *conf
         remove_tree(d);
         return -1;
     }
-    prune(dir);
+    prune(dir, pinned);
     return 0;
 }
 
@@ -442,11 +443,11 @@ int64_t checkpoint_latest_config(const char *dir, char *err, size_t errlen) {
     return -1;
 }
 
-void checkpoint_prune_below(const char *dir, int64_t step) {
+void checkpoint_prune_below(const char *dir, int64_t step, int64_t pinned) {
     int64_t steps[4096];
     int n = step_dirs(dir, steps, 4096);
     for (int i = 0; i < n; i++) {
-        if (steps[i] >= step) continue;
+        if (steps[i] >= step || steps[i] == pinned) continue;
         char p[4200];
         step_dir(p, sizeof p, dir, steps[i]);
         remove_tree(p);

@@ -25,10 +25,13 @@ int checkpoint_write_live(const char *dir, const char *job, int64_t epoch, int r
 typedef int (*checkpoint_app_fn)(void *arg, const char *step_dir, int64_t step, int world, char *err, size_t errlen);
 /* Once every rank's state file for `step` exists: writes config.txt, lets the application
  * write its files (app may be NULL), writes MANIFEST (CRC32C of every file), then DONE;
- * removes older checkpoints beyond the newest two. On any failure the step's directory is
- * removed: a checkpoint is there whole or not at all. */
+ * removes older checkpoints beyond the newest two, except step `pinned` (-1: none). On any
+ * failure the step's directory is removed: a checkpoint is there whole or not at all.
+ * pinned: the checkpoint the running job resumed from. A process that starts during the job
+ * (a spare, late) reads its initial model there (dp_resume_dir), so rotation must not take it
+ * while the job runs; the next run's rotation does. */
 int checkpoint_finish(const char *dir, int64_t step, int world, const char *config_text, checkpoint_app_fn app,
-                      void *arg, char *err, size_t errlen);
+                      void *arg, int64_t pinned, char *err, size_t errlen);
 /* Newest complete checkpoint step in DIR (DONE present; nothing read), -1 if none (err says
  * why when a problem was found). _below: the newest one before step `below`. */
 int64_t checkpoint_latest(const char *dir, char *err, size_t errlen);
@@ -59,8 +62,9 @@ int checkpoint_write_config(const char *dir, int64_t step, const char *text, cha
 /* Newest step directory holding a config.txt, complete or not; -1 + err if none. */
 int64_t checkpoint_latest_config(const char *dir, char *err, size_t errlen);
 /* Removes the step directories older than `step` (the newest one known complete across the
- * machines: what is newer may still be completing, what is older is not needed any more). */
-void checkpoint_prune_below(const char *dir, int64_t step);
+ * machines: what is newer may still be completing, what is older is not needed any more),
+ * except step `pinned` (as for checkpoint_finish). */
+void checkpoint_prune_below(const char *dir, int64_t step, int64_t pinned);
 
 /* Path of a file inside checkpoint `step` ("model.bin", "config.txt", ...). */
 void checkpoint_path(char *out, size_t len, const char *dir, int64_t step, const char *file);

@@ -20,6 +20,12 @@ static int app_checkpoint(void *arg, const char *dir, int64_t step, int world, c
     return dp->cb.checkpoint ? dp->cb.checkpoint(dp->cb.arg, dir, step, world, err, errlen) : 0;
 }
 
+/* The checkpoint this job resumed from, when it is in the job's own --out: rotation keeps it
+ * while the job runs (checkpoint.h), -1 otherwise. */
+static int64_t pinned_step(const dp_t *dp) {
+    return dp->cfg.resume_step >= 0 && strcmp(dp->cfg.resume, dp->cfg.out) == 0 ? dp->cfg.resume_step : -1;
+}
+
 /* Rank `h->rank`'s state of h->step is on disk: count it (once per rank) and, as the last
  * rank, complete the checkpoint. */
 static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char *kind) {
@@ -34,7 +40,8 @@ static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char 
                    (long long)h->step + 1, kind);
         return;
     }
-    if (checkpoint_finish(dp->cfg.out, h->step, dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, err, sizeof err) != 0) {
+    if (checkpoint_finish(dp->cfg.out, h->step, dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, pinned_step(dp), err,
+                          sizeof err) != 0) {
         log_msg("checkpoint of step %lld: %s", (long long)h->step + 1, err);
         return;
     }
@@ -54,7 +61,7 @@ void rt_persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const void *
     long long g;
     if (dp->cfg.nnodes > 0 && ctl_get(c, rt_key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
         proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &g, NULL, 0) == 0)
-        checkpoint_prune_below(dp->cfg.out, g);
+        checkpoint_prune_below(dp->cfg.out, g, pinned_step(dp));
 }
 
 /* Runs on a snapshot thread: the previous epoch's may still be finishing a generation (its
@@ -115,7 +122,8 @@ dp_status rt_disk_checkpoint(dp_t *dp, int64_t step, const void *extra, size_t e
     if (comm_barrier(dp->comm, rt_collective_bound_ms(dp, dp->block_bytes)) != COMM_OK) return DP_FAILED;
     dp->last_disk_step = step + 1;
     if (dp->rank != 0) return DP_OK;
-    if (checkpoint_finish(dp->cfg.out, step, dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, err, sizeof err) != 0)
+    if (checkpoint_finish(dp->cfg.out, step, dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, pinned_step(dp), err,
+                          sizeof err) != 0)
         log_msg("checkpoint step %lld: %s", (long long)step + 1, err);
     else
         event_emit(dp->ctl, dp->t0_wall_ms, "checkpoint", "\"step\":%lld,\"kind\":\"disk\"", (long long)step + 1);
@@ -244,7 +252,8 @@ void rt_persist_without_control(dp_t *dp) {
                 all = access(path, F_OK) == 0;
             }
             if (!all) continue;
-            if (checkpoint_finish(dp->cfg.out, g[i], dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, err, sizeof err) == 0)
+            if (checkpoint_finish(dp->cfg.out, g[i], dp->cfg.workers, dp->cfg_text, app_checkpoint, dp, pinned_step(dp),
+                                  err, sizeof err) == 0)
                 log_msg("the control plane is lost: the state of step %lld is in %s/ckpt; continue with `%s`",
                         (long long)g[i] + 1, dp->cfg.out, job_config_resume_command(&dp->cfg, cmd, sizeof cmd));
             else

@@ -244,9 +244,11 @@ static void add_failure(Coordinator *c, int rank, const char *kind) {
     if (c->cfg->nnodes > 0 && c->npending == 1 && !c->probe_due) c->probe_due = now_ms();
 }
 
-static void spare_lost(Coordinator *c, long proc) {
+/* replace: 0 for a spare that stopped on a problem of its own (DP_EXIT_BAD_JOB), which its
+ * replacement would likely hit again: never a loop of failing spares. */
+static void spare_lost(Coordinator *c, long proc, int replace) {
     ctl_spare_remove(c->ctl, proc);
-    c->spares_lost++; /* the launcher may replace it */
+    if (replace) c->spares_lost++; /* the launcher may replace it */
     event_emit(c->ctl, c->t0_wall_ms, "spare_lost", "\"proc\":%ld", proc);
     log_msg("spare %ld is gone", proc);
 }
@@ -281,7 +283,7 @@ static void child_exited(Coordinator *c, pid_t pid, int status) {
     for (int i = 0; i < n; i++)
         if (spids[i] == pid) {
             ctl_heartbeat_clear(c->ctl, spares[i]);
-            if (failed) spare_lost(c, spares[i]);
+            if (failed) spare_lost(c, spares[i], code != DP_EXIT_BAD_JOB);
         }
 }
 
@@ -533,7 +535,7 @@ static void check_liveness(Coordinator *c) {
     int spare_alive[DP_MAX_RANKS];
     if (ctl_alive_many(c->ctl, spares, n, spare_alive) != 0) return;
     for (int i = 0; i < n; i++)
-        if (!spare_alive[i]) spare_lost(c, spares[i]);
+        if (!spare_alive[i]) spare_lost(c, spares[i], 1);
 }
 
 /* Live spares, in process-id order. Across machines, not the spares of a machine a failed rank

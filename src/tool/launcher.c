@@ -103,6 +103,7 @@ typedef struct {
     int respawn_due;        /* spares used by a decision, started once the recovery is over */
     double respawn_at;      /* ...or at this time (now_ms) should no `recovered` event come */
     int unjoined_restarts;  /* processes started again for a rank their predecessor never claimed */
+    int spares_failed;      /* spares of this machine that could not start (shown in the progress line) */
     double beat_ms;         /* when the launcher key was last renewed */
     /* machines: every launcher is one machine of the job (one for `--workers N`) */
     char node_id[128];      /* this machine's id (--node-id, else node_id_default) */
@@ -579,10 +580,11 @@ static void observe_metric(Launcher *L, const json_t *o, double step, double los
     m->snapshot_wait_ms_total += wait;
     m->steps_reported += 1;
     m->eta_s = update_eta(L, step, t);
-    char eta[16], spares[16], comm[24];
+    char eta[16], spares[40], comm[24];
     eta_text(m->eta_s, eta, sizeof eta);
     if (m->spares_available >= 0) snprintf(spares, sizeof spares, "%d", (int)m->spares_available);
     else snprintf(spares, sizeof spares, "?");
+    if (L->spares_failed) snprintf(spares + strlen(spares), sizeof spares - strlen(spares), " (%d failed)", L->spares_failed);
     if (committed >= 1) snprintf(comm, sizeof comm, "%d", (int)committed);
     else snprintf(comm, sizeof comm, "-");
     char loss_text[24];
@@ -950,7 +952,17 @@ static int reap_children(Launcher *L) {
         describe_exit(status, how, sizeof how);
         if (L->coordinating) event_emit(L->ctl, L->t0_wall_ms, "process_exit", "\"pid\":%d,\"status\":\"%s\"", (int)pid, how);
         else node_event(L, "process_exit", "\"pid\":%d,\"proc\":%ld,\"status\":\"%s\"", (int)pid, c->proc, how);
-        if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_BAD_JOB) {
+        if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_BAD_JOB && c->rank < 0) {
+            /* A spare never fails a job (issue 47): a problem that every process would hit
+             * stops the ranks too, and they fail it. This one is reported and not started
+             * again (its replacement would likely hit it again); the job goes on with the
+             * spares it has. */
+            log_msg("spare process %d could not start (see the message above): the job goes on without it", (int)pid);
+            L->spares_failed++;
+            if (L->coordinating) event_emit(L->ctl, L->t0_wall_ms, "spare_failed", "\"pid\":%d", (int)pid);
+            else node_event(L, "spare_failed", "\"pid\":%d,\"proc\":%ld", (int)pid, c->proc);
+            if (L->coord) coord_child_exited(L->coord, pid, status); /* if it had registered: gone */
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_BAD_JOB) {
             log_msg("process %d stopped on a bad job (see the message above)", (int)pid);
             L->failed = 1; /* a configuration problem: every replacement would fail alike */
         } else if (WIFEXITED(status) && WEXITSTATUS(status) == DP_EXIT_OUTPUT) {

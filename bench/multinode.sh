@@ -30,7 +30,7 @@ field() { grep -o "\"$1\":[-0-9.]*" | head -1 | cut -d: -f2; }
 L=()
 start() { # host job
   host_spawn "$1" "$WORK/$2.h$1.log" timeout -k 5 300 "$DP" run --nnodes 2 --nproc-per-node "$P" --model "$MODEL" \
-    --steps "$STEPS" --seed 3 --redis "$URL" --job "$2" --out "${HOST_DIR[$1]}/$2" --bind "${HOST_ADDR[$1]}"
+    --steps "$STEPS" --seed 3 --redis "$URL" --job "$2" --secret-file "$SECRET_FILE" --out "${HOST_DIR[$1]}/$2" --bind "${HOST_ADDR[$1]}"
   L[$1]=$HOST_SPAWN_PID
   local k # joined before the next one starts: machines join in the order they are started
   for k in $(seq 600); do grep -q 'joined job' "$WORK/$2.h$1.log" 2>/dev/null && break; sleep 0.05; done

@@ -2,7 +2,9 @@
 # bench/scale.sh — what a kill -9 costs at N ranks: N workers + SPARES spares on this machine,
 # one rank (N/2+1) kills itself in step FAIL, REPS runs per N; the median of each phase of the
 # `recovered` event, the Redis round trips per failure (the coordinator's, from the `decision`
-# event, and every rank's join, from the `recovered` event) and the median step time.
+# event, and every rank's join, from the `recovered` event), the median step time, recovery
+# divided by it, and the data-plane connections the recovery made (per survivor, at most, and
+# in all: survivor_connections_max, connections_total).
 #
 # usage: bench/scale.sh [REPS] [N...]            (default: 3 runs each of 32 64 128)
 #        bench/scale.sh --report DIR [N...]      the table of runs kept in DIR (KEEP=DIR)
@@ -95,13 +97,16 @@ run() {
   step=$(grep -o '"step_ms":[0-9.]*' "$out/metrics.jsonl" | tail -n +2 | cut -d: -f2 | median)
   local foreign; foreign=$(awk -v s="$sum" -v n="$samples" 'BEGIN { printf "%.2f", n ? s / n : 0 }')
   # total detect decide restore rebuild rendezvous barrier resnapshot coord_rtt join_rtt_max join_rtt_total step foreign
+  # survivor_connections_max connections_total
   {
     for k in total_ms detect_ms decide_ms restore_ms rebuild_ms rendezvous_ms barrier_ms resnapshot_ms; do
       v=$(echo "$rec" | field $k); printf '%s ' "${v:--}"
     done
     v=$(echo "$dec" | field redis_round_trips); printf '%s ' "${v:--}"
     for k in join_round_trips_max join_round_trips_total; do v=$(echo "$rec" | field $k); printf '%s ' "${v:--}"; done
-    printf '%s %s\n' "${step:--}" "$foreign"
+    printf '%s %s' "${step:--}" "$foreign"
+    for k in survivor_connections_max connections_total; do v=$(echo "$rec" | field $k); printf ' %s' "${v:--}"; done
+    echo
   } >"$work/n$n.r$rep.row"
   echo "n=$n run $rep: $(cat "$work/n$n.r$rep.row") (foreign runnable threads $foreign)" >&2
   awk -v f="$foreign" -v m="$MAX_FOREIGN" 'BEGIN { exit !(f > m) }' && return 1
@@ -132,12 +137,14 @@ col() { # n column -> median over the runs ("-" when absent)
   local v; v=$(cat "$work"/n$1.r*.row 2>/dev/null | awk -v c="$2" '$c != "-" { print $c }' | median); echo "${v:--}"
 }
 nruns() { ls "$work"/n$1.r*.row 2>/dev/null | wc -l; }
-echo "| ranks | total_ms: kill -9 → training resumed (median) | detect | decide | restore | rebuild | of which rendezvous | of which first barrier | re-snapshot | Redis round trips: coordinator | per rank (max) | all ranks | step time (ms) | other runnable threads (mean) | runs redone (other load) | runs not recovered by one decision |"
-echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+echo "| ranks | total_ms: kill -9 → training resumed (median) | detect | decide | restore | rebuild | of which rendezvous | of which first barrier | re-snapshot | Redis round trips: coordinator | per rank (max) | all ranks | step time (ms) | recovery / step | data-plane connections made per survivor (max) | in all | other runnable threads (mean) | runs redone (other load) | runs not recovered by one decision |"
+echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for n in "${SIZES[@]}"; do
   printf '| %s + %s (%s runs) |' "$n" "$SPARES" "$(nruns "$n")"
-  for c in 1 2 3 4 5 6 7 8 9 10 11 12 13; do printf ' %s |' "$(col "$n" $c)"; done
-  printf ' %s | %s |\n' "${disturbed[$n]}" "${failed[$n]}"
+  for c in 1 2 3 4 5 6 7 8 9 10 11 12; do printf ' %s |' "$(col "$n" $c)"; done
+  printf ' %s |' "$(awk -v t="$(col "$n" 1)" -v s="$(col "$n" 12)" 'BEGIN { if (t == "-" || s == "-" || s == 0) print "-"; else printf "%.2f", t / s }')"
+  printf ' %s | %s |' "$(col "$n" 14)" "$(col "$n" 15)"
+  printf ' %s | %s | %s |\n' "$(col "$n" 13)" "${disturbed[$n]}" "${failed[$n]}"
 done
 echo
 echo "per run (total_ms): $(for n in "${SIZES[@]}"; do printf '%s: %s; ' "$n" "$(cat "$work"/n$n.r*.row 2>/dev/null | awk '{ printf "%s ", $1 }')"; done)"

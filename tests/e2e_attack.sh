@@ -213,16 +213,16 @@ other = [c for c in r["conn"] if not c["addr"].startswith("127.77.")]
 dpl = len({c["addr"] for c in dp})
 bad = []
 if want_nobody and r["uid"] != 65534: bad.append("attacker ran as uid %d, not nobody" % r["uid"])
-# Rank 0 listens in every communicator and never dials, so its listener lasts longest. The
-# first communicator's listeners last while the processes start (hundreds of ms apart): the
-# attacker must have reached two of them. The rebuild's last a few ms (every member is warm,
-# the spare restores in about 2 ms): the attacker reaches them in most runs, not all (it
-# missed them in 1 run of 10 on 76cb25d, 3 of 11 on the next build), so they are counted, not
-# required.
+# Rank 0 listens in every communicator and never dials, so its first listener lasts while the
+# other processes start: the attacker must have reached it. The other ranks' listeners and the
+# rebuild's last a few ms (every member is warm, the spare restores in about 2 ms): the
+# attacker reaches them in most runs, not all (a clean CI machine reached rank 0's alone; the
+# rebuild's were missed in 1 run of 10 on 76cb25d, 3 of 11 on the next build), so they are
+# counted, not required. The three knocks on rank 0's listener (silent, a handshake-sized
+# answer, junk) are the handshake's whole surface; every listener runs the same code.
 rank0 = {c["addr"] for c in dp if c["addr"].startswith("127.77.0.1:")}
-if dpl < 2 or not rank0:
-    bad.append("the attacker reached %d data-plane listeners, %d of rank 0 (want >= 2, rank 0's among them)"
-               % (dpl, len(rank0)))
+if not rank0:
+    bad.append("the attacker reached %d data-plane listeners, none of rank 0 (want rank 0's)" % dpl)
 for c in dp:
     g = bytes.fromhex(c["got"])
     if c["n"] > 36 or (c["n"] and not g.startswith(b"DPC1")):

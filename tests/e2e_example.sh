@@ -109,6 +109,24 @@ if [ $rc -ne 0 ] && [ $rc2 -eq 0 ] \
   ok "example_no_spare_persist_then_resume"
 else notok "example_no_spare_persist_then_resume" "rc $rc $rc2 hint '$hint'" "$(tail -3 "$WORK/nospare.log")" "$(tail -3 "$WORK/nospare.resume.log")"; fi
 
+# A failure while the spare is still starting (a program that takes seconds to import its
+# framework): the job waits for that spare instead of starting a second one that would compete
+# with it, and with the recovery, for the CPU. The spare records its start and sleeps 3 s.
+cat >"$WORK/slow_spare.sh" <<EOF
+#!/bin/sh
+if [ "\${DEADPOOL_SPARE:-}" = 1 ]; then date +%s%3N >>"$WORK/spare_starts"; sleep 3; fi
+exec "$MLP" "\$@"
+EOF
+chmod +x "$WORK/slow_spare.sh"
+run_job "$WORK/slow" 120 "${BASE[@]}" --spares 1 --inject kill:1@20 -- "$WORK/slow_spare.sh"; rc=$?
+resumed=$(grep -o '"resumed_wall_ms":[0-9]*' "$WORK/slow/events.jsonl" | head -1 | cut -d: -f2)
+before=$(awk -v r="${resumed:-0}" '$1 < r' "$WORK/spare_starts" 2>/dev/null | wc -l)
+if [ $rc -eq 0 ] && [ -n "$resumed" ] && [ "$before" -eq 1 ] && grep -q '"event":"no_spare"' "$WORK/slow/events.jsonl" \
+   && cmp -s "$WORK/ref2/model.bin" "$WORK/slow/model.bin" && no_leftovers "$WORK/slow"; then
+  ok "failure_waits_for_the_spare_still_starting (1 spare started before the recovery)"
+else notok "failure_waits_for_the_spare_still_starting" "rc $rc, $before spares started before the recovery (want 1)" \
+  "$(grep -E 'spare' "$WORK/slow.log" | tail -3)"; fi
+
 # Bad input: options of the built-in trainer do not apply to a program; a missing program.
 "$DP" run --model small -- "$MLP" >"$WORK/bad1.out" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q 'do not apply to a program' "$WORK/bad1.out" && ok "trainer_options_refused_for_a_program" \

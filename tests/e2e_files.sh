@@ -173,14 +173,14 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     "server $(kill -0 $rp 2>/dev/null && echo running || echo exited) (last: '$pong')" >&2
   mkdir -p "$WORK/wr"
   "$DP" run --out "$WORK/wr" --model tiny --steps 100000 --seed 3 --workers 3 --spares 0 \
-    --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/wr.stdout" 2>"$WORK/wr.log" &
+    --secret-file "$SECRET_FILE" --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/wr.stdout" 2>"$WORK/wr.log" &
   lp=$!
   for _ in $(seq 600); do [ "$(count_lines "$WORK/wr/metrics.jsonl")" -ge 2 ] && break; sleep 0.05; done
   [ "$(count_lines "$WORK/wr/metrics.jsonl")" -ge 2 ] \
     || echo "# waited 30 s for 2 steps in $WORK/wr/metrics.jsonl: saw $(count_lines "$WORK/wr/metrics.jsonl") (last: '$(tail -1 "$WORK/wr.log")')" >&2
   job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/wr/events.jsonl" | head -1 | cut -d'"' -f4)
   t0=$(date +%s)
-  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --rank 7 \
+  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --secret-file "$SECRET_FILE" --rank 7 \
     >"$WORK/wr.worker.log" 2>&1; wrc=$?; secs=$(( $(date +%s) - t0 ))
   kill $lp 2>/dev/null
   for _ in $(seq 300); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done

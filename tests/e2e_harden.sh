@@ -166,13 +166,13 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
     "server $(kill -0 $rp 2>/dev/null && echo running || echo exited) (last: '$pong')" >&2
   mkdir -p "$WORK/lk"
   "$DP" run --out "$WORK/lk" --model tiny --steps 100000 --seed 3 --workers 2 --spares 0 --spare-wait 3 \
-    --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/lk.stdout" 2>"$WORK/lk.log" &
+    --secret-file "$SECRET_FILE" --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/lk.stdout" 2>"$WORK/lk.log" &
   lp=$!
   for _ in $(seq 600); do [ "$(count_lines "$WORK/lk/metrics.jsonl")" -ge 2 ] && break; sleep 0.05; done
   [ "$(count_lines "$WORK/lk/metrics.jsonl")" -ge 2 ] \
     || echo "# waited 30 s for 2 steps in $WORK/lk/metrics.jsonl: saw $(count_lines "$WORK/lk/metrics.jsonl") (last: '$(tail -1 "$WORK/lk.log")')" >&2
   job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/lk/events.jsonl" | head -1 | cut -d'"' -f4)
-  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
+  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --secret-file "$SECRET_FILE" --spare \
     >"$WORK/lk.spare.log" 2>&1 &
   sp=$!
   for _ in $(seq 600); do grep -q '"event":"spare_joined"' "$WORK/lk/events.jsonl" 2>/dev/null && break; sleep 0.05; done
@@ -182,7 +182,7 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   t0=$(date +%s)
   wait $sp; src=$?; spare_s=$(( $(date +%s) - t0 ))
   t1=$(date +%s)
-  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
+  DEADPOOL_REDIS_PASSWORD=$pw timeout 60 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --secret-file "$SECRET_FILE" --spare \
     >"$WORK/lk.late.log" 2>&1; lrc=$?; late_s=$(( $(date +%s) - t1 ))
   # Seen too recently (a host paused, a launcher stopped): left alone. Seen 11 minutes ago: swept.
   run_job "$WORK/lk1" 120 --workers 1 --spares 0 --model tiny --steps 3 --redis "redis://:$pw@127.0.0.1:$port"; rc1=$?

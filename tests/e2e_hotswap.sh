@@ -171,7 +171,8 @@ if [ $rc -ne 0 ] && grep -qE "rank [0-9]+ failed .* together with every holder o
    && [ $rc2 -eq 0 ] \
    && cmp -s "$WORK/ref/model.bin" "$WORK/lost/model.bin"; then
   ok "owner_and_only_holder_lost_resume_from_disk"
-else notok "owner_and_only_holder_lost_resume_from_disk" "rc $rc $rc2" "$(tail -3 "$WORK/lost.log")"; fi
+else notok "owner_and_only_holder_lost_resume_from_disk" "rc $rc $rc2" "$(tail -3 "$WORK/lost.log")" \
+  "resume: $(tail -8 "$WORK/lost.resume.log")" "$(ls "$WORK/lost/ckpt" 2>&1 | tr '\n' ' ')"; fi
 
 # A new spare joins from "another host" (deadpool worker --spare) while the job waits.
 if command -v redis-server >/dev/null; then
@@ -184,13 +185,13 @@ if command -v redis-server >/dev/null; then
     "server $(kill -0 $rp 2>/dev/null && echo running || echo exited) (last: '$pong')" >&2
   mkdir -p "$WORK/join"
   "$DP" run --out "$WORK/join" "${BASE[@]}" --spares 0 --respawn-spares 0 --spare-wait 60 --inject kill:3@12 \
-    --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/join.stdout" 2>"$WORK/join.log" &
+    --secret-file "$SECRET_FILE" --redis "redis://:$pw@127.0.0.1:$port" >"$WORK/join.stdout" 2>"$WORK/join.log" &
   lp=$!
   for _ in $(seq 300); do grep -q '"event":"no_spare"' "$WORK/join/events.jsonl" 2>/dev/null && break; sleep 0.05; done
   grep -q '"event":"no_spare"' "$WORK/join/events.jsonl" 2>/dev/null \
     || echo "# waited 15 s for a no_spare event in $WORK/join/events.jsonl: none (last: '$(tail -1 "$WORK/join.log")')" >&2
   job=$(grep -o '"job":"[0-9a-f]*"' "$WORK/join/events.jsonl" | head -1 | cut -d'"' -f4)
-  DEADPOOL_REDIS_PASSWORD=$pw timeout 120 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --spare \
+  DEADPOOL_REDIS_PASSWORD=$pw timeout 120 "$DP" worker --redis "redis://127.0.0.1:$port" --job "$job" --secret-file "$SECRET_FILE" --spare \
     >"$WORK/join.spare.log" 2>&1 &
   wp=$!
   for _ in $(seq 600); do kill -0 $lp 2>/dev/null || break; sleep 0.1; done

@@ -18,7 +18,7 @@ export DEADPOOL_REDIS_PASSWORD=$pw
 rcli() { redis-cli -p "$port" -a "$pw" --no-auth-warning "$@" 2>/dev/null; }
 # One machine as a machine of a multi-machine job (--job on a shared Redis); its replicas on
 # its spare, so that one machine is enough.
-JOB=(--redis "redis://127.0.0.1:$port" --nnodes 1 --nproc-per-node 2 --workers 2 --spares 1
+JOB=(--redis "redis://127.0.0.1:$port" --nnodes 1 --nproc-per-node 2 --workers 2 --spares 1 --secret-file "$SECRET_FILE"
      --replica-placement spares --persist-every 10 --steps 800 --seed 5)
 
 run_job "$WORK/ref" 120 "${JOB[@]}" --job ref -- "$MLP"; rc=$?

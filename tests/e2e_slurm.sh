@@ -11,7 +11,8 @@ source "$(dirname "$0")/lib_hosts.sh"
 source "$(dirname "$0")/lib_slurm.sh"
 
 CASES="slurm_readme_shows_the_script slurm_job_identical slurm_node_crash_spare_node_takes_over slurm_redis_master_node_crash \
-slurm_signal_then_requeue_resumes slurm_requeue_before_a_checkpoint_starts_fresh"
+slurm_signal_then_requeue_resumes slurm_requeue_before_a_checkpoint_starts_fresh slurm_one_node_is_a_one_machine_job \
+slurm_ports_taken_before_the_start_get_nothing"
 # The README's Slurm section shows the very script every case below submits.
 readme=$(awk '/^### Under Slurm/ {f = 1} f && /^```bash/ {g = 1; next} g && /^```/ {exit} g' "$ROOT/README.md")
 if [ -n "$readme" ] && [ "$readme" = "$(cat "$ROOT/examples/slurm/deadpool.sbatch")" ]; then ok "slurm_readme_shows_the_script"
@@ -69,6 +70,68 @@ if slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180 && [
    && grep -q 'under Slurm: --job' "$(out_of "$J")"; then
   ok "slurm_job_identical (job $J, models on hosts $(model_hosts "$J" | tr '\n' ' '| sed 's/ $//'); $(took))"
 else notok "slurm_job_identical" "job $J: $(slurm_job_state "$J")" "$(tail -20 "$(out_of "$J")")" "$(slurm_explain "$J")"; fi
+
+# 1b. One node (issue 34 item 6): `srun -N1 deadpool run` is a one-machine job (a local spare,
+#     replicas on the node's other processes) with a warning, not a refusal; a kill is
+#     recovered and the model is the one-machine run's.
+run_job "$WORK/ref1" 300 --workers 2 --spares 1 --model tiny --steps "$STEPS" --seed 7
+J=$(slurm_exec sbatch --parsable -N1 --export="ALL,TMPDIR=$SLURM_LOCAL" -o "$SLURM_DIR/job-%j.out" \
+    --wrap "srun -N1 $DP run --nproc-per-node 2 --model tiny --steps $STEPS --seed 7 --inject kill:1@40 --out $SLURM_LOCAL/deadpool-\$SLURM_JOB_ID")
+one_host=""
+if slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180; then
+  for h in 1 2 3 4; do cmp -s "$WORK/ref1/model.bin" "$(model "$J" "$h")" && one_host=$h; done
+fi
+if [ "$(slurm_job_state "$J")" = COMPLETED ] && [ -n "$one_host" ] && grep -q 'a one-machine job' "$(out_of "$J")" \
+   && grep -q 'warning: every replica is on this node' "$(out_of "$J")" && grep -q 'recovery of rank 1' "$(out_of "$J")"; then
+  ok "slurm_one_node_is_a_one_machine_job (job $J on host $one_host, a kill recovered, model identical; $(took))"
+else notok "slurm_one_node_is_a_one_machine_job" "job $J: $(slurm_job_state "$J")" "$(tail -8 "$(out_of "$J")")"; fi
+
+# 1c. The control plane's ports taken before the start (issue 34 item 4): a user `nobody` on
+#     every compute node binds the five ports the next job's control plane had (a function of
+#     the job id, 20000 + (id mod 5000) * 8, until they were drawn from the job's secret) and
+#     records every connection. The job runs on ports it cannot guess: COMPLETED, the model
+#     identical, and no connection (so no password) ever reached the squatter.
+cat >"$WORK/squat.py" <<'PY'
+import os, select, socket, sys, time
+port, log = int(sys.argv[1]), open(sys.argv[2], "w")
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+ls = []
+for p in range(port, port + 5):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", p)); s.listen(64); ls.append(s)
+log.write("listening %d-%d uid %d\n" % (port, port + 4, os.getuid())); log.flush()
+conns, end = [], time.time() + 300
+while time.time() < end:
+    r, _, _ = select.select(ls + conns, [], [], 0.5)
+    for s in r:
+        if s in ls:
+            c, a = s.accept(); conns.append(c)
+            log.write("connection on %d from %s\n" % (s.getsockname()[1], a[0])); log.flush()
+        else:
+            d = s.recv(4096)
+            if not d: conns.remove(s); s.close(); continue
+            log.write("bytes %d: %r\n" % (len(d), d[:40])); log.flush()
+PY
+next_job=$((J + 1)); old_port=$((20000 + (next_job % 5000) * 8)); squatters=()
+for h in 1 2 3 4; do
+  host_spawn "$h" "$WORK/squat$h.out" /usr/bin/python3 "$WORK/squat.py" "$old_port" "${HOST_DIR[$h]}/squat.log"
+  squatters+=("$HOST_SPAWN_PID:$HOST_SPAWN_CMD")
+done
+up() { local h n=0; for h in 1 2 3 4; do grep -qs '^listening' "${HOST_DISK[$h]}/squat.log" && n=$((n + 1)); done; [ $n -eq 4 ]; }
+for _ in $(seq 100); do up && break; sleep 0.1; done
+J=$(submit)
+slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180
+listening=0; conns=0
+for h in 1 2 3 4; do
+  grep -q "^listening .* uid 65534" "${HOST_DISK[$h]}/squat.log" 2>/dev/null && listening=$((listening + 1))
+  conns=$((conns + $(grep -c '^connection' "${HOST_DISK[$h]}/squat.log" 2>/dev/null || true)))
+done
+for sq in "${squatters[@]}"; do kill "${sq#*:}" 2>/dev/null; host_wait "${sq%%:*}" 10 >/dev/null; done
+if [ "$J" = "$next_job" ] && [ $listening -eq 4 ] && [ "$(slurm_job_state "$J")" = COMPLETED ] \
+   && [ "$(model_hosts "$J" | wc -l)" -eq 2 ] && [ "$conns" -eq 0 ]; then
+  ok "slurm_ports_taken_before_the_start_get_nothing (job $J; ports $old_port-$((old_port + 4)) held by nobody on 4 nodes, 0 connections; $(took))"
+else notok "slurm_ports_taken_before_the_start_get_nothing" "job $J (expected $next_job): $(slurm_job_state "$J"), $listening squatters listening, $conns connections to them" \
+  "$(cat "${HOST_DISK[1]}/squat.log" "${HOST_DISK[2]}/squat.log" 2>/dev/null | head -4)" "$(tail -5 "$(out_of "$J")")"; fi
 
 # host_of_node J PATTERN — the host whose launcher in job J printed PATTERN (from srun's labels:
 # task k runs on the k-th node of the job's node list).
@@ -128,6 +191,10 @@ else
   st1=$(slurm_job_state "$J")
   cp "$(out_of "$J")" "$WORK/first-$J.out"
   kept=$(grep -oE 'step [0-9]+ is on disk' "$WORK/first-$J.out" | grep -oE '[0-9]+' | head -1)
+  # A requeue is refused, or without effect, while the job's nodes are still completing it: so
+  # first every node idle (before node1 is drained: drained is not idle), then the requeue,
+  # retried until the job is pending again (90 s at most; in the full suite 30 s were once too few)
+  slurm_wait_idle 60
   slurm_exec scontrol update nodename=node1 state=drain reason=e2e_slurm
   # Requeued once; Slurm holds it back until the first run's credential has expired
   # (lib_slurm.sh: cred_expire), then starts it on node2..node4.

@@ -9,6 +9,10 @@ WORK=$(mktemp -d /tmp/dp_e2e_XXXXXX)
 if [ -n "${KEEP_WORK:-}" ]; then echo "# keeping $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 SHAKESPEARE="$ROOT/../shared/data/tinyshakespeare.txt"
 
+# The secret a test's jobs across machines (and the workers it starts by hand) share
+# (deadpool run/worker --secret-file): one line, mode 0600.
+SECRET_FILE=$WORK/job.secret
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$SECRET_FILE")
 ok() { echo "ok - $1"; }
 notok() { echo "not ok - $1"; shift; for l in "$@"; do echo "  $l"; done; }
 

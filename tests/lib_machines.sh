@@ -10,7 +10,7 @@ hosts_create "${MACHINES_HOSTS:-4}" || { notok "hosts_create" "cannot build the 
 STEPS=${MACHINES_STEPS:-240}
 MODEL_FILE=${MACHINES_MODEL_FILE:-model.bin}
 if [ -n "${MACHINES_PROGRAM+x}" ]; then TRAIN=(); PROG=(-- "${MACHINES_PROGRAM[@]}"); else TRAIN=(--model tiny); PROG=(); fi
-COMMON=(--nnodes 2 --nproc-per-node 2 "${TRAIN[@]}" --steps "$STEPS" --seed 7)
+COMMON=(--nnodes 2 --nproc-per-node 2 "${TRAIN[@]}" --steps "$STEPS" --seed 7 --secret-file "$SECRET_FILE")
 export DEADPOOL_REDIS_PASSWORD="e2e-$$-$RANDOM"
 REDIS_PORT=6399
 host_spawn 0 "$WORK/redis.log" redis-server --port "$REDIS_PORT" --bind "${HOST_ADDR[0]}" --save '' \

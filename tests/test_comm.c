@@ -669,7 +669,8 @@ static void test_size_one(void) {
 /* 16 ranks: the rendezvous costs each rank a constant number of Redis round trips (publish,
  * fetch, and for every rank but the last one to arrive, one BLPOP per 20 ms of waiting),
  * never O(N) as Gloo's connectFullMesh (two per peer, plus polling); every pair connects
- * (a barrier, an allreduce and broadcasts from several roots use them all). */
+ * (a barrier, an allreduce and broadcasts from several roots use them all), and
+ * comm_connections counts the full mesh: rank r dialed r peers and accepted size-1-r. */
 #define MESH_RANKS 16
 static void rank_mesh(int r, const char *prefix, int size) {
     double t0 = now_s();
@@ -677,6 +678,10 @@ static void rank_mesh(int r, const char *prefix, int size) {
     if (c == NULL) return;
     sh->mesh_create_ms[r] = (now_s() - t0) * 1e3;
     sh->mesh_rtt[r] = comm_store_round_trips(c);
+    int dialed = -1, accepted = -1;
+    comm_connections(c, &dialed, &accepted);
+    CHECK(dialed == r && accepted == size - 1 - r, "rank %d: dialed %d, accepted %d (expected %d, %d)", r, dialed, accepted,
+          r, size - 1 - r);
     comm_status s = comm_barrier(c, 20000);
     CHECK(s == COMM_OK, "rank %d: barrier: %s %s", r, comm_status_str(s), comm_last_error(c));
     float v[3] = {(float)r, 1.0f, (float)(r * r)};

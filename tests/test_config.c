@@ -328,6 +328,17 @@ static void test_slurm_env(void) {
     s.ntasks = 6;
     job_config_defaults(&c);
     CHECK(slurm_apply(&c, &s, &given, said, sizeof said, err, sizeof err) != 0 && strstr(err, "--ntasks-per-node=1"), "%s", err);
+    /* one node: a one-machine job (no --nnodes, no Slurm control plane), its ranks the node's */
+    const char *one[] = {"SLURM_JOB_ID", "43", "SLURM_NODEID", "0", "SLURM_STEP_NUM_NODES", "1", "SLURM_STEP_NODELIST",
+                         "node1", "SLURM_STEP_NUM_TASKS", "1", NULL};
+    fake_env = one;
+    CHECK(slurm_env_read(&s, fake_get, err, sizeof err) == 0 && s.in_step && s.nnodes == 1, "one node: %s", err);
+    job_config_defaults(&c);
+    c.nproc_per_node = 3;
+    CHECK(slurm_apply(&c, &s, &given, said, sizeof said, err, sizeof err) == 0 && c.nnodes == 0 && !c.slurm &&
+              c.workers == 3 && !strcmp(c.job, "43") && strstr(said, "one-machine job") && strstr(said, "warning"),
+          "one node: %s / %s", err, said);
+    CHECK(job_config_validate(&c, err, sizeof err) == 0, "a one-node job valid: %s", err);
     /* broken variables are named */
     const char *bad[] = {"SLURM_JOB_ID", "42", "SLURM_NODEID", "3", "SLURM_STEP_NUM_NODES", "3", "SLURM_STEP_NODELIST",
                          "node[1-3]", NULL};
@@ -343,8 +354,29 @@ static void test_slurm_env(void) {
     CHECK(job_config_validate(&c, err, sizeof err) != 0 && strstr(err, "--spare-nodes"), "%s", err);
 }
 
+/* The control plane's ports: a function of secret and job, on an 8-port grid, all five below
+ * the kernel's ephemeral range (an outgoing connection's local port must never hold one). */
+static void test_slurm_plane_port(void) {
+    int lo = 1 << 30, hi = 0, differ = 0;
+    for (int j = 0; j < 2000; j++) {
+        char job[16], secret[65];
+        snprintf(job, sizeof job, "%d", j);
+        snprintf(secret, sizeof secret, "%064d", j % 7);
+        int p = slurm_plane_port(job, secret);
+        CHECK(p == slurm_plane_port(job, secret), "job %d: the same inputs give the same port", j);
+        CHECK(p >= SLURM_PORT_BASE && (p - SLURM_PORT_BASE) % 8 == 0 && p + 4 < 32768, "job %d: port %d", j, p);
+        if (p < lo) lo = p;
+        if (p > hi) hi = p;
+        snprintf(secret, sizeof secret, "%064d", j % 7 + 1);
+        differ += slurm_plane_port(job, secret) != p;
+    }
+    CHECK(hi - lo > 8 * SLURM_PORT_SLOTS / 2, "spread: %d..%d", lo, hi);
+    CHECK(differ > 1900, "another secret, another port: %d of 2000", differ);
+}
+
 int main(void) {
     RUN_TEST(test_slurm_hostlist);
+    RUN_TEST(test_slurm_plane_port);
     RUN_TEST(test_slurm_env);
     RUN_TEST(test_node_options);
     RUN_TEST(test_holder_offsets);

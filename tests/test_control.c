@@ -3,11 +3,16 @@
  * key family of a job, heartbeat expiry, ordered draining, job deletion, and that stopping
  * the server leaves no process. Also prints the measured command round-trip latency. */
 #include "control.h"
+#include "protocol.h"
 #include "redis_server.h"
 #include "runtime_internal.h"
 #include "harness.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -45,12 +50,17 @@ static redis_addr server_addr(void) {
     return a;
 }
 
-/* A connection for `job`, or NULL (the check has already been counted). */
+/* The job keys of the tests' jobs (secret.h), and another. */
+#define KEY_A "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+#define KEY_B "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
+
+/* A connection for `job` with KEY_A, or NULL (the check has already been counted). */
 static ctl_t *connect_job(const char *job) {
     char err[512] = "";
     redis_addr a = server_addr();
     ctl_t *c = ctl_connect(&a, job, TIMEOUT_MS, err, sizeof err);
     CHECK(c != NULL, "ctl_connect(%s): %s", job, err);
+    if (c) ctl_set_job_key(c, KEY_A);
     return c;
 }
 
@@ -222,24 +232,222 @@ static void test_reconnect_after_connection_loss(void) {
     ctl_close(c);
 }
 
-static void test_config(void) {
-    ctl_t *c = connect_job("jobA");
+/* A value straight into Redis, as whoever holds its password could write it. */
+static int raw_hset(const char *key, const char *field, const char *value) {
+    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
+    redisReply *r = NULL;
+    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
+    if (rc && !rc->err) r = redisCommand(rc, "HSET %s %s %s", key, field, value);
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    if (r) freeReplyObject(r);
+    if (rc) redisFree(rc);
+    return ok ? 0 : -1;
+}
+static char *raw_hget(const char *key, const char *field, char *out, size_t len) {
+    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
+    redisReply *r = NULL;
+    out[0] = 0;
+    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
+    if (rc && !rc->err) r = redisCommand(rc, "HGET %s %s", key, field);
+    if (r && r->type == REDIS_REPLY_STRING) snprintf(out, len, "%s", r->str);
+    if (r) freeReplyObject(r);
+    if (rc) redisFree(rc);
+    return out;
+}
+
+static int raw_set(const char *key, const char *value) {
+    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
+    redisReply *r = NULL;
+    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
+    if (rc && !rc->err) r = redisCommand(rc, "SET %s %s", key, value);
+    int ok = r && r->type == REDIS_REPLY_STATUS;
+    if (r) freeReplyObject(r);
+    if (rc) redisFree(rc);
+    return ok ? 0 : -1;
+}
+static char *raw_get(const char *key, char *out, size_t len) {
+    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
+    redisReply *r = NULL;
+    out[0] = 0;
+    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
+    if (rc && !rc->err) r = redisCommand(rc, "GET %s", key);
+    if (r && r->type == REDIS_REPLY_STRING) snprintf(out, len, "%s", r->str);
+    if (r) freeReplyObject(r);
+    if (rc) redisFree(rc);
+    return out;
+}
+
+/* A squatter: another user (nobody) listening on a loopback port, as one that took a dead
+ * Redis master's port would. Returns its pid; *port its port; what it received is written,
+ * as a count then the bytes, to the pipe *rd. */
+static pid_t squatter_start(int *port, int *rd) {
+    int p[2], q[2];
+    if (pipe(p) != 0 || pipe(q) != 0) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(p[0]);
+        close(q[0]);
+        if (setgid(65534) != 0 || setuid(65534) != 0) _exit(2);
+        int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, 4) != 0 || getsockname(s, (struct sockaddr *)&a, &al) != 0)
+            _exit(3);
+        int pt = ntohs(a.sin_port);
+        if (write(q[1], &pt, sizeof pt) != (ssize_t)sizeof pt) _exit(4);
+        struct pollfd pf = {.fd = s, .events = POLLIN};
+        char buf[512];
+        int n = 0;
+        if (poll(&pf, 1, 5000) == 1) {
+            int c = accept(s, NULL, NULL);
+            struct pollfd cf = {.fd = c, .events = POLLIN};
+            /* what the client sends in its first second (AUTH would be its first command) */
+            while (n < (int)sizeof buf - 1 && poll(&cf, 1, 1000) == 1) {
+                ssize_t got = read(c, buf + n, sizeof buf - 1 - (size_t)n);
+                if (got <= 0) break;
+                n += (int)got;
+            }
+        }
+        if (write(p[1], &n, sizeof n) < 0 || write(p[1], buf, (size_t)n) < 0) _exit(5);
+        _exit(0);
+    }
+    close(p[1]);
+    close(q[1]);
+    *rd = p[0];
+    if (pid < 0 || read(q[0], port, sizeof *port) != (ssize_t)sizeof *port) *port = 0;
+    close(q[0]);
+    return pid;
+}
+
+/* What the squatter received: its byte count and whether the password was among them. */
+static int squatter_got(pid_t pid, int rd, const char *password, int *saw_password) {
+    int n = -1, status;
+    char buf[512] = "";
+    if (read(rd, &n, sizeof n) == (ssize_t)sizeof n && n > 0 && n < (int)sizeof buf &&
+        read(rd, buf, (size_t)n) == (ssize_t)n)
+        buf[n] = 0;
+    close(rd);
+    waitpid(pid, &status, 0);
+    *saw_password = n > 0 && strstr(buf, password) != NULL;
+    return n;
+}
+
+/* A client never sends the password to a loopback listener of another user (issue 34 item
+ * 3): the connection is refused before a byte, saying whose it is. Trusting that uid
+ * (DEADPOOL_REDIS_TRUST_UID) does send it, which shows the check is what stopped it. */
+static void test_loopback_squatter_gets_no_password(void) {
+    if (geteuid() != 0) { printf("ok - test_loopback_squatter_gets_no_password # SKIP needs root (setuid nobody)\n"); return; }
+    for (int trust = 0; trust < 2; trust++) {
+        int port = 0, rd = -1, saw = 0;
+        pid_t pid = squatter_start(&port, &rd);
+        CHECK(pid > 0 && port > 0, "squatter started");
+        if (pid <= 0 || port <= 0) return;
+        if (trust) setenv("DEADPOOL_REDIS_TRUST_UID", "65534", 1);
+        redis_addr a;
+        memset(&a, 0, sizeof a);
+        snprintf(a.host, sizeof a.host, "127.0.0.1");
+        a.port = port;
+        snprintf(a.password, sizeof a.password, "pw-not-for-strangers");
+        char err[512] = "";
+        ctl_t *c = ctl_connect(&a, "jobQ", 1500, err, sizeof err);
+        unsetenv("DEADPOOL_REDIS_TRUST_UID");
+        int n = squatter_got(pid, rd, a.password, &saw);
+        CHECK(c == NULL, "connected to the squatter");
+        if (!trust)
+            CHECK(n == 0 && !saw && strstr(err, "served by uid 65534, not this user"),
+                  "the squatter received %d bytes (password: %s); error: %s", n, saw ? "yes" : "no", err);
+        else
+            CHECK(saw, "trusting uid 65534, the password went out: %d bytes (the check is what stops it)", n);
+        ctl_close(c);
+    }
+}
+
+/* Sealed job keys (a decision, holder lists): the same as the config's fields, the key's
+ * suffix being the name sealed with, so a value moved to another epoch's key is refused too;
+ * also inside a transaction (decision_publish's). */
+static void test_sealed_keys(void) {
+    char v[256], raw[512], k3[256], k4[256];
+    ctl_t *c = connect_job("jobS");
     if (!c) return;
+    snprintf(k3, sizeof k3, "dp:jobS:decision:3");
+    snprintf(k4, sizeof k4, "dp:jobS:decision:4");
+    CHECK(ctl_set_sealed(c, "decision:3", "epoch 3") == 0 && ctl_get_sealed(c, "decision:3", v, sizeof v) == 0 &&
+              strcmp(v, "epoch 3") == 0, "round trip: '%s' %s", v, ctl_last_error(c));
+    raw_get(k3, raw, sizeof raw);
+    CHECK(strlen(raw) == PROTO_SEAL_OVERHEAD + 7 && strcmp(raw + PROTO_SEAL_OVERHEAD, "epoch 3") == 0, "stored sealed: '%s'", raw);
+    CHECK(ctl_get(c, "decision:3", v, sizeof v) == 0 && strcmp(v, raw) == 0, "a plain read sees the tag");
+    CHECK(raw_set(k4, raw) == 0 && ctl_get_sealed(c, "decision:4", v, sizeof v) == -1 &&
+              strstr(ctl_last_error(c), "does not verify"), "epoch 3's decision read as epoch 4's: '%s'", v);
+    CHECK(raw_set(k4, "epoch 4") == 0 && ctl_get_sealed(c, "decision:4", v, sizeof v) == -1 &&
+              strstr(ctl_last_error(c), "expected a sealed value"), "a plain value read as sealed: '%s'", v);
+    CHECK(ctl_get_sealed(c, "decision:5", v, sizeof v) == -1 && strstr(ctl_last_error(c), "not set"),
+          "an absent key: %s", ctl_last_error(c));
+    CHECK(ctl_batch_begin_atomic(c) == 0, "batch");
+    ctl_batch_set_sealed(c, "decision:4", "epoch 4");
+    CHECK(ctl_batch_end(c) == 0 && ctl_get_sealed(c, "decision:4", v, sizeof v) == 0 && strcmp(v, "epoch 4") == 0,
+          "sealed in a transaction: '%s' %s", v, ctl_last_error(c));
+    redis_addr a = server_addr();
+    ctl_t *unkeyed = ctl_connect(&a, "jobS", TIMEOUT_MS, raw, sizeof raw);
+    if (unkeyed) {
+        CHECK(ctl_set_sealed(unkeyed, "decision:4", "x") == -1 && ctl_get_sealed(unkeyed, "decision:4", v, sizeof v) == -1,
+              "a connection without the job key sealed or verified");
+        ctl_close(unkeyed);
+    }
+    ctl_job_delete(c);
+    ctl_close(c);
+}
+
+/* The config fields are sealed with the job's key: a value written by someone without it (a
+ * forged one, one moved from another job or field, one under another key) reads as absent. */
+static void test_config(void) {
+    char v[128] = "", raw[512], key[256], err[256];
+    redis_addr a = server_addr();
+    ctl_t *c = ctl_connect(&a, "jobA", TIMEOUT_MS, err, sizeof err), *other = connect_job("jobB");
+    if (!c || !other) { ctl_close(c); ctl_close(other); return; }
+    CHECK(ctl_config_set(c, CFG_T0_MS, "4") == -1 && strstr(ctl_last_error(c), "no job key"),
+          "a config field written without the job key: %s", ctl_last_error(c));
+    CHECK(ctl_set_job_key(c, "00112233") == -1, "a short job key accepted");
+    CHECK(ctl_set_job_key(c, KEY_A) == 0, "the job key");
     CHECK(strcmp(ctl_job(c), "jobA") == 0, "job '%s'", ctl_job(c));
+    CHECK(ctl_config_get(c, CFG_T0_MS, v, sizeof v) == -1 && strstr(ctl_last_error(c), "'t0_ms' is not set"),
+          "absent field read as present: %s", ctl_last_error(c));
     CHECK(ctl_config_set(c, CFG_T0_MS, "4") == 0, "%s", ctl_last_error(c));
     CHECK(ctl_config_set(c, CFG_CONFIG, "{\"layers\": [784, 128, 10]}") == 0, "%s", ctl_last_error(c));
-    char v[128] = "";
     CHECK(ctl_config_get(c, CFG_T0_MS, v, sizeof v) == 0 && strcmp(v, "4") == 0, "t0_ms '%s'", v);
     CHECK(ctl_config_get(c, CFG_CONFIG, v, sizeof v) == 0 && strcmp(v, "{\"layers\": [784, 128, 10]}") == 0,
           "value with spaces round-trips: '%s'", v);
-    CHECK(ctl_config_get(c, CFG_SECRET, v, sizeof v) == -1, "absent field read as present");
-    CHECK(strstr(ctl_last_error(c), "'secret' is not set") != NULL, "error '%s'", ctl_last_error(c));
+    ctl_key_full(c, key, sizeof key, KEY_CONFIG, 0, 0);
+    raw_hget(key, "t0_ms", raw, sizeof raw);
+    CHECK(strlen(raw) == PROTO_SEAL_OVERHEAD + 1 && raw[PROTO_SEAL_OVERHEAD - 1] == '.', "stored sealed: '%s'", raw);
+    /* forged with the password: a plain value, a tag of zeros, a sealed value of another field */
+    CHECK(raw_hset(key, "t0_ms", "5") == 0 && ctl_config_get(c, CFG_T0_MS, v, sizeof v) == -1 && !v[0] &&
+              strstr(ctl_last_error(c), "expected a sealed value") && !ctl_error_transient(c),
+          "a plain value read as the job's: '%s' %s", v, ctl_last_error(c));
+    snprintf(raw, sizeof raw, "%064d.5", 0);
+    CHECK(raw_hset(key, "t0_ms", raw) == 0 && ctl_config_get(c, CFG_T0_MS, v, sizeof v) == -1 &&
+              strstr(ctl_last_error(c), "does not verify"), "a forged tag read as the job's: %s", ctl_last_error(c));
+    raw_hget(key, "config", raw, sizeof raw);
+    CHECK(raw_hset(key, "t0_ms", raw) == 0 && ctl_config_get(c, CFG_T0_MS, v, sizeof v) == -1,
+          "the config's sealed value read as t0_ms: '%s'", v);
+    /* another job's sealed value, moved into this job's hash */
+    char okey[256];
+    ctl_key_full(other, okey, sizeof okey, KEY_CONFIG, 0, 0);
+    CHECK(ctl_config_set(other, CFG_T0_MS, "9") == 0 && raw_hset(key, "t0_ms", raw_hget(okey, "t0_ms", raw, sizeof raw)) == 0 &&
+              ctl_config_get(c, CFG_T0_MS, v, sizeof v) == -1, "another job's value read as this one's: '%s'", v);
+    /* the same job under another key (another incarnation's secret) */
+    CHECK(ctl_config_set(c, CFG_T0_MS, "4") == 0 && ctl_set_job_key(other, KEY_B) == 0, "rekey");
+    ctl_close(other);
+    other = connect_job("jobA");
+    CHECK(other && ctl_set_job_key(other, KEY_B) == 0 && ctl_config_get(other, CFG_T0_MS, v, sizeof v) == -1 &&
+              strstr(ctl_last_error(other), "does not verify"), "a value read under another key: '%s'", v);
+    ctl_close(other);
     CHECK(ctl_config_set(c, CFG_FIELDS, "x") == -1 && strstr(ctl_last_error(c), "not a ctl_config_field"),
           "a field outside the enum: %s", ctl_last_error(c));
     CHECK(ctl_proc_set(c, 1, (ctl_proc_field)-1, "x") == -1 && strstr(ctl_last_error(c), "not a ctl_proc_field"),
           "a process field outside the enum: %s", ctl_last_error(c));
     /* The fields' names in Redis are those the enum's names give (ctl_config_field_name). */
-    char suffix[64], names[4][16], vals[4][64];
+    char suffix[64], names[4][16], vals[4][256];
     int n = ctl_hash_getall(c, ctl_key_suffix(suffix, sizeof suffix, KEY_CONFIG, 0, 0), names[0], sizeof names[0], vals[0],
                             sizeof vals[0], 4);
     CHECK(n == 2 && ((!strcmp(names[0], "t0_ms") && !strcmp(names[1], "config")) ||
@@ -504,15 +712,22 @@ static void test_state(void) {
     CHECK(ctl_state_set(c, JOB_STATE_STOPPING) == 0, "%s", ctl_last_error(c));
     CHECK(ctl_state_get(c, &s) == 1 && s == JOB_STATE_STOPPING, "state %d", (int)s);
     /* only protocol.h's job states: a value out of the enum is refused before it reaches
-     * Redis, and a foreign value found there is an error, not a state */
+     * Redis, and a foreign value sealed with the key is an error, not a state */
     CHECK(ctl_state_set(c, JOB_STATES) == -1 && strstr(ctl_last_error(c), "not a job_state"), "out of the enum set: %s",
           ctl_last_error(c));
     CHECK(ctl_state_set(c, (job_state)-1) == -1, "a negative state set");
     CHECK(ctl_state_get(c, &s) == 1 && s == JOB_STATE_STOPPING, "state after a refused set %d", (int)s);
     s = JOB_STATE_DONE;
-    CHECK(ctl_set(c, "state", "bogus") == 0 && ctl_state_get(c, &s) == -1 && s == JOB_STATE_DONE &&
+    CHECK(ctl_set_sealed(c, "state", "bogus") == 0 && ctl_state_get(c, &s) == -1 && s == JOB_STATE_DONE &&
               strstr(ctl_last_error(c), "job state"), "a foreign state read as %d: %s", (int)s, ctl_last_error(c));
-    CHECK(ctl_set(c, "state", "Running") == 0 && ctl_state_get(c, &s) == -1, "case matters");
+    CHECK(ctl_set_sealed(c, "state", "Running") == 0 && ctl_state_get(c, &s) == -1, "case matters");
+    /* a state written without the key (a plain "done": whoever has the Redis password) is
+     * refused and reads as absent, every time; a sealed one is read again afterwards */
+    for (int i = 0; i < 3; i++)
+        CHECK(ctl_set(c, "state", "done") == 0 && ctl_state_get(c, &s) == 0 && s == JOB_STATE_DONE && ctl_value_refused(c),
+              "a forged state read (%d)", i);
+    CHECK(ctl_state_set(c, JOB_STATE_RUNNING) == 0 && ctl_state_get(c, &s) == 1 && s == JOB_STATE_RUNNING &&
+              !ctl_value_refused(c), "the sealed state after a forged one: %d", (int)s);
     ctl_close(c);
 }
 
@@ -922,6 +1137,8 @@ int main(void) {
     RUN_TEST(test_connect_errors);
     RUN_TEST(test_reconnect_after_connection_loss);
     RUN_TEST(test_config);
+    RUN_TEST(test_sealed_keys);
+    RUN_TEST(test_loopback_squatter_gets_no_password);
     RUN_TEST(test_proc_ids);
     RUN_TEST(test_claim_rank);
     RUN_TEST(test_spares);

@@ -182,6 +182,12 @@ static void test_holder_lost_too(void) {
     add_failure(in, 3, "hang", 1000, 1001, 0, NULL, NULL);
     o = run(in);
     CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "rank 3 failed (hang)"), "%s: %s", decide_outcome_name(o), g_why);
+    /* A record of holders that did not verify (forged in Redis) is none, and said so. */
+    in->failed[0].holders_refused = 1;
+    o = run(in);
+    CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "record of its replica holders in Redis does not verify"), "%s: %s",
+          decide_outcome_name(o), g_why);
+    in->failed[0].holders_refused = 0;
     /* Nothing committed yet (rollback to the initial state): nothing to lose, swap. */
     in->restore_point = -1;
     in->committed_min = -1;

@@ -56,7 +56,7 @@ static void test_key_names_unchanged(void) {
 
 /* The hashes' field names as they were spelled at the call sites before the enums. */
 static void test_field_names_unchanged(void) {
-    static const char *const config[CFG_FIELDS] = {[CFG_CONFIG] = "config", [CFG_SECRET] = "secret", [CFG_T0_MS] = "t0_ms"};
+    static const char *const config[CFG_FIELDS] = {[CFG_CONFIG] = "config", [CFG_T0_MS] = "t0_ms"};
     static const char *const proc[PROC_FIELDS] = {[PROC_REPLICA] = "replica", [PROC_HOST] = "host", [PROC_NODE] = "node",
                                                   [PROC_PID] = "pid", [PROC_HELD] = "held"};
     for (int f = 0; f < CFG_FIELDS; f++)
@@ -158,13 +158,15 @@ static void test_join_timing_and_stats(void) {
     CHECK(join_timing_format(&t, buf, sizeof buf) == -1, "a duration of 10^12 ms formats: %s", buf);
 
     JoinStats s = {.ctl_round_trips = 4, .store_round_trips = 3, .rendezvous_ms = 20.5, .barrier_ms = 1.25, .wait_ms = 10,
-                   .connect_ms = 2.5, .entered_wall_ms = 1764590000100}, r;
-    CHECK(join_stats_format(&s, buf, sizeof buf) == 0 && !strcmp(buf, "4 3 20.500 1.250 10.000 2.500 1764590000100"),
+                   .connect_ms = 2.5, .entered_wall_ms = 1764590000100, .dialed = 1, .accepted = 15}, r;
+    CHECK(join_stats_format(&s, buf, sizeof buf) == 0 && !strcmp(buf, "4 3 20.500 1.250 10.000 2.500 1764590000100 1 15"),
           "format: '%s'", buf);
     CHECK(join_stats_parse(buf, &r, err, sizeof err) == 0 && !memcmp(&s, &r, sizeof s), "round trip: %s", err);
     static const struct { const char *in, *field; } sbad[] = {
-        {"4 3 20 1 10 2", "7 fields"}, {"-4 3 20 1 10 2 5", "ctl_round_trips"}, {"4 x 20 1 10 2 5", "store_round_trips"},
-        {"4 3 20 1 10 inf 5", "connect_ms"}, {"4 3 20 1 10 2 -5", "entered_wall_ms"},
+        {"4 3 20 1 10 2 5", "9 fields"}, {"-4 3 20 1 10 2 5 0 0", "ctl_round_trips"},
+        {"4 x 20 1 10 2 5 0 0", "store_round_trips"}, {"4 3 20 1 10 inf 5 0 0", "connect_ms"},
+        {"4 3 20 1 10 2 -5 0 0", "entered_wall_ms"}, {"4 3 20 1 10 2 5 -1 0", "dialed"},
+        {"4 3 20 1 10 2 5 0 2147483648", "accepted"},
     };
     for (size_t i = 0; i < sizeof sbad / sizeof sbad[0]; i++) {
         err[0] = 0;

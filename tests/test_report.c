@@ -258,6 +258,8 @@ static void test_metrics_exposition(void) {
     live_kind_add(m.recoveries, "Odd kind!");
     m.last_recovery_ms = 220;
     m.last_recovery_phase_ms[2] = 12.5;
+    m.last_recovery_connections[0] = 15;
+    m.last_recovery_connections[2] = 120;
     int n = metrics_format(&m, buf, sizeof buf);
     CHECK(n > 0 && (size_t)n == strlen(buf), "length %d", n);
     check_exposition(buf);
@@ -274,6 +276,9 @@ static void test_metrics_exposition(void) {
     CHECK(strstr(buf, "deadpool_last_recovery_seconds 0.22\n"), "last recovery");
     CHECK(strstr(buf, "deadpool_last_recovery_phase_seconds{phase=\"restore\"} 0.0125\n"), "phase");
     CHECK(strstr(buf, "deadpool_job_info{job=\"ab12\"} 1\n"), "job info");
+    CHECK(strstr(buf, "deadpool_last_recovery_connections{who=\"survivor_max\"} 15\n") &&
+              strstr(buf, "deadpool_last_recovery_connections{who=\"total\"} 120\n") &&
+              !strstr(buf, "who=\"replacement_max\""), "connections");
     CHECK(metrics_format(&m, buf, 100) == -1, "a short buffer is not an error");
     for (int i = 0; i < 20; i++) {
         char k[16];

@@ -1,6 +1,7 @@
 /* util.c — clocks, logging, JSON escaping, directories, a TCP liveness probe. */
 #include "util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -294,4 +295,56 @@ void tcp_probe_many(const char *endpoints, size_t len, int n, int timeout_ms, in
 int name_char(int ch) {
     return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
            ch == '-';
+}
+
+int private_line_write(const char *path, const char *line, char *err, size_t errlen) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int ok = fd >= 0 && dprintf(fd, "%s\n", line) == (int)strlen(line) + 1;
+    if (fd >= 0 && close(fd) != 0) ok = 0;
+    if (!ok) {
+        set_err(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+        unlink(path);
+        return -1;
+    }
+    return 0;
+}
+
+int private_line_read(const char *path, const char *what, char *buf, size_t len, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        set_err(err, errlen, "%s: %s", path, errno == ELOOP ? "is a symbolic link; refused" : strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    int bad = 1;
+    if (fstat(fd, &st) != 0) set_err(err, errlen, "%s: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode)) set_err(err, errlen, "%s: not a regular file", path);
+    else if (st.st_uid != geteuid())
+        set_err(err, errlen, "%s: owned by uid %u, not by this user (uid %u): refused", path, (unsigned)st.st_uid,
+                (unsigned)geteuid());
+    else if (st.st_mode & 077)
+        set_err(err, errlen, "%s: mode %04o lets other users read or change it: expected 0600 (chmod 600 %s)", path,
+                (unsigned)(st.st_mode & 07777), path);
+    else if (st.st_size <= 0 || (size_t)st.st_size >= len)
+        set_err(err, errlen, "%s: expected one line with %s (1 to %zu bytes), found %lld bytes", path, what, len - 1,
+                (long long)st.st_size);
+    else bad = 0;
+    ssize_t got = 0;
+    if (!bad) {
+        got = read(fd, buf, len - 1);
+        if (got <= 0) {
+            set_err(err, errlen, "%s: cannot read: %s", path, got < 0 ? strerror(errno) : "empty");
+            bad = 1;
+        }
+    }
+    close(fd);
+    if (bad) return -1;
+    buf[got] = 0;
+    while (got > 0 && isspace((unsigned char)buf[got - 1])) buf[--got] = 0;
+    if (!got || strpbrk(buf, "\r\n")) {
+        explicit_bzero(buf, len);
+        set_err(err, errlen, "%s: expected one line with %s", path, what);
+        return -1;
+    }
+    return 0;
 }

@@ -65,6 +65,14 @@ FILE *fopen_regular(const char *path, char *err, size_t errlen);
  * directory and the problem (its owner, its mode, what it is instead). */
 int dir_is_private(const char *dir, char *err, size_t errlen);
 
+/* A secret's file (a password, the job's secret): one line, a regular file of this user's that
+ * nobody else can read or change (mode 0600 or stricter), opened following no link.
+ * private_line_read: that line (trailing space removed) into buf; -1 + err naming the file and
+ * the problem (its owner, its mode, its size, several lines), `what` naming what the line is.
+ * private_line_write: creates path (O_EXCL, 0600) holding line + newline. 0 / -1 + err. */
+int private_line_read(const char *path, const char *what, char *buf, size_t len, char *err, size_t errlen);
+int private_line_write(const char *path, const char *line, char *err, size_t errlen);
+
 /* Creates dir and its parents (mkdir -p). 0 / -1 with errno. */
 int mkdir_p(const char *dir);
 /* Connects to each "HOST:PORT" in endpoints (n strings of stride len) at once and waits up to

@@ -12,6 +12,7 @@
 #include "control.h"
 #include "protocol.h"
 #include "redis_connect.h"
+#include "secret.h"
 #include "util.h"
 
 #include <ctype.h>
@@ -47,7 +48,11 @@ struct ctl {
     int replicas;             /* ctl_wait_replica: the master's replicas, as ROLE said ... */
     double replicas_checked_ms; /* ... then */
     int transient;            /* the last failure was the server's absence, not its answer (ctl_error_transient) */
+    int refused;              /* the last sealed read found a value that did not verify (ctl_value_refused) */
+    int state_refused;        /* the last state read was forged (logged once in a row: the state is polled) */
     unsigned long absences;   /* such failures so far (ctl_absences) */
+    unsigned char seal_key[PROTO_SEAL_KEY_BYTES]; /* the control key (ctl_set_job_key) ... */
+    int keyed;                                    /* ... once set */
 };
 
 /* ------------------------------------------------------------------------------------- */
@@ -566,6 +571,7 @@ void ctl_close(ctl_t *c) {
     if (!c) return;
     if (c->rc) redisFree(c->rc);
     memset(c->addr.password, 0, sizeof c->addr.password);
+    explicit_bzero(c->seal_key, sizeof c->seal_key);
     free(c);
 }
 
@@ -752,7 +758,6 @@ static const char *const KEY_NAMES[KEY_COUNT] = {
 /* The fields of the two hashes (control.h: ctl_config_field, ctl_proc_field). */
 static const char *const CONFIG_FIELD_NAMES[CFG_FIELDS] = {
     [CFG_CONFIG] = "config",
-    [CFG_SECRET] = "secret",
     [CFG_T0_MS] = "t0_ms",
 };
 static const char *const PROC_FIELD_NAMES[PROC_FIELDS] = {
@@ -848,12 +853,62 @@ static const char *proc_field(ctl_t *c, ctl_proc_field f) {
     return NULL;
 }
 
+int ctl_set_job_key(ctl_t *c, const char *key_hex) {
+    c->keyed = job_key_derive(key_hex, "DPctl001", c->seal_key, sizeof c->seal_key) == 0;
+    if (!c->keyed) ctl_set_error(c, "the job's key is not %d hex characters", JOB_KEY_HEX_LEN);
+    return c->keyed ? 0 : -1;
+}
+
+/* VALUE sealed under NAME with the job key (protocol.h), malloc'd; NULL + c->err without a key. */
+static char *seal_value(ctl_t *c, const char *name, const char *value) {
+    if (!c->keyed) {
+        ctl_set_error(c, "'%s': this connection has no job key to seal it with", name);
+        return NULL;
+    }
+    size_t cap = strlen(value) + PROTO_SEAL_OVERHEAD + 1;
+    char *sealed = malloc(cap);
+    if (!sealed || proto_seal(c->seal_key, c->job, name, value, sealed, cap) != 0) {
+        free(sealed);
+        ctl_set_error(c, "'%s': cannot seal it", name);
+        return NULL;
+    }
+    return sealed;
+}
+
+/* A reply read back under NAME, verified: 0 with the value, or -1 + c->err. A value that does
+ * not verify is refused as if it were missing, and logged: whoever wrote it lacks the key. */
+static int unseal_reply_logged(ctl_t *c, const char *name, const redisReply *r, char *value, size_t len, int log) {
+    c->refused = 0;
+    if (r->type != REDIS_REPLY_STRING) {
+        ctl_set_error(c, "'%s' is not set", name);
+        return -1;
+    }
+    if (!c->keyed) {
+        ctl_set_error(c, "'%s': this connection has no job key to verify it with", name);
+        return -1;
+    }
+    char why[256];
+    /* a NUL inside the value is cut there: the tag then covers less than it says and fails */
+    if (proto_unseal(c->seal_key, c->job, name, r->str, value, len, why, sizeof why) == 0) return 0;
+    ctl_set_error(c, "job '%s': %s", c->job, why);
+    if (log) log_msg("refused a value from redis: %s", c->err);
+    c->refused = 1;
+    return -1;
+}
+
+static int unseal_reply(ctl_t *c, const char *name, const redisReply *r, char *value, size_t len) {
+    return unseal_reply_logged(c, name, r, value, len, 1);
+}
+
 int ctl_config_set(ctl_t *c, ctl_config_field f, const char *value) {
     char key[CTL_KEY_MAX];
     const char *field = config_field(c, f);
-    if (!field) return -1;
+    char *sealed = field ? seal_value(c, field, value) : NULL;
+    if (!sealed) return -1;
     make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
-    return ctl_command_ok(c, "HSET %s %s %s", key, field, value);
+    int rc = ctl_command_ok(c, "HSET %s %s %s", key, field, sealed);
+    free(sealed);
+    return rc;
 }
 
 int ctl_config_get(ctl_t *c, ctl_config_field f, char *value, size_t len) {
@@ -863,11 +918,26 @@ int ctl_config_get(ctl_t *c, ctl_config_field f, char *value, size_t len) {
     make_key(c, key, sizeof key, KEY_CONFIG, 0, 0);
     redisReply *r = ctl_command(c, "HGET %s %s", key, field);
     if (!r) return -1;
-    int rc = -1;
-    if (r->type == REDIS_REPLY_STRING)
-        rc = copy_reply_string(c, r, value, len, field);
-    else
-        ctl_set_error(c, "config field '%s' is not set", field);
+    int rc = unseal_reply(c, field, r, value, len);
+    freeReplyObject(r);
+    return rc;
+}
+
+int ctl_set_sealed(ctl_t *c, const char *suffix, const char *value) {
+    char key[CTL_KEY_MAX], *sealed = seal_value(c, suffix, value);
+    if (!sealed) return -1;
+    suffix_key(c, key, sizeof key, suffix);
+    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
+    free(sealed);
+    return rc;
+}
+
+int ctl_get_sealed(ctl_t *c, const char *suffix, char *value, size_t len) {
+    char key[CTL_KEY_MAX];
+    suffix_key(c, key, sizeof key, suffix);
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    int rc = unseal_reply(c, suffix, r, value, len);
     freeReplyObject(r);
     return rc;
 }
@@ -1281,6 +1351,13 @@ void ctl_batch_set(ctl_t *c, const char *suffix, const char *value) {
     batch_append(c, "SET %s %s", key, value);
 }
 
+void ctl_batch_set_sealed(ctl_t *c, const char *suffix, const char *value) {
+    char *sealed = c->batch_failed ? NULL : seal_value(c, suffix, value);
+    if (sealed) ctl_batch_set(c, suffix, sealed);
+    else c->batch_failed = 1;
+    free(sealed);
+}
+
 void ctl_batch_rank_owner(ctl_t *c, int rank, long proc_id) {
     char key[CTL_KEY_MAX];
     make_key(c, key, sizeof key, KEY_RANK, rank, 0);
@@ -1399,26 +1476,33 @@ long ctl_epoch(ctl_t *c) {
 
 long ctl_epoch_incr(ctl_t *c) { return incr_key(c, KEY_EPOCH); }
 
+/* The state is sealed: a forged "done" or "failed" would stop every process of the job and
+ * lose its state in memory (it did, before it was sealed). */
 int ctl_state_set(ctl_t *c, job_state state) {
-    char key[CTL_KEY_MAX];
+    char suffix[64];
     if ((int)state < 0 || state >= JOB_STATES) {
         ctl_set_error(c, "job state %d: not a job_state", (int)state);
         return -1;
     }
-    make_key(c, key, sizeof key, KEY_STATE, 0, 0);
-    return ctl_command_ok(c, "SET %s %s", key, job_state_name(state));
+    return ctl_set_sealed(c, ctl_key_suffix(suffix, sizeof suffix, KEY_STATE, 0, 0), job_state_name(state));
 }
 
-/* An absent state is 0, so a poller can tell "not set yet" (or "gone") from an error. */
+/* An absent state is 0, so a poller can tell "not set yet" (or "gone") from an error; a state
+ * that does not verify is absent too (logged the first time in a row: pollers read it often). */
 int ctl_state_get(ctl_t *c, job_state *state) {
-    char key[CTL_KEY_MAX], text[32], err[CTL_ERR_MAX];
-    make_key(c, key, sizeof key, KEY_STATE, 0, 0);
+    char key[CTL_KEY_MAX], suffix[64], text[32], err[CTL_ERR_MAX];
+    suffix_key(c, key, sizeof key, ctl_key_suffix(suffix, sizeof suffix, KEY_STATE, 0, 0));
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
     int rc = 0;
     if (r->type == REDIS_REPLY_STRING) {
         job_state st = JOB_STATE_FAILED;
-        rc = copy_reply_string(c, r, text, sizeof text, "state") == 0 ? 1 : -1;
+        rc = unseal_reply_logged(c, suffix, r, text, sizeof text, !c->state_refused) == 0 ? 1 : -1;
+        c->state_refused = rc < 0 && c->refused;
+        if (c->state_refused) { /* forged: as if absent */
+            freeReplyObject(r);
+            return 0;
+        }
         if (rc == 1 && job_state_parse(text, &st, err, sizeof err) != 0) {
             ctl_set_error(c, "%s", err);
             rc = -1;
@@ -1974,61 +2058,19 @@ int redis_file_write(const redis_addr *addr, const char *dir, char *path, size_t
         return -1;
     }
     int n = snprintf(path, len, "%s/redis", dir);
-    int fd = n > 0 && (size_t)n < len ? open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
-    int ok = fd >= 0 && dprintf(fd, "%s\n", url) == (int)strlen(url) + 1;
+    int rc = n > 0 && (size_t)n < len ? private_line_write(path, url, err, errlen) : -1;
     explicit_bzero(url, sizeof url);
-    if (fd >= 0 && close(fd) != 0) ok = 0;
-    if (!ok) {
-        set_err(err, errlen, "redis file %s: cannot write: %s", path, strerror(errno));
-        unlink(path);
-        return -1;
-    }
-    return 0;
+    return rc;
 }
 
 int redis_file_read(const char *path, char *url, size_t len, char *err, size_t errlen) {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        set_err(err, errlen, "%s: %s", path, errno == ELOOP ? "is a symbolic link; refused" : strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    int bad = 1;
-    if (fstat(fd, &st) != 0) set_err(err, errlen, "%s: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode)) set_err(err, errlen, "%s: not a regular file", path);
-    else if (st.st_uid != geteuid())
-        set_err(err, errlen, "%s: owned by uid %u, not by this user (uid %u): refused", path, (unsigned)st.st_uid,
-                (unsigned)geteuid());
-    else if (st.st_mode & 077)
-        set_err(err, errlen, "%s: mode %04o lets other users read or change the password: expected 0600 (chmod 600 %s)",
-                path, (unsigned)(st.st_mode & 07777), path);
-    else if (st.st_size <= 0 || (size_t)st.st_size >= len)
-        set_err(err, errlen, "%s: expected one line with a redis URL (1 to %zu bytes), found %lld bytes", path, len - 1,
-                (long long)st.st_size);
-    else bad = 0;
-    ssize_t got = 0;
-    if (!bad) {
-        got = read(fd, url, len - 1);
-        if (got <= 0) {
-            set_err(err, errlen, "%s: cannot read: %s", path, got < 0 ? strerror(errno) : "empty");
-            bad = 1;
-        }
-    }
-    close(fd);
-    if (bad) return -1;
-    url[got] = 0;
-    while (got > 0 && isspace((unsigned char)url[got - 1])) url[--got] = 0;
-    if (!got || strpbrk(url, "\r\n")) {
-        explicit_bzero(url, len);
-        set_err(err, errlen, "%s: expected one line with a redis URL", path);
-        return -1;
-    }
-    return 0;
+    return private_line_read(path, "a redis URL", url, len, err, errlen);
 }
 
 /* --- outages (issue 27, items 11 and 12) ------------------------------------------------ */
 
 int ctl_error_transient(const ctl_t *c) { return c ? c->transient : 0; }
+int ctl_value_refused(const ctl_t *c) { return c ? c->refused : 0; }
 int ctl_connect_error_transient(void) { return connect_transient; }
 unsigned long ctl_absences(const ctl_t *c) { return c ? c->absences : 0; }
 

@@ -55,7 +55,6 @@ const char *ctl_last_error(const ctl_t *c);
  * a literal field to ctl_config_* / ctl_proc_*); their values' formats are protocol.h's. */
 typedef enum {
     CFG_CONFIG, /* "config": the job's configuration text (job_config_serialize), by the launcher */
-    CFG_SECRET, /* "secret": the replica channel's secret of this incarnation, by the launcher */
     CFG_T0_MS,  /* "t0_ms": the job's start, wall ms (protocol.h: an integer), by the launcher */
     CFG_FIELDS
 } ctl_config_field;
@@ -71,8 +70,15 @@ typedef enum {
 const char *ctl_config_field_name(ctl_config_field f);
 const char *ctl_proc_field_name(ctl_proc_field f);
 
-/* Job configuration: the hash dp:{job}:config (KEY_CONFIG). Return 0 / -1 (-1 also when absent,
- * or for a field that is none of ctl_config_field). */
+/* The job's key (secret.h: 64 hex characters, from the process's launcher, never from Redis)
+ * for the values this connection seals and verifies (protocol.h: proto_seal). Local. 0, or -1
+ * for a key that is not one. */
+int ctl_set_job_key(ctl_t *c, const char *key_hex);
+
+/* Job configuration: the hash dp:{job}:config (KEY_CONFIG), every field sealed with the job's
+ * key (ctl_set_job_key before either call). ctl_config_get verifies it: a field that does not
+ * verify is treated like an absent one, and logged. Return 0 / -1 (-1 also when absent, or for
+ * a field that is none of ctl_config_field). */
 int ctl_config_set(ctl_t *c, ctl_config_field field, const char *value);
 int ctl_config_get(ctl_t *c, ctl_config_field field, char *value, size_t len);
 
@@ -243,6 +249,11 @@ long long ctl_counter_incr(ctl_t *c, const char *name);
 int ctl_set(ctl_t *c, const char *suffix, const char *value);
 int ctl_get(ctl_t *c, const char *suffix, char *value, size_t len);
 int ctl_set_nx(ctl_t *c, const char *suffix, const char *value);
+/* The same, sealed with the job key under the suffix (ctl_config_set's way): what decides
+ * what the job computes or whom it trusts (a decision, holder lists, a resumed state's
+ * server). ctl_get_sealed refuses, and logs, a value that does not verify, as if absent. */
+int ctl_set_sealed(ctl_t *c, const char *suffix, const char *value);
+int ctl_get_sealed(ctl_t *c, const char *suffix, char *value, size_t len);
 /* GET and delete in one step (GETDEL): a record meant to be used once. 0 / -1 (also absent). */
 int ctl_take(ctl_t *c, const char *suffix, char *value, size_t len);
 /* Reassigns rank to proc_id (the coordinator's hot-swap; plain SET). 0 / -1. */
@@ -286,6 +297,7 @@ int ctl_batch_begin(ctl_t *c);
  * that fails while running (a wrong type) does not undo the others, and ctl_batch_end says -1. */
 int ctl_batch_begin_atomic(ctl_t *c);
 void ctl_batch_set(ctl_t *c, const char *suffix, const char *value);
+void ctl_batch_set_sealed(ctl_t *c, const char *suffix, const char *value);
 void ctl_batch_rank_owner(ctl_t *c, int rank, long proc_id);
 void ctl_batch_epoch(ctl_t *c, long epoch);
 void ctl_batch_notify(ctl_t *c, long proc_id, ctl_key list, long value);
@@ -344,6 +356,7 @@ int ctl_job_delete(ctl_t *c);
  * file must be a regular file (no link followed) owned by this user and neither readable nor
  * writable by anybody else (chmod 600); 0 / -1 + err naming the problem. */
 #define DP_ENV_REDIS_FILE "DEADPOOL_REDIS_FILE" /* the launcher's redis file (for the spare hint) */
+#define DP_ENV_SECRET_FILE "DEADPOOL_SECRET_FILE" /* the secret a launcher drew, in a 0600 file (the same) */
 int redis_file_write(const redis_addr *addr, const char *dir, char *path, size_t len, char *err, size_t errlen);
 int redis_file_read(const char *path, char *url, size_t len, char *err, size_t errlen);
 /* Overwrites, in place, the password of a redis URL (":PASSWORD@") with '*': for argv, so that
@@ -362,6 +375,9 @@ int redis_url_scrub(char *url);
  * job counter dp:{job}:{name} to value if it is lower (a Redis that restarted empty must not
  * hand out process ids again); 0 / -1. */
 int ctl_error_transient(const ctl_t *c);
+/* 1 when the last sealed read (ctl_get_sealed, ctl_config_get) found a value that did not
+ * verify: written by someone without the job key. Local. */
+int ctl_value_refused(const ctl_t *c);
 /* The same for this thread's last ctl_connect that returned NULL. */
 int ctl_connect_error_transient(void);
 /* How many calls on c failed so far for the server's absence: a caller that sees it grow knows

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sodium.h>
+
 #include "util.h"
 
 /* How much of a found field an error message quotes. */
@@ -245,10 +247,11 @@ int join_timing_parse(const char *s, JoinTiming *t, char *err, size_t errlen) {
 int join_stats_format(const JoinStats *s, char *buf, size_t len) {
     size_t used = 0;
     if (s->ctl_round_trips < 0 || s->store_round_trips < 0 || !ms_ok(s->rendezvous_ms) || !ms_ok(s->barrier_ms) ||
-        !ms_ok(s->wait_ms) || !ms_ok(s->connect_ms) || s->entered_wall_ms < 0)
+        !ms_ok(s->wait_ms) || !ms_ok(s->connect_ms) || s->entered_wall_ms < 0 || s->dialed < 0 || s->accepted < 0)
         return -1;
-    if (put(buf, len, &used, "%lld %lld %.3f %.3f %.3f %.3f %" PRId64, s->ctl_round_trips, s->store_round_trips,
-            s->rendezvous_ms, s->barrier_ms, s->wait_ms, s->connect_ms, s->entered_wall_ms) != 0)
+    if (put(buf, len, &used, "%lld %lld %.3f %.3f %.3f %.3f %" PRId64 " %lld %lld", s->ctl_round_trips,
+            s->store_round_trips, s->rendezvous_ms, s->barrier_ms, s->wait_ms, s->connect_ms, s->entered_wall_ms,
+            s->dialed, s->accepted) != 0)
         return -1;
     JoinStats back;
     return join_stats_parse(buf, &back, NULL, 0);
@@ -257,12 +260,14 @@ int join_stats_format(const JoinStats *s, char *buf, size_t len) {
 int join_stats_parse(const char *text, JoinStats *s, char *err, size_t errlen) {
     memset(s, 0, sizeof *s);
     static const char *const names[] = {"ctl_round_trips", "store_round_trips", "rendezvous_ms", "barrier_ms",
-                                        "wait_ms",         "connect_ms",        "entered_wall_ms"};
-    Field x[7];
-    int n = split(text, ' ', x, 7);
-    if (n != 7)
+                                        "wait_ms",         "connect_ms",        "entered_wall_ms", "dialed",
+                                        "accepted"};
+    Field x[9];
+    int n = split(text, ' ', x, 9);
+    if (n != 9)
         return set_err(err, errlen, "join stats: expected CTL_RTT STORE_RTT RENDEZVOUS_MS BARRIER_MS WAIT_MS CONNECT_MS "
-                       "ENTERED_WALL_MS (7 fields, single spaces), found %d in '%.*s'", n, Q(strlen(text)), text), -1;
+                       "ENTERED_WALL_MS DIALED ACCEPTED (9 fields, single spaces), found %d in '%.*s'", n,
+                       Q(strlen(text)), text), -1;
     long long *ints[] = {&s->ctl_round_trips, &s->store_round_trips};
     double *ms[] = {&s->rendezvous_ms, &s->barrier_ms, &s->wait_ms, &s->connect_ms};
     long long w;
@@ -272,10 +277,13 @@ int join_stats_parse(const char *text, JoinStats *s, char *err, size_t errlen) {
     for (int i = 0; i < 4 && bad < 0; i++)
         if (ms_field(x[2 + i], ms[i]) != 0) bad = 2 + i;
     if (bad < 0 && int_field(x[6], 0, INT64_MAX, &w) != 0) bad = 6;
+    if (bad < 0 && int_field(x[7], 0, INT_MAX, &s->dialed) != 0) bad = 7;
+    if (bad < 0 && int_field(x[8], 0, INT_MAX, &s->accepted) != 0) bad = 8;
     if (bad >= 0) {
         memset(s, 0, sizeof *s);
         return set_err(err, errlen, "join stats: %s: expected %s, found '%.*s'", names[bad],
-                       bad >= 2 && bad < 6 ? "a duration in ms (up to 12 digits, 3 decimals)" : "an integer >= 0",
+                       bad >= 2 && bad < 6 ? "a duration in ms (up to 12 digits, 3 decimals)"
+                       : bad >= 7 ? "an integer 0..2147483647" : "an integer >= 0",
                        Q(x[bad].n), x[bad].s), -1;
     }
     s->entered_wall_ms = w;
@@ -560,4 +568,63 @@ int job_state_parse(const char *s, job_state *st, char *err, size_t errlen) {
         }
     *st = JOB_STATE_RUNNING;
     return set_err(err, errlen, "job state: expected running, stopping, done or failed, found '%.*s'", Q(strlen(s)), s), -1;
+}
+
+/* --- sealed values ------------------------------------------------------------------------ */
+
+static void seal_tag(const unsigned char key[PROTO_SEAL_KEY_BYTES], const char *job, const char *name,
+                     const char *value, size_t vlen, unsigned char tag[crypto_auth_BYTES]) {
+    crypto_auth_hmacsha512256_state st;
+    static const char domain[] = "deadpool-seal-1";
+    crypto_auth_hmacsha512256_init(&st, key, PROTO_SEAL_KEY_BYTES);
+    crypto_auth_hmacsha512256_update(&st, (const unsigned char *)domain, sizeof domain); /* with its NUL */
+    crypto_auth_hmacsha512256_update(&st, (const unsigned char *)job, strlen(job) + 1);
+    crypto_auth_hmacsha512256_update(&st, (const unsigned char *)name, strlen(name) + 1);
+    crypto_auth_hmacsha512256_update(&st, (const unsigned char *)value, vlen);
+    crypto_auth_hmacsha512256_final(&st, tag);
+}
+
+int proto_seal(const unsigned char key[PROTO_SEAL_KEY_BYTES], const char *job, const char *name, const char *value,
+               char *buf, size_t len) {
+    unsigned char tag[crypto_auth_BYTES];
+    size_t vlen = value ? strlen(value) : 0;
+    if (!buf || len == 0) return -1;
+    buf[0] = 0;
+    if (!key || !job || !name || !value || sodium_init() < 0 || vlen + PROTO_SEAL_OVERHEAD + 1 > len) return -1;
+    seal_tag(key, job, name, value, vlen, tag);
+    sodium_bin2hex(buf, 2 * sizeof tag + 1, tag, sizeof tag);
+    buf[2 * sizeof tag] = '.';
+    memcpy(buf + PROTO_SEAL_OVERHEAD, value, vlen + 1);
+    return 0;
+}
+
+int proto_unseal(const unsigned char key[PROTO_SEAL_KEY_BYTES], const char *job, const char *name, const char *s,
+                 char *value, size_t len, char *err, size_t errlen) {
+    unsigned char want[crypto_auth_BYTES], got[crypto_auth_BYTES];
+    if (value && len) value[0] = 0;
+    size_t n = s ? strlen(s) : 0;
+    if (!value || !len || !key || !job || !name || sodium_init() < 0) {
+        set_err(err, errlen, "%s: nothing to unseal into", name ? name : "value");
+        return -1;
+    }
+    if (n < PROTO_SEAL_OVERHEAD || s[PROTO_SEAL_OVERHEAD - 1] != '.' ||
+        strspn(s, "0123456789abcdef") != PROTO_SEAL_OVERHEAD - 1) {
+        set_err(err, errlen, "%s: expected a sealed value (64 hex digits of its tag, '.', the value), found %zu "
+                "bytes that are not", name, n);
+        return -1;
+    }
+    if (n - PROTO_SEAL_OVERHEAD + 1 > len) {
+        set_err(err, errlen, "%s: a sealed value of %zu bytes, more than the %zu expected", name,
+                n - PROTO_SEAL_OVERHEAD, len - 1);
+        return -1;
+    }
+    sodium_hex2bin(got, sizeof got, s, PROTO_SEAL_OVERHEAD - 1, NULL, NULL, NULL);
+    seal_tag(key, job, name, s + PROTO_SEAL_OVERHEAD, n - PROTO_SEAL_OVERHEAD, want);
+    if (sodium_memcmp(want, got, sizeof want) != 0) {
+        set_err(err, errlen, "%s: its tag does not verify with the job's key: written by someone without it, or "
+                "by another job or incarnation; ignored", name);
+        return -1;
+    }
+    memcpy(value, s + PROTO_SEAL_OVERHEAD, n - PROTO_SEAL_OVERHEAD + 1);
+    return 0;
 }

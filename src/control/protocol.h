@@ -81,13 +81,16 @@ typedef struct {
 int join_timing_format(const JoinTiming *t, char *buf, size_t len);
 int join_timing_parse(const char *s, JoinTiming *t, char *err, size_t errlen);
 
-/* --- KEY_JOIN_STATS: "CTL_RTT STORE_RTT RENDEZVOUS_MS BARRIER_MS WAIT_MS CONNECT_MS ENTERED_WALL_MS"
+/* --- KEY_JOIN_STATS: "CTL_RTT STORE_RTT RENDEZVOUS_MS BARRIER_MS WAIT_MS CONNECT_MS ENTERED_WALL_MS
+ *     DIALED ACCEPTED"
  * What a rank's rendezvous in an epoch cost (written by the rank, read as KEY_TIMING is). Two
- * round-trip counts >= 0, four durations, ENTERED_WALL_MS >= 0; single spaces. */
+ * round-trip counts >= 0, four durations, ENTERED_WALL_MS >= 0, the data-plane connections it
+ * dialed and accepted (0..INT_MAX); single spaces. */
 typedef struct {
     long long ctl_round_trips, store_round_trips;
     double rendezvous_ms, barrier_ms, wait_ms, connect_ms;
     int64_t entered_wall_ms;
+    long long dialed, accepted;
 } JoinStats;
 #define JOIN_STATS_TEXT_MAX 192
 int join_stats_format(const JoinStats *s, char *buf, size_t len);
@@ -189,6 +192,23 @@ int proto_rdzv_key(char *buf, size_t len, const char *prefix, proto_rdzv which, 
 typedef enum { JOB_STATE_RUNNING, JOB_STATE_STOPPING, JOB_STATE_DONE, JOB_STATE_FAILED, JOB_STATES } job_state;
 const char *job_state_name(job_state s);
 int job_state_parse(const char *s, job_state *st, char *err, size_t errlen);
+
+/* --- sealed values: "TAG.VALUE" ------------------------------------------------------------
+ * Redis is storage the job does not trust (docs/RELIABILITY.md): a value whose integrity
+ * decides what the job computes is stored sealed. TAG is 64 lowercase hex characters of
+ * crypto_auth (HMAC-SHA-512-256) under the job's control key (the job key's "DPctl001"
+ * derivation, secret.h) over "deadpool-seal-1" NUL JOB NUL NAME NUL VALUE; NAME says which key
+ * or field the value belongs to, so a value cannot be moved to another key or another job.
+ * proto_seal writes the sealed text (PROTO_SEAL_OVERHEAD more bytes than value); proto_unseal
+ * verifies s and copies its VALUE into value, or refuses with -1 (value ""): malformed, or a
+ * tag that does not verify (written by someone without the job key). Sealed today: the
+ * launcher's config fields (ctl_config_set/get). */
+#define PROTO_SEAL_KEY_BYTES 32
+#define PROTO_SEAL_OVERHEAD 65
+int proto_seal(const unsigned char key[PROTO_SEAL_KEY_BYTES], const char *job, const char *name, const char *value,
+               char *buf, size_t len);
+int proto_unseal(const unsigned char key[PROTO_SEAL_KEY_BYTES], const char *job, const char *name, const char *s,
+                 char *value, size_t len, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

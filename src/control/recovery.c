@@ -185,7 +185,7 @@ int decision_publish(ctl_t *c, const Decision *d, const char *fence) {
         free(text);
         return -1;
     }
-    ctl_batch_set(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, d->epoch, 0), text);
+    ctl_batch_set_sealed(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, d->epoch, 0), text);
     for (int i = 0; i < d->nfailed; i++) ctl_batch_rank_owner(c, d->failed[i].rank, d->failed[i].spare_proc);
     ctl_batch_epoch(c, d->epoch);
     /* Under Sentinel, members act on the decision only once a replica has it: a failover
@@ -205,7 +205,7 @@ int decision_read(ctl_t *c, long epoch, Decision *d) {
     char *text = malloc(DECISION_TEXT_MAX), key[64], err[256];
     int rc = -1;
     ctl_mark(c); /* a join's round trips count from reading its decision (KEY_JOIN_STATS) */
-    if (text && ctl_get(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, epoch, 0), text, DECISION_TEXT_MAX) == 0) {
+    if (text && ctl_get_sealed(c, ctl_key_suffix(key, sizeof key, KEY_DECISION, epoch, 0), text, DECISION_TEXT_MAX) == 0) {
         rc = decision_parse(text, d, err, sizeof err);
         if (rc != 0) log_msg("decision of epoch %ld refused: %s", epoch, err);
     }
@@ -227,12 +227,12 @@ int decision_rank_replaced(const Decision *d, int rank) {
 
 int holders_record(ctl_t *c, long epoch, int rank, const char *list) {
     char key[64];
-    return ctl_set(c, ctl_key_suffix(key, sizeof key, KEY_HOLDERS, epoch, rank), list);
+    return ctl_set_sealed(c, ctl_key_suffix(key, sizeof key, KEY_HOLDERS, epoch, rank), list);
 }
 
 int holders_read(ctl_t *c, long epoch, int rank, char *list, size_t len) {
     char key[64];
-    return ctl_get(c, ctl_key_suffix(key, sizeof key, KEY_HOLDERS, epoch, rank), list, len);
+    return ctl_get_sealed(c, ctl_key_suffix(key, sizeof key, KEY_HOLDERS, epoch, rank), list, len);
 }
 
 int holders_format(const Holder *h, int n, char *out, size_t len) {

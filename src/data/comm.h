@@ -68,6 +68,9 @@ unsigned long comm_store_round_trips(const comm_t *c);
 /* Where comm_create's time went: publishing this rank's addresses until it had every peer's
  * (mostly waiting for the last rank to arrive), and connecting the pairs. */
 void comm_rendezvous_ms(const comm_t *c, double *wait_ms, double *connect_ms);
+/* The pair connections comm_create made: dialed to a peer (and proven), accepted from one
+ * (0 and 0 for size 1). A full mesh: rank r dials r and accepts size-1-r. */
+void comm_connections(const comm_t *c, int *dialed, int *accepted);
 
 /* Element types and reductions of comm_allreduce. COMM_BF16 is bfloat16 (the upper half of
  * a float32), reduced in float32 and rounded to nearest even, as torch does. */

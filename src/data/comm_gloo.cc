@@ -324,10 +324,11 @@ class MeshContext : public gloo::rendezvous::Context {
     MeshContext(int rank, int size) : gloo::rendezvous::Context(rank, size) {}
 
     // Returns the Redis round trips the rendezvous took; *wait_ms: from publishing to having
-    // every peer's address, *connect_ms: connecting the pairs. sockets: duplicates of the pairs'
-    // connections, for comm_abort.
+    // every peer's address, *connect_ms: connecting the pairs; conns[0] / conns[1]: the pair
+    // connections dialed / accepted. sockets: duplicates of the pairs' connections, for comm_abort.
     unsigned long connect(RedisMesh &store, const std::string &bindHost, const unsigned char *key,
-                          const std::string &prefix, double *wait_ms, double *connect_ms, std::vector<int> &sockets) {
+                          const std::string &prefix, double *wait_ms, double *connect_ms, int conns[2],
+                          std::vector<int> &sockets) {
         dpauth::Listener listener(bindHost);
         auto tctx = std::make_shared<dpauth::Context>(listener, rank, size, key, prefix, getTimeout());
         std::vector<char> self = tctx->address().bytes();
@@ -342,6 +343,8 @@ class MeshContext : public gloo::rendezvous::Context {
         store.fetch(theirs, hosts);
         Clock::time_point t1 = Clock::now();
         tctx->connectAll(theirs);
+        conns[0] = tctx->dialed();
+        conns[1] = tctx->accepted();
         sockets = tctx->dupSockets();
         *wait_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
         *connect_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
@@ -480,6 +483,7 @@ struct comm {
     std::shared_ptr<MeshContext> ctx; // null when size == 1
     unsigned long store_round_trips = 0;
     double wait_ms = 0, connect_ms = 0; // the rendezvous' phases
+    int conns[2] = {0, 0};              // pair connections dialed, accepted
     comm_status broken = COMM_OK;
     std::string last_error;
     // comm_abort: duplicates of the pairs' sockets, shut down once (under sockMutex), and the
@@ -675,7 +679,7 @@ comm_t *createComm(comm *parent, const comm_store_addr *store, const char *prefi
                 cc->ctx = std::make_shared<MeshContext>(rank, size);
                 cc->ctx->setTimeout(t);
                 cc->store_round_trips = cc->ctx->connect(rs, deviceHost(bind_host, rank), store->key, prefix,
-                                                         &cc->wait_ms, &cc->connect_ms, cc->sockets);
+                                                         &cc->wait_ms, &cc->connect_ms, cc->conns, cc->sockets);
                 if (store->abort_key != nullptr && parent == nullptr) {
                     char key[512];
                     comm_wake_key(prefix, rank, key, sizeof key);
@@ -765,6 +769,11 @@ unsigned long comm_store_round_trips(const comm_t *c) { return c ? c->store_roun
 void comm_rendezvous_ms(const comm_t *c, double *wait_ms, double *connect_ms) {
     if (wait_ms != nullptr) *wait_ms = c ? c->wait_ms : 0;
     if (connect_ms != nullptr) *connect_ms = c ? c->connect_ms : 0;
+}
+
+void comm_connections(const comm_t *c, int *dialed, int *accepted) {
+    if (dialed != nullptr) *dialed = c ? c->conns[0] : 0;
+    if (accepted != nullptr) *accepted = c ? c->conns[1] : 0;
 }
 int comm_size(const comm_t *c) { return c ? c->size : 0; }
 

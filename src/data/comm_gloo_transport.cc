@@ -262,7 +262,7 @@ bool Pair::connected() {
     return st == 1;
 }
 
-bool Pair::attach(int fd, const comm_session &s) {
+bool Pair::attach(int fd, const comm_session &s, bool dialed) {
     {
         std::lock_guard<std::mutex> lock(m_);
         if (fd_ >= 0 || closed_) return false;
@@ -278,6 +278,7 @@ bool Pair::attach(int fd, const comm_session &s) {
         }
         state_.store(1, std::memory_order_release);
     }
+    (dialed ? ctx_->dialed_ : ctx_->accepted_)++; // before connectAll can see the pair connected
     ctx_->pairConnected();
     return true;
 }
@@ -762,7 +763,7 @@ void Context::dial(int peer, const std::vector<char> &bytes, Clock::time_point d
         }
         comm_session s;
         comm_hs_session(&hs, key_, 1, &s);
-        bool ok = pair(peer)->attach(fd, s);
+        bool ok = pair(peer)->attach(fd, s, true);
         sodium_memzero(&s, sizeof s);
         if (!ok) {
             ::close(fd);
@@ -862,7 +863,7 @@ void Context::incomingReadable(Incoming *in) {
     in->fd = -1;
     dropped_.splice(dropped_.end(), incoming_, in->self);
     bool ok = ::send(fd, confirm, sizeof confirm, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof confirm) &&
-              pair(dialer)->attach(fd, s);
+              pair(dialer)->attach(fd, s, false);
     sodium_memzero(&s, sizeof s);
     if (!ok) {
         ::close(fd);

@@ -112,8 +112,9 @@ class Pair : public gloo::transport::Pair, public Handler {
     void recv(gloo::transport::UnboundBuffer *buf, uint64_t slot, size_t offset, size_t nbytes) override;
     void handleEvents(uint32_t events) override;
 
-    // The connection, authenticated (fd non-blocking): false when the pair already has one.
-    bool attach(int fd, const comm_session &s);
+    // The connection, authenticated (fd non-blocking), dialed by us or accepted (counted in the
+    // context): false when the pair already has one.
+    bool attach(int fd, const comm_session &s, bool dialed);
     bool connected(); // rethrows the pair's failure; takes no lock
     int dupSocket(); // a duplicate of the connection's descriptor, -1 if none
     void signalExceptionExternal(const std::string &msg);
@@ -185,6 +186,9 @@ class Context : public gloo::transport::Context, public std::enable_shared_from_
     // squatter spoiled, until the deadline), then waits until every higher rank has connected.
     void connectAll(const std::vector<std::vector<char>> &theirs);
     std::vector<int> dupSockets();
+    // Pair connections this context made: dialed (and proven) to a peer, accepted from one.
+    int dialed() const { return dialed_.load(); }
+    int accepted() const { return accepted_.load(); }
     void signalException(const std::string &msg);
     const gloo::transport::Address &address() const { return address_; }
 
@@ -221,6 +225,7 @@ class Context : public gloo::transport::Context, public std::enable_shared_from_
     std::mutex connMutex_;
     std::condition_variable connCv_;
     int connected_ = 0;
+    std::atomic<int> dialed_{0}, accepted_{0};
 };
 
 } // namespace dpauth

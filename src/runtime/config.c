@@ -36,7 +36,7 @@ static const OptSpec OPTIONS[] = {
     {"resume-step", OPT_INT, F(resume_step), 0, -1, 1e9, NULL, "(internal) the checkpoint step --resume found"},
     {"spare-wait", OPT_INT, F(spare_wait), 0, 0, 1e6, NULL, "seconds to wait for a new spare when none is left (and a waiting spare, for a launcher that went away)"},
     {"control-wait", OPT_INT, F(control_wait), 0, 1, 1e6, NULL, "seconds a failure waits for an unreachable control plane (Redis) before the job stops with its committed state on disk; with no failure the job trains on however long Redis is away"},
-    {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown|corrupt:RANK@STEP (mid-step STEP, 1-based like the progress line; corrupt: RANK's replica holders damage their copies), or rkill:RANK@EPOCH (dies recovering into EPOCH; 0: as the job starts); repeatable"},
+    {"inject", OPT_LIST, S(inject), 0, 0, NULL, "fault kill|stop|netdown|corrupt:RANK@STEP (mid-step STEP, 1-based like the progress line; corrupt: RANK's replica holders damage their copies, by mid-step STEP-1), or rkill:RANK@EPOCH (dies recovering into EPOCH; 0: as the job starts); repeatable"},
     {"chaos", OPT_FLOAT, F(chaos), 0, 0, 1, NULL, "probability per step of a random kill or stop"},
     {"respawn-spares", OPT_INT, F(respawn_spares), 0, 0, 1, NULL, "start a new local spare for each one used, and at once one for each failed rank that finds no spare (one machine only: across machines spares are spare machines)"},
     {"metrics-port", OPT_INT, F(metrics_port), 0, 0, 65535, NULL, "serve Prometheus metrics at http://BIND:PORT/metrics while the job runs (0 = off)"},

@@ -61,6 +61,7 @@ typedef struct {
     int spare_nodes;      /* --spare-nodes: under Slurm, how many of the step's nodes are spare machines */
     int slurm;            /* 1: a task of an srun step; what the command line left open came from Slurm (slurm.h) */
     const struct SlurmEnv *slurm_env; /* ...and Slurm's view of the step (not serialised; NULL = none) */
+    const char *job_secret; /* --secret-file's secret, shared by the job's machines (not serialised; NULL = none) */
     char program[8192];   /* PROGRAM and ARGS joined by DP_ARG_SEP; DP_BUILTIN_PROGRAM first = GPT-2 */
 } JobConfig;
 

@@ -11,6 +11,7 @@
 #include "runtime_internal.h"
 
 #include "runtime.h"
+#include "secret.h"
 #include "util.h"
 
 void rt_options_from_env(dp_options *o) {
@@ -56,10 +57,27 @@ int program_argv(const JobConfig *c, const char *self_exe, char *buf, size_t len
     return k;
 }
 
+/* The job key of a process started by hand: from --secret-file (the secret its machines
+ * share), or DEADPOOL_JOB_KEY as a launcher sets it. Into the environment the program gets. */
+static int worker_job_key(const WorkerArgs *a, char key[JOB_KEY_HEX_LEN + 1], char *err, size_t errlen) {
+    if (a->secret_file) {
+        char secret[JOB_SECRET_MAX + 2];
+        int rc = job_secret_file_read(a->secret_file, secret, sizeof secret, err, errlen) == 0 &&
+                         job_key_from_secret(secret, a->job, key, err, errlen) == 0
+                     ? 0
+                     : -1;
+        explicit_bzero(secret, sizeof secret);
+        if (rc != 0) return -1;
+        setenv(DP_ENV_JOB_KEY, key, 1);
+    }
+    return job_key_from_env(key, err, errlen);
+}
+
 int worker_exec(const WorkerArgs *a, const char *self_exe) {
-    char err[1024];
+    char err[1024], key[JOB_KEY_HEX_LEN + 1];
     redis_addr addr;
     if (redis_addr_parse(a->redis_url, &addr, err, sizeof err) != 0) { log_msg("%s", err); return DP_EXIT_BAD_JOB; }
+    if (worker_job_key(a, key, err, sizeof err) != 0) { log_msg("%s", err); return DP_EXIT_BAD_JOB; }
     /* Redis away (stalled, restarting, failing over) is no bad job: tried again for a minute,
      * dp_init's bound before the job's own --control-wait is known; past it, FAILED (the
      * process may be started again), as dp_init would exit. */
@@ -73,6 +91,8 @@ int worker_exec(const WorkerArgs *a, const char *self_exe) {
         if (tries == 0) log_msg("%s; trying again for up to 60 s", err);
         sleep_ms(200);
     }
+    ctl_set_job_key(c, key); /* the program is run only from a config sealed with it */
+    explicit_bzero(key, sizeof key);
     /* Heap, not stack: the config and the program are large. This process becomes the
      * program below, so they are never freed. */
     char *text = malloc(JOB_CONFIG_TEXT_MAX), *buf = malloc(sizeof ((JobConfig *)0)->program);
@@ -85,7 +105,7 @@ int worker_exec(const WorkerArgs *a, const char *self_exe) {
     if (got != 0) {
         int transient = ctl_error_transient(c);
         if (transient) log_msg("job '%s': redis at %s:%d did not answer: %s", a->job, addr.host, addr.port, ctl_last_error(c));
-        else log_msg("job '%s' not found in redis at %s:%d", a->job, addr.host, addr.port);
+        else log_msg("job '%s' not found in redis at %s:%d: %s", a->job, addr.host, addr.port, ctl_last_error(c));
         ctl_close(c);
         return transient ? DP_EXIT_FAILED : DP_EXIT_BAD_JOB;
     }

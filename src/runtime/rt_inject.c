@@ -41,8 +41,12 @@ void rt_maybe_inject(dp_t *dp, int64_t step) {
     for (int i = 0; i < dp->nfaults; i++) {
         const FaultSpec *f = &dp->faults[i];
         if (f->kind == FAULT_CORRUPT) {
-            /* Every process may hold the rank's replicas: each damages its own copies, once. */
-            if (f->at == step + 1 && ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, dp->proc_id), "1") == 1) {
+            /* Every process may hold the rank's replicas: each damages its own copies, once,
+             * a step early: a holder reaches mid-step STEP-1 before the rank can reach STEP
+             * (the step's collectives are between), while at STEP itself a rank killed there
+             * can be restored before a slower holder got to its damage. */
+            int64_t arm = f->at > 1 ? f->at - 1 : 1;
+            if (arm == step + 1 && ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, dp->proc_id), "1") == 1) {
                 replica_server_corrupt_rank(dp->replicas, f->rank);
                 event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"corrupt\",\"rank\":%d,\"holder\":%ld,"
                            "\"step\":%lld", f->rank, dp->proc_id, (long long)step + 1);

@@ -232,7 +232,8 @@ int rt_start_snapshots(dp_t *dp, char *err, size_t errlen) {
         targets[i].port = holders[i].port;
         targets[i].proc = holders[i].proc;
     }
-    if (!dp->snap_ctl) dp->snap_ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen);
+    if (!dp->snap_ctl && (dp->snap_ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen)))
+        ctl_set_job_key(dp->snap_ctl, dp->job_key);
     if (!dp->snap_ctl) return ctl_connect_error_transient() ? -2 : -1;
     /* The buffers are sized from the state as it is now; they grow if it does. */
     size_t hint = 0;

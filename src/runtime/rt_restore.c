@@ -181,7 +181,7 @@ int rt_read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload, cha
     if (dp->cfg.nnodes == 0) return -1;
     /* The machine that has it may still be loading its files (a spare machine joins last). */
     double deadline = now_ms() + dp->cfg.start_timeout_ms;
-    while (ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0) {
+    while (ctl_get_sealed(dp->ctl, rt_key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0) {
         if (now_ms() > deadline) {
             snprintf(err, errlen, "rank %d's state of step %lld is neither on this machine's disk nor offered by "
                      "another machine within --start-timeout-ms", rank, (long long)step + 1);

@@ -162,7 +162,10 @@ ctl_t *rt_thread_connect(dp_t *dp, const char *who) {
     char err[256];
     for (int logged = 0; !atomic_load(&dp->hb_stop);) {
         ctl_t *c = ctl_connect(&dp->addr, dp->job, 2000, err, sizeof err);
-        if (c) return c;
+        if (c) {
+            ctl_set_job_key(c, dp->job_key); /* any connection of the process verifies what it reads */
+            return c;
+        }
         if (!ctl_connect_error_transient()) break;
         if (!logged++) log_msg("%s: %s; trying again", who, err);
         rt_control_down(dp, NULL, 0);
@@ -260,6 +263,9 @@ void rt_report_recovery(dp_t *dp) {
     int *warm = calloc((size_t)dp->cfg.workers, sizeof *warm);
     long long resumed = 0, first_in = 0, last_in = 0;
     unsigned long long rtt_max = 0, rtt_total = 0;
+    /* Data-plane connections made for this epoch: by a survivor (a member of the epoch before),
+     * by the replacements, and dialed in all (each connection is dialed once). */
+    long long surv_max = -1, surv_min = -1, new_max = -1, dialed_total = 0;
     int world = dp->cfg.workers, nk = 2 * world + 1;
     char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
     const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
@@ -293,6 +299,13 @@ void rt_report_recovery(dp_t *dp) {
             if (s.wait_ms > rwait) rwait = s.wait_ms;
             if (s.connect_ms > rconnect) rconnect = s.connect_ms;
             if (!first_in || s.entered_wall_ms < first_in) first_in = s.entered_wall_ms;
+            long long made = s.dialed + s.accepted;
+            int replaced = 0;
+            for (int i = 0; i < d->nfailed; i++) replaced |= d->failed[i].rank == r;
+            long long *hi = replaced ? &new_max : &surv_max;
+            if (made > *hi) *hi = made;
+            if (!replaced && (surv_min < 0 || made < surv_min)) surv_min = made;
+            dialed_total += s.dialed;
             if (s.entered_wall_ms > last_in) last_in = s.entered_wall_ms;
         }
     }
@@ -311,12 +324,14 @@ void rt_report_recovery(dp_t *dp) {
                    "\"rendezvous_spread_ms\":%lld,\"rendezvous_last_in_ms\":%lld,\"barrier_ms\":%.1f,"
                    "\"join_round_trips_max\":%llu,"
                    "\"join_round_trips_total\":%llu,\"failed_wall_ms\":%lld,\"resumed_wall_ms\":%lld,"
-                   "\"restore_warm\":%s",
+                   "\"restore_warm\":%s,\"survivor_connections_max\":%lld,\"survivor_connections_min\":%lld,"
+                   "\"replacement_connections_max\":%lld,\"connections_total\":%lld",
                    dp->epoch, d->failed[i].rank, d->failed[i].spare_proc, d->failed[i].kind, d->rollback + 1,
                    (long long)(d->t_detect_ms - d->t_fail_ms), (long long)(d->t_decide_ms - d->t_detect_ms), restore,
                    rebuild, resnap, total, first_step, last - (d->rollback + 1), world, rendezvous, rwait,
                    rconnect, last_in - first_in, last_in ? last_in - (long long)d->t_decide_ms : 0, barrier, rtt_max,
-                   rtt_total, (long long)d->t_fail_ms, resumed, warm[d->failed[i].rank] ? "true" : "false");
+                   rtt_total, (long long)d->t_fail_ms, resumed, warm[d->failed[i].rank] ? "true" : "false", surv_max,
+                   surv_min, new_max, dialed_total);
     }
     free(warm);
     if (d->nfailed == 0)

@@ -37,6 +37,7 @@
 #include "replica.h"
 #include "runtime.h"
 #include "runtime_internal.h"
+#include "secret.h"
 #include "snapshot.h"
 #include "util.h"
 
@@ -212,24 +213,13 @@ static int claim_rank(dp_t *dp, int wanted) {
 }
 
 /* Every process holds replicas: start the server and tell the job where it is. The replica
- * channel's key is derived from the job's secret, which only the job's Redis holds (the
- * launcher drew it); it is never logged, and the server keeps the only copy of the key. The
- * data plane's key (comm_key_derive, independent of the replica key) is kept for comm_create. */
+ * channel's key and the data plane's (comm_key_derive, kept for comm_create) are derived from
+ * the job key its launcher handed over (secret.h), never read from Redis; they are never
+ * logged, and the server keeps the only copy of the replica key. */
 static int start_replica_server(dp_t *dp, char *err, size_t errlen) {
-    char secret[REPLICA_SECRET_HEX_LEN + 2];
     unsigned char key[REPLICA_KEY_BYTES];
-    int got;
-    for (double deadline = now_ms() + job_control_outage_ms(&dp->cfg);;)
-        if ((got = ctl_config_get(dp->ctl, CFG_SECRET, secret, sizeof secret)) == 0 || !retry_transient(dp->ctl, deadline)) break;
-    int keyed = got == 0 && replica_key_derive(secret, key) == 0 && comm_key_derive(secret, dp->comm_key) == 0;
-    explicit_bzero(secret, sizeof secret);
-    if (!keyed && got != 0 && ctl_error_transient(dp->ctl)) {
-        snprintf(err, errlen, "reading the job's secret: %s", ctl_last_error(dp->ctl));
-        return -1;
-    }
-    if (!keyed) {
-        snprintf(err, errlen, "job '%s' has no valid replica channel secret in redis (published by an older "
-                 "deadpool?)", dp->job);
+    if (replica_key_derive(dp->job_key, key) != 0 || comm_key_derive(dp->job_key, dp->comm_key) != 0) {
+        snprintf(err, errlen, "the job key does not derive the channels' keys");
         return -1;
     }
     dp->replicas = replica_server_start(dp->bind_host, 0, dp->job, dp->cfg.workers, dp->proc_id, key, err, errlen);
@@ -295,6 +285,7 @@ static void free_process(dp_t *dp) {
     free(dp->restored_extra);
     free(dp->facts);
     explicit_bzero(dp->comm_key, sizeof dp->comm_key);
+    explicit_bzero(dp->job_key, sizeof dp->job_key);
     free(dp);
 }
 
@@ -336,6 +327,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     }
     log_set_role(o.spare ? "spare" : "rank");
     if (redis_addr_parse(o.redis_url, &dp->addr, err, errlen) != 0) goto fail;
+    if (job_key_from_env(dp->job_key, err, errlen) != 0) goto fail;
     /* Every Redis call of the start is retried while it fails for the server's absence (a
      * restart, a stall, a failover), within --control-wait (60 s until the job's own is read):
      * such an error says nothing about the job, and a bad job stops it (item 12). */
@@ -347,6 +339,7 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
         }
         sleep_ms(200);
     }
+    ctl_set_job_key(dp->ctl, dp->job_key); /* checked by job_key_from_env */
     int64_t offset;
     if (ctl_clock_offset(dp->ctl, &offset) == 0) wall_clock_offset_set(offset); /* the job's one clock */
     /* A process the launcher started belongs to a live job: a config or launcher key missing
@@ -415,10 +408,13 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
     if (dp->epoch > 0) { /* what this join cost, for the `recovered` event (report_recovery) */
         char k[64], v[JOIN_STATS_TEXT_MAX];
         double wait, connect;
+        int dialed, accepted;
         comm_rendezvous_ms(dp->comm, &wait, &connect);
+        comm_connections(dp->comm, &dialed, &accepted);
         JoinStats js = {.ctl_round_trips = (long long)ctl_round_trips_since_mark(dp->ctl) + 1,
                         .store_round_trips = (long long)comm_store_round_trips(dp->comm), .rendezvous_ms = t1 - t0,
-                        .barrier_ms = now_ms() - t1, .wait_ms = wait, .connect_ms = connect, .entered_wall_ms = entered};
+                        .barrier_ms = now_ms() - t1, .wait_ms = wait, .connect_ms = connect, .entered_wall_ms = entered,
+                        .dialed = dialed, .accepted = accepted};
         if (join_stats_format(&js, v, sizeof v) == 0) ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
     }
     return 0;

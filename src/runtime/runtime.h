@@ -40,6 +40,7 @@ typedef struct {
     const char *out;        /* this machine's output directory (NULL: the job's --out) */
     const char *resume;     /* this machine's --resume directory (NULL: the job's) */
     long proc;              /* a process id drawn by the launcher (0: drawn by the process) */
+    const char *secret_file; /* the job's shared secret (secret.h; NULL: DEADPOOL_JOB_KEY is set) */
 } WorkerArgs;
 
 /* Node ids name failure domains: two processes share a node when they would die with the same

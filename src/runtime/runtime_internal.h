@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "comm.h"
+#include "secret.h"
 #include "comm_auth.h"
 #include "config.h"
 #include "control.h"
@@ -36,6 +37,7 @@ struct dp {
     char node[128];           /* the machine this process runs on (node_id_default) */
     char resume_dir[4200];
     ReplicaServer *replicas; /* holds other ranks' snapshots; every process runs one */
+    char job_key[JOB_KEY_HEX_LEN + 1];      /* secret.h: from the launcher (DEADPOOL_JOB_KEY), never from Redis */
     unsigned char comm_key[COMM_KEY_BYTES]; /* the data plane's key (comm_key_derive), from the job's secret */
     FaultSpec faults[INJECT_MAX];
     int nfaults;

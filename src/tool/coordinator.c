@@ -23,6 +23,7 @@
 #define LIVENESS_PERIOD_MS 25
 #define BATCH_MS 15 /* failures this close together go into one decision */
 #define BATCH_MACHINES_MS 40 /* ... across machines */
+#define LOST_SPARES_KEPT 64 /* lost spares remembered (coord_spare_arriving) */
 
 typedef struct {
     int rank;
@@ -72,6 +73,8 @@ struct Coordinator {
     int unrestorable;        /* a rank's state could not be restored: the job stops */
     int spares_lost;         /* spares gone (exited, or silent) since the last tick */
     int spares_wanted;       /* spares a failure lacks, for the launcher to start now */
+    long lost_spares[LOST_SPARES_KEPT]; /* the newest spares dropped from the pool (coord_spare_arriving) */
+    unsigned nlost_spares;
     /* The control plane's outages (issue 27, item 11): "Redis unreachable" is no evidence
      * that a process died. While it is away, and for a detect timeout after it answers again
      * (decide_control_settled), no silence is judged and nothing is decided. The view changes
@@ -249,6 +252,7 @@ static void add_failure(Coordinator *c, int rank, const char *kind) {
 static void spare_lost(Coordinator *c, long proc, int replace) {
     ctl_spare_remove(c->ctl, proc);
     if (replace) c->spares_lost++; /* the launcher may replace it */
+    c->lost_spares[c->nlost_spares++ % LOST_SPARES_KEPT] = proc;
     event_emit(c->ctl, c->t0_wall_ms, "spare_lost", "\"proc\":%ld", proc);
     log_msg("spare %ld is gone", proc);
 }
@@ -563,7 +567,11 @@ static void gather_holders(Coordinator *c, DecideFailure *f) {
     char list[HOLDERS_TEXT_MAX];
     long e = c->epoch;
     f->nholders = 0;
-    while (e >= 0 && e > c->epoch - 4 && holders_read(c->ctl, e, f->rank, list, sizeof list) != 0) e--;
+    f->holders_refused = 0;
+    while (e >= 0 && e > c->epoch - 4 && holders_read(c->ctl, e, f->rank, list, sizeof list) != 0) {
+        if (ctl_value_refused(c->ctl)) f->holders_refused = 1;
+        e--;
+    }
     if (e < 0 || e <= c->epoch - 4) return;
     Holder holders[HOLDERS_MAX];
     int nh = holders_parse(list, holders, HOLDERS_MAX);
@@ -836,13 +844,14 @@ static coord_state no_spare(Coordinator *c, long long g, const char *why) {
         if (g >= 0) snprintf(persisting, sizeof persisting, "step %lld is being persisted to %s/ckpt", g + 1, c->cfg->out);
         if (c->cfg->nnodes == 0 && c->cfg->respawn_spares) {
             c->spares_wanted = c->npending - c->in.nspares;
-            log_msg("%d rank(s) failed and %d spare(s) are left: starting %d more; %s meanwhile", c->npending,
-                    c->in.nspares, c->spares_wanted, persisting);
+            log_msg("%d rank(s) failed and %d spare(s) are in the pool: %d more wanted (started, or still starting); "
+                    "%s meanwhile", c->npending, c->in.nspares, c->spares_wanted, persisting);
         } else {
-            const char *rf = getenv(DP_ENV_REDIS_FILE); /* the launcher's: URL and password, 0600 */
+            const char *rf = getenv(DP_ENV_REDIS_FILE);  /* the launcher's: URL and password, 0600 */
+            const char *sf = getenv(DP_ENV_SECRET_FILE); /* the secret it drew, 0600 (else the user's file) */
             log_msg("%d rank(s) failed and %d spare(s) are left: %s; waiting up to %d s for a spare (deadpool worker "
-                    "--spare --job %s %s%s)", c->npending, c->in.nspares, persisting, c->cfg->spare_wait, ctl_job(c->ctl),
-                    rf ? "--redis-file " : "--redis URL", rf ? rf : "");
+                    "--spare --job %s %s%s --secret-file %s)", c->npending, c->in.nspares, persisting, c->cfg->spare_wait,
+                    ctl_job(c->ctl), rf ? "--redis-file " : "--redis URL", rf ? rf : "", sf ? sf : "FILE");
         }
         if (c->cfg->ft == FT_DEADPOOL && g >= 0) persist_for_fallback(c, g);
     }
@@ -891,6 +900,16 @@ int coord_spares_wanted(Coordinator *c) {
     int n = c->spares_wanted;
     c->spares_wanted = 0;
     return n;
+}
+
+int coord_spare_arriving(const Coordinator *c, long proc) {
+    for (int r = 0; r < c->cfg->workers; r++)
+        if (c->procs[r] == proc) return 0;
+    for (int i = 0; i < c->in.nspares; i++)
+        if (c->in.spares[i] == proc) return 0;
+    for (int i = 0; i < LOST_SPARES_KEPT; i++)
+        if (c->lost_spares[i] == proc) return 0;
+    return 1;
 }
 
 int coord_tick_due_ms(const Coordinator *c) {

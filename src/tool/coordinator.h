@@ -50,6 +50,10 @@ coord_state coord_tick(Coordinator *c, int *spares_used);
 /* Spares to start at once (one machine, --respawn-spares): failed ranks that found no spare.
  * Returned once; 0 when none are wanted. */
 int coord_spares_wanted(Coordinator *c);
+/* 1 when process `proc`, started as a spare, may still be on its way into the pool: it is
+ * not a member of the current epoch, not in the pool the last decision's inputs saw, and was
+ * never dropped from the pool as lost (a spare stopped or hung is not coming). */
+int coord_spare_arriving(const Coordinator *c, long proc);
 /* How soon coord_tick wants to run again, in ms: short while a failure is being handled,
  * otherwise when the next liveness check is due. */
 int coord_tick_due_ms(const Coordinator *c);

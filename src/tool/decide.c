@@ -140,6 +140,10 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
         if (f->stateless)
             snprintf(lost, sizeof lost, "every rank failed (rank %d: %s) and every holder of rank %d's replicas with "
                      "them, so the state every rank held identically is lost", f->rank, f->kind, f->rank);
+        else if (f->holders_refused && f->nholders == 0)
+            snprintf(lost, sizeof lost, "rank %d failed (%s) and the record of its replica holders in Redis does not "
+                     "verify (written without the job's key), so its %sstate cannot be fetched", f->rank, f->kind,
+                     in->checkpoint_step >= 0 ? "in-memory " : "");
         else
             snprintf(lost, sizeof lost, "rank %d failed (%s) together with every holder of its replicas, so its %sstate "
                      "is lost", f->rank, f->kind, in->checkpoint_step >= 0 ? "in-memory " : "");

@@ -28,6 +28,7 @@ typedef struct {
     int nholders;
     long holder_proc[HOLDERS_MAX];
     int holder_alive[HOLDERS_MAX];
+    int holders_refused; /* 1: the newest record of them did not verify (forged in Redis) */
     /* 1: no generation of this rank carried state of its own (no DP_SHARDED region, no extra
      * bytes; control.h KEY_OWN_STATE), only DP_IDENTICAL regions, which every rank keeps in
      * its own snapshots: the rank loses nothing when it fails, and needs no holder as long as

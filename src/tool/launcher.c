@@ -36,6 +36,7 @@
 #include "recovery.h"
 #include "replica.h"
 #include "runtime.h"
+#include "secret.h"
 #include "slurm.h"
 #include "util.h"
 
@@ -95,7 +96,9 @@ typedef struct {
     int redis_lost;         /* the control plane is gone: workers persist and stop by themselves */
     double redis_failing_since; /* first failed drain of a run of failures, 0 = reachable */
     int64_t redis_failing_wall; /* ...its wall time */
-    char secret[REPLICA_SECRET_HEX_LEN + 1]; /* the job's secret, republished if Redis comes back empty */
+    char shared[JOB_SECRET_MAX + 1]; /* the secret the job's machines share (secret.h; never in Redis) ... */
+    char job_key[JOB_KEY_HEX_LEN + 1]; /* ... and the job key derived from it with the job's name */
+    char secret_file[128];  /* run_dir/secret: a drawn secret (0600), for spares started by hand */
     Coordinator *coord;
     NetNs netns;            /* --inject netdown: one rank runs behind a link we can cut */
     long netdown_epoch;     /* the link went down in this epoch; -1 = up */
@@ -176,11 +179,51 @@ static void stop_ha(Launcher *L) {
     rmdir(L->ha_dir);
 }
 
+/* The secret the job's machines share, never kept in Redis (secret.h): DEADPOOL_JOB_SECRET
+ * under Slurm, --secret-file (JobConfig.job_secret), or for a job on this machine alone one
+ * drawn now and left in run_dir/secret for spares started by hand. 0 / -1 + err. */
+static int choose_job_secret(Launcher *L, char *err, size_t errlen) {
+    const char *shared = L->cfg->job_secret ? L->cfg->job_secret : L->cfg->slurm ? getenv(SLURM_SECRET_ENV) : NULL;
+    if (shared) {
+        if (strlen(shared) < JOB_SECRET_MIN || strlen(shared) > JOB_SECRET_MAX) {
+            snprintf(err, errlen, "the job's secret (%s) has %zu characters: expected %d to %d",
+                     L->cfg->job_secret ? "--secret-file" : SLURM_SECRET_ENV, strlen(shared), JOB_SECRET_MIN,
+                     JOB_SECRET_MAX);
+            return -1;
+        }
+        snprintf(L->shared, sizeof L->shared, "%s", shared);
+        return 0;
+    }
+    if (L->cfg->nnodes > 0 || L->cfg->slurm) {
+        snprintf(err, errlen, "the machines of a job share its secret, and Redis never holds it: give every machine "
+                 "the same --secret-file FILE (mode 0600; e.g. head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n' > "
+                 "FILE)%s", L->cfg->slurm ? ", or export " SLURM_SECRET_ENV " before srun" : "");
+        return -1;
+    }
+    if (replica_secret_new(L->shared, sizeof L->shared) != 0) {
+        snprintf(err, errlen, "cannot draw the job's secret (libsodium)");
+        return -1;
+    }
+    snprintf(L->secret_file, sizeof L->secret_file, "%s/secret", L->run_dir);
+    if (private_line_write(L->secret_file, L->shared, err, errlen) != 0) return -1;
+    setenv(DP_ENV_SECRET_FILE, L->secret_file, 1);
+    return 0;
+}
+
+/* The job key of this job's name (a --ft disk restart takes a new one): for L->ctl's sealed
+ * values, and in DEADPOOL_JOB_KEY for every process this launcher starts. 0 / -1 + err. */
+static int set_job_key(Launcher *L, char *err, size_t errlen) {
+    if (job_key_from_secret(L->shared, L->job, L->job_key, err, errlen) != 0) return -1;
+    setenv(DP_ENV_JOB_KEY, L->job_key, 1); /* children inherit it; never on a command line */
+    return ctl_set_job_key(L->ctl, L->job_key);
+}
+
 static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     redis_addr addr;
     int swept = run_dir_sweep(); /* what launchers killed with -9 left in /tmp */
     if (swept > 0) log_msg("removed %d private director%s of launchers that are gone", swept, swept > 1 ? "ies" : "y");
     if (run_dir_create(L->run_dir, sizeof L->run_dir, err, errlen) != 0) return -1;
+    if (choose_job_secret(L, err, errlen) != 0) return -1;
     if (L->cfg->redis[0]) {
         if (redis_addr_parse(L->cfg->redis, &addr, err, errlen) != 0) return -1;
         char shown[4200];
@@ -233,7 +276,7 @@ static int start_control_plane(Launcher *L, char *err, size_t errlen) {
     setenv(DP_ENV_REDIS_FILE, L->redis_file, 1);
     L->addr = addr;
     L->ctl = ctl_connect(&addr, L->job, 5000, err, errlen);
-    if (!L->ctl) return -1;
+    if (!L->ctl || set_job_key(L, err, errlen) != 0) return -1;
     /* Every call of the supervising loop is bounded by a second: a stalled Redis does not hold
      * up the reaping of children, and an outage is measured to about that. */
     ctl_set_timeout(L->ctl, 1000);
@@ -297,12 +340,12 @@ static void node_event(Launcher *L, const char *name, const char *fmt, ...) {
 }
 
 /* What the launcher owns in the job's hash, written at the start and again after an outage:
- * the secret, the config text, the start time and the state "running". 0 / -1. */
-static int write_job_keys(Launcher *L, const char *secret) {
+ * the config text and the start time (sealed, ctl_config_set) and the state "running". 0 / -1. */
+static int write_job_keys(Launcher *L) {
     char text[JOB_CONFIG_TEXT_MAX], t0[32];
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) return -1;
     proto_int_format((long long)L->t0_wall_ms, t0, sizeof t0);
-    return ctl_config_set(L->ctl, CFG_SECRET, secret) == 0 && ctl_config_set(L->ctl, CFG_CONFIG, text) == 0 &&
+    return ctl_config_set(L->ctl, CFG_CONFIG, text) == 0 &&
                    ctl_config_set(L->ctl, CFG_T0_MS, t0) == 0 && ctl_state_set(L->ctl, JOB_STATE_RUNNING) == 0
                ? 0
                : -1;
@@ -312,24 +355,10 @@ static int publish_job(Launcher *L, char *err, size_t errlen) {
     char text[JOB_CONFIG_TEXT_MAX];
     if (job_config_serialize(&L->run_cfg, text, sizeof text) != 0) { snprintf(err, errlen, "job config too large"); return -1; }
     if (!L->t0_wall_ms) L->t0_wall_ms = wall_ms();
-    /* The replica channel's secret: fresh for every incarnation, kept only in the job's Redis
-     * hash (beside, never inside, the "config" text that checkpoints copy to disk). */
     /* The launcher key first: a janitor of another job must never see our config without it. */
     L->beat_ms = 0;
     launcher_beat(L);
-    if (!L->beat_ms) {
-        snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
-        return -1;
-    }
-    char secret[REPLICA_SECRET_HEX_LEN + 1];
-    if (replica_secret_new(secret, sizeof secret) != 0) {
-        snprintf(err, errlen, "cannot draw the job's secret (libsodium)");
-        return -1;
-    }
-    int published = write_job_keys(L, secret) == 0;
-    memcpy(L->secret, secret, sizeof L->secret);
-    explicit_bzero(secret, sizeof secret);
-    if (!published) {
+    if (!L->beat_ms || write_job_keys(L) != 0) {
         snprintf(err, errlen, "publishing the job to redis failed: %s", ctl_last_error(L->ctl));
         return -1;
     }
@@ -627,10 +656,21 @@ static void observe_recovery(Launcher *L, const json_t *o) {
         sep = " + ";
     }
     m->last_recovery_phase_ms[LIVE_PHASES - 1] = first == first && total == total ? first - total : NAN;
+    static const char *const conn_keys[LIVE_CONN_KINDS] = {"survivor_connections_max", "replacement_connections_max",
+                                                           "connections_total"};
+    for (int i = 0; i < LIVE_CONN_KINDS; i++) {
+        double v = NAN;
+        jnum(o, conn_keys[i], &v);
+        m->last_recovery_connections[i] = v >= 0 ? v : NAN; /* -1: none of that kind reported */
+    }
     if ((size_t)n < sizeof line)
-        snprintf(line + n, sizeof line - (size_t)n, "%s-> resumed after %.0f ms, first step done at %.0f ms; rolled "
-                 "back to step %d, %d step%s recomputed", *sep == ' ' && sep[1] == '+' ? " ms " : " ", total, first,
-                 (int)rollback, (int)recomputed, recomputed == 1 ? "" : "s");
+        n += snprintf(line + n, sizeof line - (size_t)n, "%s-> resumed after %.0f ms, first step done at %.0f ms; rolled "
+                      "back to step %d, %d step%s recomputed", *sep == ' ' && sep[1] == '+' ? " ms " : " ", total, first,
+                      (int)rollback, (int)recomputed, recomputed == 1 ? "" : "s");
+    const double *cn = m->last_recovery_connections;
+    if ((size_t)n < sizeof line && cn[2] == cn[2] && cn[0] == cn[0])
+        snprintf(line + n, sizeof line - (size_t)n, "; %.0f data-plane connections made, at most %.0f by a survivor", cn[2],
+                 cn[0]);
     printf("%s\n", line);
     fflush(stdout);
 }
@@ -789,11 +829,11 @@ static void on_report(const char *text, void *arg) {
 
 /* The control plane answers again after an outage: what the launcher owns there is written
  * again, for a Redis that came back empty (restarted without persistence) or older (a replica
- * promoted before it had the last writes): its key, the job's config, secret, start time and
+ * promoted before it had the last writes): its key, the job's config, start time and
  * state, and the process counter (an id is never handed out twice). The coordinator and
  * every process republish theirs. */
 static void republish_job(Launcher *L) {
-    if (!L->coordinating || !L->secret[0]) return;
+    if (!L->coordinating || !L->job_key[0]) return;
     char procs[32];
     ctl_key_suffix(procs, sizeof procs, KEY_PROCS, 0, 0);
     L->beat_ms = 0;
@@ -801,7 +841,7 @@ static void republish_job(Launcher *L) {
     long long max_proc = 0;
     for (int i = 0; i < L->nchildren; i++)
         if (L->children[i].proc > max_proc) max_proc = L->children[i].proc;
-    int ok = L->beat_ms && write_job_keys(L, L->secret) == 0 && ctl_counter_at_least(L->ctl, procs, max_proc + 1000) == 0; /* spares joined by hand drew ids too */
+    int ok = L->beat_ms && write_job_keys(L) == 0 && ctl_counter_at_least(L->ctl, procs, max_proc + 1000) == 0; /* spares joined by hand drew ids too */
     ctl_wait_replica(L->ctl, 1000);
     log_msg("the control plane answers again: the job's keys are %s", ok ? "republished" : "not all republished (tried again)");
     if (!ok) L->redis_failing_since = L->redis_failing_since ? L->redis_failing_since : now_ms();
@@ -1007,6 +1047,19 @@ static void stop_children(Launcher *L, int grace_ms) {
     }
 }
 
+/* Spares started and alive that are neither in the pool nor members yet: a program still
+ * starting (importing its framework, building its model). A failure that finds the pool
+ * short waits for them rather than start more: a second start would only compete with the
+ * first, and with the recovery, for the CPU. */
+static int spares_arriving(Launcher *L) {
+    int n = 0;
+    for (int i = 0; i < L->nchildren; i++) {
+        const Child *c = &L->children[i];
+        if (c->rank < 0 && !c->exited && coord_spare_arriving(L->coord, c->proc)) n++;
+    }
+    return n;
+}
+
 static void respawn_spares(Launcher *L, int n) {
     for (int i = 0; i < n && L->nchildren < MAX_CHILDREN; i++)
         if (start_process(L, -1) != 0) break;
@@ -1063,7 +1116,7 @@ static int restart_from_disk(Launcher *L) {
     make_job_id(L->job, sizeof L->job);
     L->ctl = ctl_connect(&L->addr, L->job, 5000, err, sizeof err);
     L->coord = NULL;
-    if (!L->ctl || publish_job(L, err, sizeof err) != 0) { log_msg("restart failed: %s", err); return -1; }
+    if (!L->ctl || set_job_key(L, err, sizeof err) != 0 || publish_job(L, err, sizeof err) != 0) { log_msg("restart failed: %s", err); return -1; }
     L->coord = coord_create(L->ctl, &L->run_cfg, L->t0_wall_ms, L->node_id);
     if (!L->coord || spawn_all(L) != 0) return -1;
     r->pending = 1;
@@ -1218,7 +1271,7 @@ static void supervise(Launcher *L) {
         launcher_beat(L);
         node_beat(L);
         if (used && L->cfg->respawn_spares && L->cfg->nnodes == 0) respawn_later(L, used);
-        int wanted = coord_spares_wanted(L->coord);
+        int wanted = coord_spares_wanted(L->coord) - spares_arriving(L);
         if (wanted > 0) respawn_spares(L, wanted); /* a failure is waiting for them: now */
         if (L->respawn_due && now_ms() >= L->respawn_at) respawn_now(L);
         /* The link comes back once the cut-off worker has been replaced: it must find itself fenced. */
@@ -1447,11 +1500,8 @@ fail:
  * says so in Redis. 0 / -1 + err. */
 static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
     int64_t step = L->run_cfg.resume_step;
-    char secret[REPLICA_SECRET_HEX_LEN + 2];
     unsigned char k[REPLICA_KEY_BYTES];
-    int keyed = ctl_config_get(L->ctl, CFG_SECRET, secret, sizeof secret) == 0 && replica_key_derive(secret, k) == 0;
-    explicit_bzero(secret, sizeof secret);
-    if (!keyed) { snprintf(err, errlen, "job '%s' has no replica channel secret", L->job); return -1; }
+    if (replica_key_derive(L->job_key, k) != 0) { snprintf(err, errlen, "job '%s': the job key derives no replica key", L->job); return -1; }
     L->shards = replica_server_start(L->bind_addr, 0, L->job, L->cfg->workers, 0 /* a launcher */, k, err, errlen);
     ReplicaConn *c = L->shards ? replica_connect(L->bind_addr, replica_server_port(L->shards), 0, 10000, 0, k, err, errlen)
                                : NULL;
@@ -1470,7 +1520,7 @@ static int serve_resumed_states(Launcher *L, char *err, size_t errlen) {
         Endpoint me = {.port = replica_server_port(L->shards)};
         snprintf(me.host, sizeof me.host, "%s", L->bind_addr);
         if (endpoint_format(&me, where, sizeof where) != 0) snprintf(where, sizeof where, "%s", "");
-        if (st != REPLICA_OK || !where[0] || ctl_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_RESUME_HOLDER, r, 0), where) != 0) {
+        if (st != REPLICA_OK || !where[0] || ctl_set_sealed(L->ctl, ctl_key_suffix(key, sizeof key, KEY_RESUME_HOLDER, r, 0), where) != 0) {
             log_msg("--resume: cannot offer rank %d's state: %s", r, st != REPLICA_OK ? replica_status_str(st) : ctl_last_error(L->ctl));
             continue;
         }
@@ -1847,7 +1897,9 @@ static void launcher_cleanup(Launcher *L) {
     }
     if (L->ctl) ctl_close(L->ctl);
     if (L->server.pid > 0) redis_server_stop(&L->server, 3000);
-    explicit_bzero(L->secret, sizeof L->secret);
+    explicit_bzero(L->shared, sizeof L->shared);
+    explicit_bzero(L->job_key, sizeof L->job_key);
+    if (L->secret_file[0]) unlink(L->secret_file);
     stop_ha(L);
     run_dir_remove(L->run_dir);
     if (L->events) fclose(L->events);

@@ -12,6 +12,7 @@
 #include "launcher.h"
 #include "report.h"
 #include "runtime.h"
+#include "secret.h"
 #include "slurm.h"
 #include "train_options.h"
 #include "trainer.h"
@@ -22,11 +23,11 @@ static void usage(FILE *f) {
             "usage: deadpool run [--workers N] [--spares S] [--steps K] [--seed X] [--out DIR] [options]\n"
             "                    [--model PRESET|FILE] [--data FILE] [trainer options]   (built-in GPT-2 trainer)\n"
             "       deadpool run [options] -- PROGRAM [ARGS...]                          (your training program)\n"
-            "       deadpool run --nnodes N --nproc-per-node P --redis URL --job ID [--bind ADDR] [options]\n"
+            "       deadpool run --nnodes N --nproc-per-node P --redis URL --job ID --secret-file FILE [--bind ADDR] [options]\n"
             "                    (the same command on every machine; machines beyond N are spare machines)\n"
             "       srun --ntasks-per-node=1 deadpool run [--spare-nodes K] [--nproc-per-node P] [options]\n"
             "                    (under Slurm: --nnodes, --job and the control plane come from the allocation)\n"
-            "       deadpool worker --redis URL|--redis-file FILE --job ID [--spare] [--rank R] [--bind HOST]\n"
+            "       deadpool worker --redis URL|--redis-file FILE --job ID --secret-file FILE [--spare] [--rank R] [--bind HOST]\n"
             "       deadpool report DIR [--output FILE]                                 (DIR/report.html of a job)\n"
             "       deadpool run --help     (every option with its default)\n");
 }
@@ -238,7 +239,7 @@ static int cmd_run(int argc, char **argv) {
     TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
     train_options_defaults(&topt);
     int i = 0, workers_given = 0, spares_given = 0, redis_given = 0, redis_file_given = 0;
-    static char redis_file_url[4200];
+    static char redis_file_url[4200], job_secret[JOB_SECRET_MAX + 2];
     SlurmGiven given = {0};
     for (; i < argc && strcmp(argv[i], "--") != 0;) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -247,6 +248,9 @@ static int cmd_run(int argc, char **argv) {
             job_config_print_help();
             printf("  --redis-file FILE    the --redis URL, password included, read from FILE (one line; a regular file of this\n"
                    "                       user's, mode 0600): the password never appears on a command line\n");
+            printf("  --secret-file FILE   the secret the job's machines share (one line, 16 to %d characters, mode 0600):\n"
+                   "                       the job's keys come from it, never from Redis. Needed across machines (--nnodes)\n"
+                   "                       without Slurm; a job on one machine draws its own\n", JOB_SECRET_MAX);
             printf("\noptions of the built-in GPT-2 trainer (without -- PROGRAM):\n");
             train_options_print_help();
             return 0;
@@ -273,6 +277,15 @@ static int cmd_run(int argc, char **argv) {
             }
             if (job_config_set(&cfg, "redis", redis_file_url, err, sizeof err) != 0) { fprintf(stderr, "deadpool: --redis-file: %s\n", err); return 2; }
             redis_file_given = 1;
+            i += used;
+            continue;
+        }
+        if (!strcmp(name, "secret-file")) { /* the machines' shared secret: never on argv, never in Redis */
+            if (job_secret_file_read(value, job_secret, sizeof job_secret, err, sizeof err) != 0) {
+                fprintf(stderr, "deadpool: --secret-file %s\n", err);
+                return 2;
+            }
+            cfg.job_secret = job_secret;
             i += used;
             continue;
         }
@@ -382,6 +395,7 @@ static int cmd_worker(int argc, char **argv) {
             }
             a.redis_url = url;
         }
+        else if (strcmp(name, "secret-file") == 0) a.secret_file = value;
         else if (strcmp(name, "job") == 0) a.job = value;
         else if (strcmp(name, "bind") == 0) a.bind_host = value;
         else if (strcmp(name, "rank") == 0) {

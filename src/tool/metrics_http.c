@@ -18,6 +18,7 @@
 #include <microhttpd.h>
 
 const char *const LIVE_PHASE_NAMES[LIVE_PHASES] = {"detect", "decide", "restore", "rebuild", "resnapshot", "first_step"};
+const char *const LIVE_CONN_NAMES[LIVE_CONN_KINDS] = {"survivor_max", "replacement_max", "total"};
 
 void live_metrics_init(LiveMetrics *m) {
     memset(m, 0, sizeof *m);
@@ -27,6 +28,7 @@ void live_metrics_init(LiveMetrics *m) {
     m->eta_s = -1;
     m->last_recovery_ms = NAN;
     for (int i = 0; i < LIVE_PHASES; i++) m->last_recovery_phase_ms[i] = NAN;
+    for (int i = 0; i < LIVE_CONN_KINDS; i++) m->last_recovery_connections[i] = NAN;
     /* The usual kinds exist from the start, so that a rate() over them has a zero to begin at. */
     static const char *const kinds[] = {"crash", "hang", "network"};
     for (int i = 0; i < 3; i++) {
@@ -88,6 +90,21 @@ static void family(Out *o, const char *name, const char *type, const char *help)
 }
 
 /* One unlabelled gauge, left out while its value is unknown (NaN). */
+/* One gauge family with a value per label (names[i]: values[i] * scale); the unknown (NAN)
+ * are left out, the family too when all are. */
+static void labelled_gauges(Out *o, const char *name, const char *help, const char *label, const char *const *names,
+                            const double *values, int n, double scale) {
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= !isnan(values[i]);
+    if (!any) return;
+    family(o, name, "gauge", help);
+    for (int i = 0; i < n; i++) {
+        if (isnan(values[i])) continue;
+        put(o, "%s{%s=\"%s\"} ", name, label, names[i]);
+        put_value(o, values[i] * scale);
+    }
+}
+
 static void gauge(Out *o, const char *name, const char *help, double v) {
     if (isnan(v)) return;
     family(o, name, "gauge", help);
@@ -148,16 +165,12 @@ int metrics_format(const LiveMetrics *m, char *buf, size_t len) {
     put(&o, "deadpool_steps_recomputed_total ");
     put_value(&o, m->steps_recomputed_total);
     gauge(&o, "deadpool_last_recovery_seconds", "From the newest failure until training resumed.", m->last_recovery_ms / 1e3);
-    int any_phase = 0;
-    for (int i = 0; i < LIVE_PHASES; i++) any_phase |= !isnan(m->last_recovery_phase_ms[i]);
-    if (any_phase) {
-        family(&o, "deadpool_last_recovery_phase_seconds", "gauge", "The newest recovery's phases.");
-        for (int i = 0; i < LIVE_PHASES; i++) {
-            if (isnan(m->last_recovery_phase_ms[i])) continue;
-            put(&o, "deadpool_last_recovery_phase_seconds{phase=\"%s\"} ", LIVE_PHASE_NAMES[i]);
-            put_value(&o, m->last_recovery_phase_ms[i] / 1e3);
-        }
-    }
+    labelled_gauges(&o, "deadpool_last_recovery_phase_seconds", "The newest recovery's phases.", "phase",
+                    LIVE_PHASE_NAMES, m->last_recovery_phase_ms, LIVE_PHASES, 1e-3);
+    labelled_gauges(&o, "deadpool_last_recovery_connections",
+                    "Data-plane connections the newest recovery made (dialed + accepted): on its busiest survivor, "
+                    "its busiest replacement, and in all.",
+                    "who", LIVE_CONN_NAMES, m->last_recovery_connections, LIVE_CONN_KINDS, 1);
     return o.overflow ? -1 : (int)o.used;
 }
 

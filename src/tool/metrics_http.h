@@ -13,6 +13,7 @@
 
 #define LIVE_KINDS_MAX 8     /* distinct failure kinds counted (crash, hang, network, comm, ...) */
 #define LIVE_PHASES 6        /* detect, decide, restore, rebuild, resnapshot, first_step */
+#define LIVE_CONN_KINDS 3    /* survivor_max, replacement_max, total */
 
 typedef struct {
     char kind[16];
@@ -33,12 +34,16 @@ typedef struct {
     LiveKindCount recoveries[LIVE_KINDS_MAX]; /* `recovered` events by failure_kind */
     double last_recovery_ms;                  /* total_ms of the newest recovery, NAN if none */
     double last_recovery_phase_ms[LIVE_PHASES];
+    /* The newest recovery's data-plane connections (NAN if unknown): made by its busiest
+     * survivor, by its busiest replacement, and in all. */
+    double last_recovery_connections[LIVE_CONN_KINDS];
     double steps_recomputed_total;
     double snapshot_bytes_copied, snapshot_bytes_replicated, snapshot_generations; /* snapshot_stats */
     int finished;                             /* the job is over (the server is about to stop) */
 } LiveMetrics;
 
 extern const char *const LIVE_PHASE_NAMES[LIVE_PHASES];
+extern const char *const LIVE_CONN_NAMES[LIVE_CONN_KINDS];
 
 /* Initialises m (every value unknown, nothing counted). */
 void live_metrics_init(LiveMetrics *m);

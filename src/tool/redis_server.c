@@ -10,12 +10,14 @@
 #include "control.h"
 #include "redis_server.h"
 #include "redis_connect.h"
+#include "secret.h"
 #include "util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -81,16 +83,38 @@ static int make_password(char out[65], char *err, size_t errlen) {
     return 0;
 }
 
+/* The passwords of the two users a server on a TCP port has besides the job's own (the
+ * default user, `requirepass`): replication and Sentinel, each allowed only the commands it
+ * needs. Sentinels and replicas reconnect to a dead master's port, where another local user
+ * may be listening (issue 34 item 3): what they send there is one of these, never the
+ * password that reads and writes the job's keys. Derived from it (one-way), so every server,
+ * replica and sentinel of the set computes the same ones. */
+#define REPL_USER "dp-repl"
+#define SENTINEL_USER "dp-sentinel"
+static void role_password(const char *password, const char *role, char out[JOB_KEY_HEX_LEN + 1]) {
+    if (job_secret_hash(role, "redis-user", password, out) != 0) out[0] = 0;
+}
+
 /* A pipe whose read end already holds the whole configuration, write end closed. Writing it
  * before fork means the write can neither block nor raise SIGPIPE if the child dies early
  * (the config is far below the pipe capacity); redis reads its stdin up to EOF. */
 static int config_pipe(const char *host, int port, const char *sock, const char *password, const char *extra, char *err,
                        size_t errlen) {
-    char conf[1024], listen[300];
+    char conf[2048], listen[1024], repl[JOB_KEY_HEX_LEN + 1], sent[JOB_KEY_HEX_LEN + 1];
+    role_password(password, REPL_USER, repl);
+    role_password(password, SENTINEL_USER, sent);
     if (sock[0]) /* no TCP at all: only this user can open the socket (0700, in a 0700 directory) */
         snprintf(listen, sizeof listen, "port 0\nunixsocket %s\nunixsocketperm 700\n", sock);
-    else
-        snprintf(listen, sizeof listen, "port %d\nbind %s\n", port, host);
+    else /* the commands are those Redis's Sentinel documentation lists for each role */
+        snprintf(listen, sizeof listen,
+                 "port %d\nbind %s\n"
+                 "user " REPL_USER " on >%s +psync +replconf +ping\n"
+                 "user " SENTINEL_USER " on >%s allchannels +multi +slaveof +replicaof +ping +exec +subscribe "
+                 "+config|rewrite +role +publish +info +client|setname +client|kill +script|kill\n"
+                 "masteruser " REPL_USER "\nmasterauth %s\n",
+                 port, host, repl, sent, repl);
+    explicit_bzero(repl, sizeof repl);
+    explicit_bzero(sent, sizeof sent);
     int n = snprintf(conf, sizeof conf,
                      "%s"
                      "requirepass %s\n"
@@ -102,6 +126,7 @@ static int config_pipe(const char *host, int port, const char *sock, const char 
                      "logfile \"\"\n"
                      "repl-diskless-sync-delay 0\n%s",
                      listen, password, extra ? extra : "");
+    explicit_bzero(listen, sizeof listen);
     if (n < 0 || (size_t)n >= sizeof conf) {
         set_err(err, errlen, "redis-server: configuration too long");
         return -1;
@@ -220,13 +245,29 @@ static wait_result wait_until_ready(pid_t pid, const char *host, int port, const
     }
 }
 
+/* Whether another socket holds host:port (the bind redis-server would do, SO_REUSEADDR as it
+ * sets): tells "port taken" from "configuration rejected" in the error. */
+static int port_taken(const char *host, int port) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, host && host[0] ? host : "127.0.0.1", &a.sin_addr) != 1) return 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) return 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    int taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno == EADDRINUSE;
+    close(fd);
+    return taken;
+}
+
 /* Describes how the child ended, for the error message. */
-static void describe_exit(int status, int port, char *err, size_t errlen) {
+static void describe_exit(int status, const char *host, int port, char *err, size_t errlen) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == EXIT_EXEC_FAILED)
         set_err(err, errlen, "redis-server not found: install the Debian package redis-server");
+    else if (WIFEXITED(status) && port > 0 && port_taken(host, port))
+        set_err(err, errlen, "redis-server exited with status %d while starting: port %s:%d is taken by another process",
+                WEXITSTATUS(status), host && host[0] ? host : "127.0.0.1", port);
     else if (WIFEXITED(status))
         set_err(err, errlen, "redis-server exited with status %d while starting on port %d "
-                "(port taken, or configuration rejected: its log went to /dev/null)",
+                "(configuration rejected, or the port was taken and freed again: its log went to /dev/null)",
                 WEXITSTATUS(status), port);
     else if (WIFSIGNALED(status))
         set_err(err, errlen, "redis-server was killed by signal %d while starting", WTERMSIG(status));
@@ -251,12 +292,15 @@ static int write_sentinel_conf(const char *path, const char *host, int port, con
     if (slash) *slash = 0;
     /* Fail over one second after the master stops answering: well inside the time the
      * processes wait for the control plane before they give up (job_control_outage_ms). */
+    char sent[JOB_KEY_HEX_LEN + 1];
+    role_password(password, SENTINEL_USER, sent);
     fprintf(f, "port %d\nbind %s\nrequirepass %s\ndaemonize no\nloglevel warning\nlogfile \"\"\ndir %s\n"
-               "sentinel monitor %s %s %d 2\nsentinel auth-pass %s %s\n"
+               "sentinel monitor %s %s %d 2\nsentinel auth-user %s " SENTINEL_USER "\nsentinel auth-pass %s %s\n"
                "sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 3000\n"
                "sentinel parallel-syncs %s 1\n",
-            port, host, password, dir, name, master->host[0] ? master->host : "127.0.0.1", master->port, name, password, name,
-            name, name);
+            port, host, password, dir, name, master->host[0] ? master->host : "127.0.0.1", master->port, name, name, sent,
+            name, name, name);
+    explicit_bzero(sent, sizeof sent);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {
         set_err(err, errlen, "redis-sentinel: writing %s failed", path);
@@ -373,8 +417,7 @@ static int start_server(redis_server *s, const redis_server *master, const char 
         char extra[512] = "", conf_path[4200] = "";
         /* The copy a replica receives passes through a file: in the private directory. */
         if (master && !sentinel_dir)
-            snprintf(extra, sizeof extra, "replicaof %s %d\nmasterauth %s\nreplica-read-only yes\ndir %s\n", mhost,
-                     master->port, s->password, dir);
+            snprintf(extra, sizeof extra, "replicaof %s %d\nreplica-read-only yes\ndir %s\n", mhost, master->port, dir);
         if (sentinel_dir) {
             snprintf(conf_path, sizeof conf_path, "%s/sentinel-%d.conf", sentinel_dir, port);
             if (write_sentinel_conf(conf_path, s->host, port, s->password, master, name, err, errlen) != 0) break;
@@ -401,7 +444,7 @@ static int start_server(redis_server *s, const redis_server *master, const char 
             return 0;
         }
         if (w == WAIT_FAILED) break;
-        describe_exit(status, port, err, errlen);
+        describe_exit(status, s->host, port, err, errlen);
         /* Exit status 1 is most likely "port already in use" (the race above): retry on a
          * new port. A missing binary or a crash will not get better. */
         if (sock_dir || !WIFEXITED(status) || WEXITSTATUS(status) != 1 || now_ms() >= deadline) break;
@@ -554,7 +597,7 @@ int redis_server_restart(redis_server *s, int timeout_ms, char *err, size_t errl
             return 0;
         }
         if (w == WAIT_FAILED) return -1;
-        describe_exit(status, s->port, err, errlen);
+        describe_exit(status, s->host, s->port, err, errlen);
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 1 || now_ms() >= deadline) return -1;
         sleep_ms(100);
     }

@@ -12,6 +12,7 @@
 #include <sodium.h>
 #include <sys/socket.h>
 
+#include "secret.h"
 #include "util.h"
 
 /* A decimal integer in [lo, hi] from the whole of text. 0 / -1. */
@@ -173,6 +174,19 @@ int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *
     }
     size_t used = 0;
 #define SAY(...) (used += (size_t)snprintf(said + used, used < saidlen ? saidlen - used : 0, __VA_ARGS__))
+    if (s->nnodes == 1 && !given->nnodes) {
+        /* One node (a user debugging, say): a one-machine job, its Redis private to this node,
+         * its spares local, its replicas on its other processes. */
+        if (!given->job) snprintf(c->job, sizeof c->job, "%s", s->job_id);
+        c->workers = c->nproc_per_node > 0 ? c->nproc_per_node : 1;
+        c->nproc_per_node = 0;
+        c->nnodes = 0;
+        c->slurm = 0;
+        SAY("one node (%s): a one-machine job, --job %s, %d rank(s) and %d local spare(s); warning: every replica is "
+            "on this node, so losing it loses the in-memory state (--persist-every K keeps checkpoints on its disk)",
+            s->hosts[0], c->job, c->workers, c->spares);
+        return 0;
+    }
     if (!given->job) {
         snprintf(c->job, sizeof c->job, "%s", s->job_id);
         SAY("--job %s (SLURM_JOB_ID%s)", c->job, s->restart_count ? ", requeued" : "");
@@ -195,9 +209,13 @@ int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *
 int slurm_plane_master(const SlurmEnv *s) { return s->nhosts > 1 ? 1 : 0; }
 int slurm_plane_replica(const SlurmEnv *s) { return s->nhosts > 2 ? 2 : 0; }
 
-int slurm_plane_port(const char *job) {
-    unsigned long long id = strtoull(job, NULL, 10);
-    return 20000 + (int)(id % 5000) * 8;
+int slurm_plane_port(const char *job, const char *secret) {
+    char h[JOB_KEY_HEX_LEN + 1];
+    if (job_secret_hash("deadpool-slurm-port", job, secret, h) != 0) return -1;
+    h[8] = 0; /* 32 bits of the hash are plenty to pick one of SLURM_PORT_SLOTS */
+    unsigned long v = strtoul(h, NULL, 16);
+    sodium_memzero(h, sizeof h);
+    return SLURM_PORT_BASE + (int)(v % SLURM_PORT_SLOTS) * 8;
 }
 
 /* The IPv4 address of a node name (its first). 0 / -1 + err. */
@@ -227,22 +245,14 @@ int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, 
                 SLURM_SECRET_ENV, secret ? ": the one set is shorter than 16 characters" : "");
         return -1;
     }
-    /* the password: 64 hex characters of BLAKE2b(secret, keyed by nothing, "deadpool-redis" + job) */
-    unsigned char h[32];
-    crypto_generichash_state st;
-    if (sodium_init() < 0 || crypto_generichash_init(&st, NULL, 0, sizeof h) != 0) {
+    /* the password: the secret hashed for this use (secret.h), never the job key */
+    char password[JOB_KEY_HEX_LEN + 1];
+    int port = -1, n = s->nhosts, me = s->node;
+    if (job_secret_hash("deadpool-redis", job, secret, password) != 0 || (port = slurm_plane_port(job, secret)) < 0) {
+        sodium_memzero(password, sizeof password);
         set_err(err, errlen, "libsodium did not initialise");
         return -1;
     }
-    crypto_generichash_update(&st, (const unsigned char *)"deadpool-redis:", 15);
-    crypto_generichash_update(&st, (const unsigned char *)job, strlen(job));
-    crypto_generichash_update(&st, (const unsigned char *)":", 1);
-    crypto_generichash_update(&st, (const unsigned char *)secret, strlen(secret));
-    crypto_generichash_final(&st, h, sizeof h);
-    char password[65];
-    sodium_bin2hex(password, sizeof password, h, sizeof h);
-    sodium_memzero(h, sizeof h);
-    int port = slurm_plane_port(job), n = s->nhosts, me = s->node;
     char mine[64], where[3][64];
     if (node_address(s->hosts[me], mine, sizeof mine, err, errlen) != 0) return -1;
     redis_server m = {0};

@@ -54,7 +54,7 @@ int slurm_apply(JobConfig *c, const SlurmEnv *s, const SlurmGiven *given, char *
 
 /* Without --redis, a Slurm job brings its control plane: the step's node 1 runs the Redis
  * master, node 2 a replica, nodes 0, 1 and 2 a sentinel each (fewer nodes: node 0 takes what
- * is left), on ports derived from the job id (slurm_plane_port); every node knows where from
+ * is left), on ports drawn from the job's secret and id (slurm_plane_port); every node knows where from
  * the node list alone. Node 0 runs the batch script and srun: its loss ends the job whatever
  * DeadPool does, so it holds neither the master nor the replica (and is the spare node). The password is derived from SLURM_SECRET_ENV and the job id (BLAKE2b). This
  * node's share is started into master / replica / sentinels[3] (pid 0 = not here; their files
@@ -66,7 +66,14 @@ int slurm_control_plane(const SlurmEnv *s, const char *job, const char *secret, 
 /* Where the master and the replica run: indexes into s->hosts. */
 int slurm_plane_master(const SlurmEnv *s);
 int slurm_plane_replica(const SlurmEnv *s);
-/* The first of the job's ports: master P, replica P+1, sentinels P+2..P+4. */
-int slurm_plane_port(const char *job);
+/* The first of the job's ports: master P, replica P+1, sentinels P+2..P+4, P one of
+ * SLURM_PORT_SLOTS in 20480..32712 drawn from the job's secret and id (job_secret_hash
+ * "deadpool-slurm-port"): a user without the secret cannot tell which ports to take before the
+ * job starts. Below Linux's ephemeral range (32768..60999 by default), so an outgoing
+ * connection's local port never holds one (a sentinel once failed to bind 51724 so). -1 when
+ * libsodium does not initialise. */
+#define SLURM_PORT_BASE 20480
+#define SLURM_PORT_SLOTS 1530
+int slurm_plane_port(const char *job, const char *secret);
 
 #endif

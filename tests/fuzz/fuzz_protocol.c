@@ -176,6 +176,31 @@ static void check_state(const char *in) {
     FUZZ_CHECK(st >= 0 && st < JOB_STATES && !strcmp(job_state_name(st), in), "state '%s' is not its own name", in);
 }
 
+/* Sealed values: an input is refused unless its tag verifies (then it seals back to itself);
+ * the input sealed unseals to itself, and with any one byte changed is refused. */
+static void check_seal(const char *in) {
+    static const unsigned char key[PROTO_SEAL_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    static char value[PERSIST_REQ_TEXT_MAX], sealed[PERSIST_REQ_TEXT_MAX + PROTO_SEAL_OVERHEAD + 1];
+    err[0] = 0;
+    if (proto_unseal(key, "job", "field", in, value, sizeof value, err, sizeof err) != 0) {
+        FUZZ_CHECK(err[0] && !value[0], "a sealed value refused without a message or with a value");
+    } else {
+        FUZZ_CHECK(proto_seal(key, "job", "field", value, sealed, sizeof sealed) == 0 && !strcmp(sealed, in),
+                   "an accepted sealed value does not seal back to itself");
+    }
+    size_t n = strlen(in);
+    if (n >= sizeof value) return;
+    FUZZ_CHECK(proto_seal(key, "job", "field", in, sealed, sizeof sealed) == 0, "a value does not seal");
+    FUZZ_CHECK(proto_unseal(key, "job", "field", sealed, value, sizeof value, err, sizeof err) == 0 && !strcmp(value, in),
+               "a sealed value does not unseal to itself: %s", err);
+    FUZZ_CHECK(proto_unseal(key, "job", "other", sealed, value, sizeof value, err, sizeof err) != 0,
+               "a value sealed for one field read as another's");
+    size_t at = n ? (unsigned char)in[0] % (n + PROTO_SEAL_OVERHEAD) : 0;
+    sealed[at] = sealed[at] == 'x' ? 'y' : 'x'; /* never a NUL: the length stays */
+    FUZZ_CHECK(proto_unseal(key, "job", "field", sealed, value, sizeof value, err, sizeof err) != 0,
+               "a sealed value with byte %zu changed is accepted", at);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *in = malloc(size + 1); /* Redis values arrive NUL-terminated */
     FUZZ_CHECK(in != NULL, "out of memory");
@@ -193,6 +218,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_held(in);
     check_inventory(in);
     check_state(in);
+    check_seal(in);
     free(in);
     return 0;
 }

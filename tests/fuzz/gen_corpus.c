@@ -194,7 +194,7 @@ static void protocols(void) {
     if (join_timing_format(&t, text, sizeof text) != 0) die("join timing", "format");
     put("protocol", "join_timing", text, strlen(text));
     JoinStats js = {.ctl_round_trips = 4, .store_round_trips = 3, .rendezvous_ms = 20.5, .barrier_ms = 1.25, .wait_ms = 10,
-                    .connect_ms = 2.5, .entered_wall_ms = 1764590000100};
+                    .connect_ms = 2.5, .entered_wall_ms = 1764590000100, .dialed = 1, .accepted = 15};
     if (join_stats_format(&js, text, sizeof text) != 0) die("join stats", "format");
     put("protocol", "join_stats", text, strlen(text));
     ExitRecord e = {.how = EXITED_DEPARTED, .wall_ms = 1764590000125};

@@ -663,6 +663,41 @@ static void test_epoch(void) {
 /* The integers the control plane stores (epoch, rank owner, committed generation, wake-ups)
  * are read by protocol.h's proto_int_parse: a value no writer writes ("+5", " 5", a NUL byte
  * inside, out of range) is refused with an error naming the value, never read as a number. */
+/* A decision written with the Redis password but without the job key (issue 34 item 2): the
+ * coordinator's reads back; the same text with another rollback, stored untagged or sealed
+ * under another job's key, is refused (no member follows it), and so are the holder lists. */
+static void test_forged_decision_and_holders_refused(void) {
+    static Decision d, got; /* large: not on the stack */
+    static char text[DECISION_TEXT_MAX];
+    ctl_t *c = connect_job("jobD"), *other = connect_job("jobD");
+    if (!c || !other) goto out;
+    memset(&d, 0, sizeof d);
+    d.epoch = 3, d.world = 2, d.rollback = 9, d.procs[0] = 11, d.procs[1] = 12, d.nfailed = 1;
+    d.failed[0] = (FailedRank){.rank = 1, .old_proc = 10, .spare_proc = 12};
+    snprintf(d.failed[0].kind, sizeof d.failed[0].kind, "crash");
+    d.t_fail_ms = 1000, d.t_detect_ms = 1001, d.t_decide_ms = 1002;
+    CHECK(decision_publish(c, &d, NULL) == 0, "publish: %s", ctl_last_error(c));
+    CHECK(decision_read(other, 3, &got) == 0 && got.rollback == 9 && got.procs[1] == 12, "the real decision: %s",
+          ctl_last_error(other));
+    char k[64];
+    ctl_key_suffix(k, sizeof k, KEY_DECISION, 3, 0);
+    d.rollback = 2;
+    CHECK(decision_format(&d, text, sizeof text) == 0, "format");
+    CHECK(ctl_set(c, k, text) == 0 && decision_read(other, 3, &got) == -1 && ctl_value_refused(other),
+          "a forged decision (no tag) was followed: rollback %lld", got.rollback);
+    CHECK(ctl_set_job_key(other, KEY_B) == 0 && ctl_set_sealed(other, k, text) == 0 && decision_read(c, 3, &got) == -1 &&
+              ctl_value_refused(c), "a decision sealed with another job's key was followed");
+    char list[256];
+    CHECK(holders_record(c, 3, 1, "5@127.0.0.1:4000") == 0 && holders_read(c, 3, 1, list, sizeof list) == 0 &&
+              strcmp(list, "5@127.0.0.1:4000") == 0, "the real holders: %s", ctl_last_error(c));
+    ctl_key_suffix(k, sizeof k, KEY_HOLDERS, 3, 1);
+    CHECK(ctl_set(c, k, "5@127.0.0.1:6666") == 0 && holders_read(c, 3, 1, list, sizeof list) == -1 && ctl_value_refused(c),
+          "forged holders were read: '%s'", list);
+out:
+    ctl_close(c);
+    ctl_close(other);
+}
+
 static void test_stored_integers_refused(void) {
     ctl_t *c = connect_job("jobInts");
     if (!c) return;
@@ -675,14 +710,22 @@ static void test_stored_integers_refused(void) {
           ctl_last_error(c));
     CHECK(ctl_set(c, k, "-2") == 0 && ctl_epoch(c) == -1 && strstr(ctl_last_error(c), "epoch"), "epoch -2: %s",
           ctl_last_error(c));
+    /* rank owners and commit records are sealed (issue 34): a value sealed with the job key
+     * still meets the integer grammar; one written without the key is refused as none */
     ctl_key_suffix(k, sizeof k, KEY_RANK, 3, 0);
-    CHECK(ctl_set(c, k, "-3") == 0 && ctl_rank_owner(c, 3) == -1 && strstr(ctl_last_error(c), "rank owner"),
+    CHECK(ctl_set_sealed(c, k, "-3") == 0 && ctl_rank_owner(c, 3) == -1 && strstr(ctl_last_error(c), "rank owner"),
           "owner -3: %s", ctl_last_error(c));
     long owners[4];
     CHECK(ctl_rank_owners(c, 4, owners) == 0 && owners[3] == 0, "owners: a bad owner read as %ld", owners[3]);
+    CHECK(ctl_set_sealed(c, k, "41") == 0 && ctl_rank_owner(c, 3) == 41, "a sealed owner 41: %s", ctl_last_error(c));
+    CHECK(ctl_set(c, k, "42") == 0 && ctl_rank_owner(c, 3) == 0 && ctl_value_refused(c) &&
+              ctl_rank_owners(c, 4, owners) == 0 && owners[3] == 0,
+          "a forged owner 42 (no tag) read as %ld / %ld", ctl_rank_owner(c, 3), owners[3]);
+    CHECK(ctl_claim_rank(c, 3, 43) == 0, "a forged owner's rank claimed: nobody's, but taken");
     ctl_key_suffix(k, sizeof k, KEY_COMMITTED, 1, 0);
-    CHECK(ctl_set(c, k, "12") == 0 && ctl_committed_min(c, 1, 1) == 12, "committed 12");
-    CHECK(ctl_set(c, k, "12x") == 0 && ctl_committed_min(c, 1, 1) == -1, "committed '12x' read as a generation");
+    CHECK(ctl_committed_set(c, 1, 0, 12) == 0 && ctl_committed_min(c, 1, 1) == 12, "committed 12");
+    CHECK(ctl_set_sealed(c, k, "12x") == 0 && ctl_committed_min(c, 1, 1) == -1, "committed '12x' read as a generation");
+    CHECK(ctl_set(c, k, "30") == 0 && ctl_committed_min(c, 1, 1) == -1, "a forged commit record (no tag) read as a generation");
     redisReply *r = NULL;
     redisContext *rc = redisConnect("127.0.0.1", g_server.port);
     if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
@@ -1146,6 +1189,7 @@ int main(void) {
     RUN_TEST(test_heartbeat_ttl);
     RUN_TEST(test_epoch);
     RUN_TEST(test_stored_integers_refused);
+    RUN_TEST(test_forged_decision_and_holders_refused);
     RUN_TEST(test_lease_fencing);
     RUN_TEST(test_state);
     RUN_TEST(test_key_patterns_and_lists);

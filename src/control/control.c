@@ -50,6 +50,7 @@ struct ctl {
     int transient;            /* the last failure was the server's absence, not its answer (ctl_error_transient) */
     int refused;              /* the last sealed read found a value that did not verify (ctl_value_refused) */
     int state_refused;        /* the last state read was forged (logged once in a row: the state is polled) */
+    double refused_logged_ms; /* when a forged value was last logged (at most one line a second: values are polled) */
     unsigned long absences;   /* such failures so far (ctl_absences) */
     unsigned char seal_key[PROTO_SEAL_KEY_BYTES]; /* the control key (ctl_set_job_key) ... */
     int keyed;                                    /* ... once set */
@@ -891,13 +892,40 @@ static int unseal_reply_logged(ctl_t *c, const char *name, const redisReply *r, 
     /* a NUL inside the value is cut there: the tag then covers less than it says and fails */
     if (proto_unseal(c->seal_key, c->job, name, r->str, value, len, why, sizeof why) == 0) return 0;
     ctl_set_error(c, "job '%s': %s", c->job, why);
-    if (log) log_msg("refused a value from redis: %s", c->err);
+    if (log && now_ms() - c->refused_logged_ms >= 1000) {
+        c->refused_logged_ms = now_ms();
+        log_msg("refused a value from redis: %s", c->err);
+    }
     c->refused = 1;
     return -1;
 }
 
 static int unseal_reply(ctl_t *c, const char *name, const redisReply *r, char *value, size_t len) {
     return unseal_reply_logged(c, name, r, value, len, 1);
+}
+
+/* Membership (rank owners) and commit records are integers sealed under their key's suffix:
+ * a forged owner or commit record reads as absent, so it can delay or stop a recovery (a rank
+ * that nobody seems to own, a step that nobody seems to have committed), never hand a rank to
+ * a process or roll the job back to a step of someone else's choosing. */
+static char *seal_int(ctl_t *c, ctl_key k, long long a, long long b, long long v) {
+    char suffix[CTL_KEY_MAX], text[32];
+    snprintf(text, sizeof text, "%lld", v);
+    return seal_value(c, ctl_key_suffix(suffix, sizeof suffix, k, a, b), text);
+}
+
+/* 0 with *v from a sealed integer reply, -1 (c->err) when absent, forged or out of [lo, hi]. */
+static int unseal_int(ctl_t *c, ctl_key k, long long a, long long b, const redisReply *r, const char *what,
+                      long long lo, long long hi, long long *v) {
+    char suffix[CTL_KEY_MAX], text[32], err[CTL_ERR_MAX];
+    *v = 0;
+    if (unseal_reply(c, ctl_key_suffix(suffix, sizeof suffix, k, a, b), r, text, sizeof text) != 0) return -1;
+    if (proto_int_parse(text, what, lo, hi, v, err, sizeof err) != 0) {
+        ctl_set_error(c, "%s", err);
+        *v = 0;
+        return -1;
+    }
+    return 0;
 }
 
 int ctl_config_set(ctl_t *c, ctl_config_field f, const char *value) {
@@ -954,9 +982,11 @@ static long incr_key(ctl_t *c, ctl_key k) {
 long ctl_new_proc_id(ctl_t *c) { return incr_key(c, KEY_PROCS); }
 
 int ctl_claim_rank(ctl_t *c, int rank, long proc_id) {
-    char key[CTL_KEY_MAX];
+    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_RANK, rank, 0, proc_id);
+    if (!sealed) return -1;
     make_key(c, key, sizeof key, KEY_RANK, rank, 0);
-    redisReply *r = ctl_command(c, "SET %s %ld NX", key, proc_id);
+    redisReply *r = ctl_command(c, "SET %s %s NX", key, sealed);
+    free(sealed);
     if (!r) return -1;
     int claimed = r->type == REDIS_REPLY_STATUS; /* "OK"; NIL when the key already exists */
     freeReplyObject(r);
@@ -969,7 +999,8 @@ long ctl_rank_owner(ctl_t *c, int rank) {
     redisReply *r = ctl_command(c, "GET %s", key);
     if (!r) return -1;
     long long owner = 0;
-    if (r->type == REDIS_REPLY_STRING && reply_int(c, r, "rank owner", 0, LONG_MAX, &owner) != 0) owner = -1;
+    if (r->type == REDIS_REPLY_STRING && unseal_int(c, KEY_RANK, rank, 0, r, "rank owner", 0, LONG_MAX, &owner) != 0)
+        owner = c->refused ? 0 : -1; /* forged: nobody's (a claim then finds it taken: a delay, never a member) */
     freeReplyObject(r);
     return owner;
 }
@@ -1039,9 +1070,12 @@ int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field f, char *value, size_t l
 }
 
 int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step) {
-    char key[CTL_KEY_MAX];
+    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_COMMITTED, epoch, rank, step);
+    if (!sealed) return -1;
     make_key(c, key, sizeof key, KEY_COMMITTED, epoch, rank);
-    return ctl_command_ok(c, "SET %s %lld", key, step);
+    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
+    free(sealed);
+    return rc;
 }
 
 #define MGET_CHUNK 256
@@ -1142,9 +1176,12 @@ int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
 }
 
 int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id) {
-    char key[CTL_KEY_MAX];
+    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_RANK, rank, 0, proc_id);
+    if (!sealed) return -1;
     make_key(c, key, sizeof key, KEY_RANK, rank, 0);
-    return ctl_command_ok(c, "SET %s %ld", key, proc_id);
+    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
+    free(sealed);
+    return rc;
 }
 
 int ctl_epoch_set(ctl_t *c, long epoch) {
@@ -1209,7 +1246,7 @@ int ctl_rank_owners(ctl_t *c, int nranks, long *procs) {
         for (int i = 0; i < m; i++) {
             const redisReply *e = r->element[i];
             long long v = 0;
-            if (e->type == REDIS_REPLY_STRING && reply_int(NULL, e, "rank owner", 0, LONG_MAX, &v) != 0) v = 0;
+            if (e->type == REDIS_REPLY_STRING) unseal_int(c, KEY_RANK, base + i, 0, e, "rank owner", 0, LONG_MAX, &v);
             procs[base + i] = (long)v;
         }
         freeReplyObject(r);
@@ -1359,9 +1396,14 @@ void ctl_batch_set_sealed(ctl_t *c, const char *suffix, const char *value) {
 }
 
 void ctl_batch_rank_owner(ctl_t *c, int rank, long proc_id) {
-    char key[CTL_KEY_MAX];
+    char key[CTL_KEY_MAX], *sealed = c->batch_failed ? NULL : seal_int(c, KEY_RANK, rank, 0, proc_id);
+    if (!sealed) {
+        c->batch_failed = 1;
+        return;
+    }
     make_key(c, key, sizeof key, KEY_RANK, rank, 0);
-    batch_append(c, "SET %s %ld", key, proc_id);
+    batch_append(c, "SET %s %s", key, sealed);
+    free(sealed);
 }
 
 void ctl_batch_epoch(ctl_t *c, long epoch) {
@@ -2090,7 +2132,9 @@ int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
         redisReply *r = ctl_mget(c, keys, n);
         if (!r) return -1;
         for (int i = 0; i < n; i++)
-            if (reply_int(NULL, r->element[i], "committed", 0, LLONG_MAX, &steps[base + i]) != 0) steps[base + i] = -1;
+            if (r->element[i]->type != REDIS_REPLY_STRING ||
+                unseal_int(c, KEY_COMMITTED, epoch, base + i, r->element[i], "committed", 0, LLONG_MAX, &steps[base + i]) != 0)
+                steps[base + i] = -1;
         freeReplyObject(r);
     }
     return 0;

@@ -84,11 +84,14 @@ int ctl_config_get(ctl_t *c, ctl_config_field field, char *value, size_t len);
 
 /* A fresh process id, unique within the job (INCR dp:{job}:procs). -1 on error. */
 long ctl_new_proc_id(ctl_t *c);
-/* Claims worker rank `rank` for proc_id if free (SET NX). 1 claimed, 0 taken, -1 error. */
+/* Claims worker rank `rank` for proc_id if free (SET NX). 1 claimed, 0 taken, -1 error.
+ * Rank owners (this, ctl_set_rank_owner, ctl_batch_rank_owner) and commit records are sealed
+ * with the job key (ctl_set_job_key first): one that does not verify reads as none (0, or -1
+ * for a commit record), logged. */
 int ctl_claim_rank(ctl_t *c, int rank, long proc_id);
-/* proc id holding `rank`, 0 if none, -1 on error (also for a value protocol.h's integer
- * grammar refuses: ctl_last_error names it). Every integer this file reads from Redis (owners,
- * spares, epoch, committed generations, wake-ups) is read with proto_int_parse. */
+/* proc id holding `rank`, 0 if none (or forged), -1 on error (also for a value protocol.h's
+ * integer grammar refuses: ctl_last_error names it). Every integer this file reads from Redis
+ * (owners, spares, epoch, committed generations, wake-ups) is read with proto_int_parse. */
 long ctl_rank_owner(ctl_t *c, int rank);
 /* Adds / removes proc_id to / from the spare pool (a set). 0 / -1. */
 int ctl_spare_add(ctl_t *c, long proc_id);

@@ -201,8 +201,11 @@ int job_state_parse(const char *s, job_state *st, char *err, size_t errlen);
  * or field the value belongs to, so a value cannot be moved to another key or another job.
  * proto_seal writes the sealed text (PROTO_SEAL_OVERHEAD more bytes than value); proto_unseal
  * verifies s and copies its VALUE into value, or refuses with -1 (value ""): malformed, or a
- * tag that does not verify (written by someone without the job key). Sealed today: the
- * launcher's config fields (ctl_config_set/get). */
+ * tag that does not verify (written by someone without the job key). Sealed: the launcher's
+ * config fields, the job's state, decisions, replica-holder lists, the resumed-state server
+ * (ctl_config_*, ctl_state_*, ctl_*_sealed), rank owners and commit records (control.c's
+ * seal_int). Not sealed (forging them can delay or stop a job, docs/RELIABILITY.md): counters,
+ * heartbeats, wake-up lists, leases, telemetry, the collectives' rendezvous addresses. */
 #define PROTO_SEAL_KEY_BYTES 32
 #define PROTO_SEAL_OVERHEAD 65
 int proto_seal(const unsigned char key[PROTO_SEAL_KEY_BYTES], const char *job, const char *name, const char *value,

@@ -1241,6 +1241,11 @@ static void supervise(Launcher *L) {
         if (!L->coordinating) break;
         /* Exits first: a crash is known the moment waitpid says so. */
         if (reap_children(L) == 0 && L->cfg->nnodes == 0) { /* across machines the job lives elsewhere too */
+            /* Rank 0 sends job_done before it exits, so when every local process has left
+             * between two drains (rank 1 a spare started by hand, say) the report is queued
+             * in Redis: read it before taking the exits for a failure. */
+            drain_outputs(L);
+            if (L->job_done) break;
             char err[256], cmd[9000];
             int64_t ck = checkpoint_latest(L->run_cfg.out, err, sizeof err);
             if (ck >= 0)

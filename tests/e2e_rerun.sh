@@ -8,14 +8,8 @@ source "$(dirname "$0")/lib_e2e.sh"
 MLP="$ROOT/build/examples/mlp"
 command -v redis-server >/dev/null || { echo "ok - rerun # SKIP no redis-server"; exit 0; }
 
-port=$((20000 + RANDOM % 20000)); pw=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
-rp=$!
 trap 'kill "$rp" 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 100); do redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
-redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG || { notok "rerun_redis_started" "port $port"; exit 0; }
-export DEADPOOL_REDIS_PASSWORD=$pw
-rcli() { redis-cli -p "$port" -a "$pw" --no-auth-warning "$@" 2>/dev/null; }
+redis_private rerun || exit 0
 # One machine as a machine of a multi-machine job (--job on a shared Redis); its replicas on
 # its spare, so that one machine is enough.
 JOB=(--redis "redis://127.0.0.1:$port" --nnodes 1 --nproc-per-node 2 --workers 2 --spares 1 --secret-file "$SECRET_FILE"

@@ -8,15 +8,9 @@
 source "$(dirname "$0")/lib_e2e.sh"
 command -v redis-server >/dev/null || { echo "ok - untrusted # SKIP no redis-server"; exit 0; }
 
-port=$((20000 + RANDOM % 20000)); pw=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
-rp=$!
 lp=""; np=""
 trap 'kill "$rp" $np 2>/dev/null; [ -n "$lp" ] && kill -9 -- "-$lp" 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 100); do redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
-redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG || { notok "untrusted_redis_started" "port $port"; exit 0; }
-export DEADPOOL_REDIS_PASSWORD=$pw
-rcli() { redis-cli -p "$port" -a "$pw" --no-auth-warning "$@" 2>/dev/null; }
+redis_private untrusted || exit 0
 # One machine of a multi-machine job (a shared Redis, --secret-file), the built-in trainer;
 # replicas on the spare, a checkpoint every 50 steps.
 JOB=(--redis "redis://127.0.0.1:$port" --nnodes 1 --nproc-per-node 2 --workers 2 --spares 1 --secret-file "$SECRET_FILE"

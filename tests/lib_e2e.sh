@@ -97,3 +97,16 @@ ok = len(during) > 0 and mx <= noise + allowed and dmed <= 2 * cmed
 print("%d %d %.1f %.1f %.1f" % (len(during), int(ok), mx, med, noise))
 EOF
 }
+
+# redis_private NAME — a redis-server of this test's own on a random loopback port with a random
+# password (no persistence): sets port, pw, rp (its pid), exports DEADPOOL_REDIS_PASSWORD and
+# defines rcli. Non-zero (after "not ok - NAME_redis_started") when it does not answer in 5 s.
+redis_private() {
+  port=$((20000 + RANDOM % 20000)); pw=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  printf 'port %s\nbind 127.0.0.1\nrequirepass %s\nsave ""\nappendonly no\n' "$port" "$pw" | redis-server - >/dev/null 2>&1 &
+  rp=$!
+  for _ in $(seq 100); do redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG && break; sleep 0.05; done
+  redis-cli -p "$port" -a "$pw" --no-auth-warning ping 2>/dev/null | grep -q PONG || { notok "$1_redis_started" "port $port"; return 1; }
+  export DEADPOOL_REDIS_PASSWORD=$pw
+  rcli() { redis-cli -p "$port" -a "$pw" --no-auth-warning "$@" 2>/dev/null; }
+}

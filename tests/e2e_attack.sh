@@ -16,12 +16,57 @@
 # processes to the attacker, which runs as `nobody` (setuid after fork) where the machine allows
 # it; the helper only keeps the attacker off other jobs on this machine (the same listing is in
 # /proc/net/tcp for every user).
+#
+# Rank 0's first data-plane listener is held open for the attacker by a gate, so that the
+# attacker reaching it does not depend on how fast the helper polls: a listen() shim preloaded
+# into the job's processes (gate.c below, test-only) writes that listener's address to a file
+# right after listen() and waits (at most 20 s) until the helper says the attacker has
+# connected to it three times. The connections wait in rank 0's backlog and meet the handshake
+# like any other. Every other listener is found by polling, as before.
 source "$(dirname "$0")/lib_e2e.sh"
 BASE=(--workers 3 --model tiny --steps 40 --seed 21)
 
+cat >"$WORK/gate.c" <<'C'
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+int listen(int fd, int backlog) {
+    static atomic_int done;
+    int (*real)(int, int) = (int (*)(int, int))dlsym(RTLD_NEXT, "listen");
+    int rc = real(fd, backlog);
+    const char *dir = getenv("DPTEST_LISTEN_GATE");
+    struct sockaddr_in a;
+    socklen_t n = sizeof a;
+    if (rc != 0 || dir == NULL || getsockname(fd, (struct sockaddr *)&a, &n) != 0 || a.sin_family != AF_INET ||
+        a.sin_addr.s_addr != htonl(0x7f4d0001u) || atomic_exchange(&done, 1))
+        return rc;
+    char tmp[4096], path[4096];
+    snprintf(tmp, sizeof tmp, "%s/listen.tmp", dir);
+    snprintf(path, sizeof path, "%s/listen", dir);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) return rc;
+    fprintf(f, "127.77.0.1 %d\n", ntohs(a.sin_port));
+    fclose(f);
+    rename(tmp, path);
+    snprintf(path, sizeof path, "%s/ack", dir);
+    struct timespec ten_ms = {0, 10 * 1000 * 1000};
+    for (int i = 0; i < 2000 && access(path, F_OK) != 0; i++) nanosleep(&ten_ms, NULL);
+    return rc;
+}
+C
+cc -std=c11 -Wall -Wextra -shared -fPIC -o "$WORK/gate.so" "$WORK/gate.c" -ldl || notok "attack_gate_builds" "cc failed"
+
 cat >"$WORK/attack.py" <<'PY'
 import json, os, select, socket, struct, sys, time
-launcher, as_nobody, report = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
+launcher, as_nobody, report, gate = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3], sys.argv[4]
 
 def job_pids(root):
     out, todo = set(), [root]
@@ -78,11 +123,13 @@ def listeners():
     return out
 
 rfd, wfd = os.pipe()
+ack_r, ack_w = os.pipe()  # the attacker tells the helper each address it has knocked on
+os.set_blocking(ack_r, False)
 out_file = open(report, "w")  # opened here: nobody may not create files in the test's directory
 child = os.fork()
 if child == 0:
     # The attacker: no secret, no privilege.
-    os.close(wfd)
+    os.close(wfd); os.close(ack_r)
     if as_nobody:
         os.setgroups([]); os.setgid(65534); os.setuid(65534)
     conns, seen, buf = [], {}, b""
@@ -119,6 +166,7 @@ if child == 0:
                 seen[addr] = {"t": now, "gone": False}
                 for junk in (0, 72, 4096):
                     knock(addr, junk)
+                os.write(ack_w, ("%s %d\n" % addr).encode())
         for c in conns:
             if c["closed"] is None and c["sock"] in r:
                 try:
@@ -148,13 +196,23 @@ if child == 0:
     os._exit(0)
 
 # The helper (root): new LISTEN sockets of the job's processes go to the attacker at once.
-os.close(rfd)
+os.close(rfd); os.close(ack_w)
 sent, others = set(), set()
+gated, acked = None, b""
 while True:
     try:
         os.kill(launcher, 0)
     except OSError:
         break
+    if gated is None and os.path.exists(gate + "/listen"):
+        gated = open(gate + "/listen").read().strip()
+        os.write(wfd, (gated + "\n").encode())
+    try:
+        acked += os.read(ack_r, 65536)
+    except BlockingIOError:
+        pass
+    if gated is not None and (gated + "\n").encode() in acked and not os.path.exists(gate + "/ack"):
+        open(gate + "/ack", "w").close()
     new = [l for l in listeners() if l not in sent and l[2] not in others]
     if new:
         ours = inodes(job_pids(launcher))  # only when a listener appeared: the walk takes a few ms
@@ -179,10 +237,10 @@ run_job "$WORK/ref" 180 "${BASE[@]}" --spares 0; rc=$?
 # attacked NAME ARGS... — the job under attack; the attacker's report in $WORK/NAME.attack.json
 attacked() {
   local name=$1; shift
-  mkdir -p "$WORK/$name"
-  timeout -k 5 240 "$DP" run --out "$WORK/$name" "$@" >"$WORK/$name.stdout" 2>"$WORK/$name.log" &
+  mkdir -p "$WORK/$name" "$WORK/$name.gate"
+  DPTEST_LISTEN_GATE="$WORK/$name.gate" LD_PRELOAD="$WORK/gate.so" timeout -k 5 240 "$DP" run --out "$WORK/$name" "$@" >"$WORK/$name.stdout" 2>"$WORK/$name.log" &
   local job=$!
-  /usr/bin/python3 "$WORK/attack.py" "$job" "$nobody" "$WORK/$name.attack.json" 2>"$WORK/$name.attack.log" &
+  /usr/bin/python3 "$WORK/attack.py" "$job" "$nobody" "$WORK/$name.attack.json" "$WORK/$name.gate" 2>"$WORK/$name.attack.log" &
   local atk=$!
   wait $job; local rc=$?
   for _ in $(seq 100); do kill -0 $atk 2>/dev/null || break; sleep 0.1; done
@@ -205,22 +263,25 @@ else notok "attacked_job_trains_and_recovers" "$bad" "$(tail -5 "$WORK/atk.log")
 if [ ! -s "$WORK/atk.attack.json" ]; then
   notok "attacker_got_no_data" "no attacker report" "$(tail -3 "$WORK/atk.attack.log")"
 else
-  verdict=$(/usr/bin/python3 - "$WORK/atk.attack.json" "$nobody" <<'PY'
-import json, sys
+  verdict=$(/usr/bin/python3 - "$WORK/atk.attack.json" "$nobody" "$WORK/atk.gate" <<'PY'
+import json, os, sys
 r = json.load(open(sys.argv[1])); want_nobody = sys.argv[2] == "1"
 dp = [c for c in r["conn"] if c["addr"].startswith("127.77.")]
 other = [c for c in r["conn"] if not c["addr"].startswith("127.77.")]
 dpl = len({c["addr"] for c in dp})
 bad = []
 if want_nobody and r["uid"] != 65534: bad.append("attacker ran as uid %d, not nobody" % r["uid"])
-# Rank 0 listens in every communicator and never dials, so its first listener lasts while the
-# other processes start: the attacker must have reached it. The other ranks' listeners and the
-# rebuild's last a few ms (every member is warm, the spare restores in about 2 ms): the
-# attacker reaches them in most runs, not all (a clean CI machine reached rank 0's alone; the
-# rebuild's were missed in 1 run of 10 on 76cb25d, 3 of 11 on the next build), so they are
-# counted, not required. The three knocks on rank 0's listener (silent, a handshake-sized
-# answer, junk) are the handshake's whole surface; every listener runs the same code.
+# Rank 0's first listener is held by the gate until the attacker has knocked on it: the
+# attacker must have reached it. The other ranks' listeners and the rebuild's last a few ms
+# (every member is warm, the spare restores in about 2 ms): the attacker reaches them in most
+# runs, not all, so they are counted, not required. The three knocks on rank 0's listener
+# (silent, a handshake-sized answer, junk) are the handshake's whole surface; every listener
+# runs the same code.
 rank0 = {c["addr"] for c in dp if c["addr"].startswith("127.77.0.1:")}
+if not os.path.exists(sys.argv[3] + "/listen"):
+    bad.append("the gate never saw rank 0's listener (the shim was not in the job's processes)")
+elif not os.path.exists(sys.argv[3] + "/ack"):
+    bad.append("the attacker never acknowledged rank 0's gated listener")
 if not rank0:
     bad.append("the attacker reached %d data-plane listeners, none of rank 0 (want rank 0's)" % dpl)
 for c in dp:

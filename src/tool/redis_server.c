@@ -485,20 +485,21 @@ void redis_server_stop(redis_server *s, int timeout_ms) {
 #define RUN_DIR_PARENT "/tmp"
 
 /* Removes the files of a flat directory (through its descriptor: no link is followed, nothing
- * outside it is touched), then the directory. */
-static void remove_flat_dir(const char *path) {
+ * outside it is touched), then the directory. 0 when the directory is gone, -1 when it stays
+ * (a server of a dead launcher still writing into it: left for the next sweep). */
+static int remove_flat_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) return -1;
     DIR *d = fdopendir(fd);
     if (!d) {
         close(fd);
-        return;
+        return -1;
     }
     struct dirent *e;
     while ((e = readdir(d)) != NULL)
         if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);
     closedir(d);
-    rmdir(path);
+    return rmdir(path);
 }
 
 /* The pid namespace this process lives in (its inode): a PID names a process only inside it.
@@ -545,8 +546,7 @@ int run_dir_sweep(void) {
         if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its launcher lives */
         char path[600];
         snprintf(path, sizeof path, "%s/%s", RUN_DIR_PARENT, e->d_name);
-        remove_flat_dir(path);
-        removed++;
+        if (remove_flat_dir(path) == 0) removed++;
     }
     closedir(d);
     return removed;

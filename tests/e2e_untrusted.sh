@@ -102,3 +102,38 @@ if [ $rc -eq 0 ] && cmp -s "$WORK/ref/model.bin" "$WORK/s/model.bin" && [ "$refu
   ok "forged_job_state_refused_job_ends_identical (rc 0; refused, logged $refusals times)"
 else notok "forged_job_state_refused_job_ends_identical" "rc $rc; model $(cmp -s "$WORK/ref/model.bin" "$WORK/s/model.bin" && echo identical || echo differs); refusals logged $refusals" \
   "$(grep -m2 'refused a value' "$WORK/s.log")" "$(tail -3 "$WORK/s.log")"; fi
+
+# 5. Whether a failed rank had state of its own. That used to be a key whose absence meant
+#    "nothing of its own": deleting it made the spare of a rank with a data cursor restore an
+#    empty generation, and the job ended rc 0 with another model (examples/mlp.c). Now it is
+#    a sealed claim "nothing of its own through step S" that only ranks without state of
+#    their own write: deleted, forged or copied from another rank's key, it reads as none, and
+#    the spare fetches the rank's state. The attacker deletes and forges both ranks' keys,
+#    old name and new, 100 times a second until the job ends.
+MLP=("$ROOT/build/examples/mlp")
+MJOB=(--redis "redis://127.0.0.1:$port" --workers 3 --spares 1 --steps 400 --seed 7)
+run_job "$WORK/mref" 120 "${MJOB[@]}" -- "${MLP[@]}"; rc=$?
+before=$(rcli --scan --pattern 'dp:*:config' | sort)
+mkdir -p "$WORK/m"
+setsid "$DP" run --out "$WORK/m" "${MJOB[@]}" --inject kill:1@300 -- "${MLP[@]}" >"$WORK/m.stdout" 2>"$WORK/m.log" &
+lp=$!
+job=""
+for _ in $(seq 200); do
+  job=$(rcli --scan --pattern 'dp:*:config' | sort | comm -13 <(echo "$before") - | head -1 | cut -d: -f2)
+  [ -n "$job" ] && break; sleep 0.05
+done
+(
+  while kill -0 "$lp" 2>/dev/null; do
+    printf 'DEL dp:%s:own:%d\nSET dp:%s:stateless:%d 400\n' "$job" 0 "$job" 0 "$job" 1 "$job" 1 "$job" 2 "$job" 2; sleep 0.01
+  done | rcli >/dev/null
+) &
+atk=$!
+timeout 120 tail --pid="$lp" -f /dev/null; wait "$lp"; rc2=$?; lp=""
+kill "$atk" 2>/dev/null; wait "$atk" 2>/dev/null
+refused=$(grep -c "refused a value from redis: job '$job': stateless" "$WORK/m.log")
+rec=$(grep -c '"event":"recovered"' "$WORK/m/events.jsonl" 2>/dev/null)
+if [ -n "$job" ] && [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ "${rec:-0}" -ge 1 ] && cmp -s "$WORK/mref/model.bin" "$WORK/m/model.bin" \
+   && ! grep -q "has no state of its own" "$WORK/m.log"; then
+  ok "forged_stateless_claims_refused_spare_fetches_its_state (job $job: rc 0, ${rec} recovered, model identical; refusals logged $refused)"
+else notok "forged_stateless_claims_refused_spare_fetches_its_state" "job '$job': rc $rc / $rc2; ${rec:-0} recovered; model $(cmp -s "$WORK/mref/model.bin" "$WORK/m/model.bin" && echo identical || echo differs)" \
+  "$(grep -m1 'has no state of its own' "$WORK/m.log")" "$(tail -3 "$WORK/m.log")"; fi

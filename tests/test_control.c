@@ -255,6 +255,25 @@ static char *raw_hget(const char *key, const char *field, char *out, size_t len)
     return out;
 }
 
+static int raw_rpush(const char *key, const char *value) {
+    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
+    redisReply *r = NULL;
+    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
+    if (rc && !rc->err) r = redisCommand(rc, "RPUSH %s %s", key, value);
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    if (r) freeReplyObject(r);
+    if (rc) redisFree(rc);
+    return ok ? 0 : -1;
+}
+
+static int g_nreports;
+static char g_reports[256];
+static void collect_report(const char *text, void *arg) {
+    (void)arg;
+    g_nreports++;
+    snprintf(g_reports, sizeof g_reports, "%s", text);
+}
+
 static int raw_set(const char *key, const char *value) {
     redisContext *rc = redisConnect("127.0.0.1", g_server.port);
     redisReply *r = NULL;
@@ -723,7 +742,36 @@ static void test_stored_integers_refused(void) {
           "a forged owner 42 (no tag) read as %ld / %ld", ctl_rank_owner(c, 3), owners[3]);
     CHECK(ctl_claim_rank(c, 3, 43) == 0, "a forged owner's rank claimed: nobody's, but taken");
     ctl_key_suffix(k, sizeof k, KEY_COMMITTED, 1, 0);
-    CHECK(ctl_committed_set(c, 1, 0, 12) == 0 && ctl_committed_min(c, 1, 1) == 12, "committed 12");
+    CHECK(ctl_committed_set(c, 1, 0, 12, -1) == 0 && ctl_committed_min(c, 1, 1) == 12, "committed 12");
+    /* The claim "nothing of rank 0's own through step S" rides with the commit record; absent,
+     * forged, or moved from another rank's key, it reads as none (-1): the rank may have some. */
+    char sk[64];
+    ctl_key_suffix(sk, sizeof sk, KEY_STATELESS, 0, 0);
+    CHECK(ctl_stateless_through(c, 0) == -1, "no claim read as %lld", ctl_stateless_through(c, 0));
+    CHECK(ctl_committed_set(c, 1, 0, 12, 12) == 0 && ctl_stateless_through(c, 0) == 12 && ctl_committed_min(c, 1, 1) == 12,
+          "a claim through 12 read as %lld", ctl_stateless_through(c, 0));
+    CHECK(ctl_set(c, sk, "99") == 0 && ctl_stateless_through(c, 0) == -1 && ctl_value_refused(c),
+          "a forged claim (no tag) read as %lld", ctl_stateless_through(c, 0));
+    CHECK(ctl_committed_set(c, 1, 1, 40, 40) == 0 && ctl_stateless_through(c, 1) == 40, "rank 1's claim");
+    char sk1[64], moved[512];
+    ctl_key_suffix(sk1, sizeof sk1, KEY_STATELESS, 1, 0);
+    CHECK(ctl_get(c, sk1, moved, sizeof moved) == 0 && ctl_set(c, sk, moved) == 0 && ctl_stateless_through(c, 0) == -1,
+          "rank 1's claim under rank 0's key read as %lld", ctl_stateless_through(c, 0));
+    CHECK(ctl_take(c, sk, moved, sizeof moved) == 0 && ctl_stateless_through(c, 0) == -1, "a deleted claim");
+    /* Reports are sealed: a forged one ("job done", "model saved" elsewhere) never reaches
+     * the launcher; a genuine one does. */
+    char rk[128];
+    ctl_key_full(c, rk, sizeof rk, KEY_REPORTS, 0, 0);
+    g_reports[0] = 0;
+    g_nreports = 0;
+    CHECK(ctl_push_report(c, "job_done 1 0 9 5 none\nall done") == 0 && raw_rpush(rk, "job_done 1 0 9 5 none\nforged") == 0 &&
+              ctl_drain(c, KEY_REPORTS, 10, collect_report, NULL) == 2 && g_nreports == 1 && strcmp(g_reports, "job_done 1 0 9 5 none\nall done") == 0,
+          "reports: %d delivered, the last '%s'", g_nreports, g_reports);
+    CHECK(ctl_gen_bytes_set(c, 0, 1000) == 0 && ctl_gen_bytes_set(c, 1, 3000) == 0 && ctl_gen_bytes_max(c, 3) == 3000,
+          "gen_bytes max %lld", ctl_gen_bytes_max(c, 3));
+    ctl_key_suffix(sk1, sizeof sk1, KEY_GEN_BYTES, 2, 0);
+    CHECK(ctl_set(c, sk1, "1000000000000000") == 0 && ctl_gen_bytes_max(c, 3) == 3000,
+          "a forged gen_bytes (no tag) counted: max %lld", ctl_gen_bytes_max(c, 3));
     CHECK(ctl_set_sealed(c, k, "12x") == 0 && ctl_committed_min(c, 1, 1) == -1, "committed '12x' read as a generation");
     CHECK(ctl_set(c, k, "30") == 0 && ctl_committed_min(c, 1, 1) == -1, "a forged commit record (no tag) read as a generation");
     redisReply *r = NULL;

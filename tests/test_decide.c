@@ -43,6 +43,7 @@ static DecideFailure *add_failure(DecideInput *in, int rank, const char *kind, i
     f->t_fail_ms = t_fail;
     f->t_detect_ms = t_detect;
     f->nholders = nholders;
+    f->stateless_through = -1;
     for (int h = 0; h < nholders; h++) {
         f->holder_proc[h] = holders[h];
         f->holder_alive[h] = alive[h];
@@ -223,35 +224,39 @@ static void test_stateless_ranks(void) {
     int alive[] = {1};
     /* (a) ranks 1 and 2 fail together; rank 1's only holder is rank 2: nothing of its own is
      * lost, rank 0 provides the identical state. */
-    add_failure(in, 1, "crash", 1000, 1001, 1, h1, alive)->stateless = 1;
-    add_failure(in, 2, "crash", 1000, 1002, 1, h2, alive)->stateless = 1;
+    add_failure(in, 1, "crash", 1000, 1001, 1, h1, alive)->stateless_through = 9;
+    add_failure(in, 2, "crash", 1000, 1002, 1, h2, alive)->stateless_through = 9;
     add_spares(in, 2, spares);
     decide_outcome o = run(in);
     CHECK(o == DECIDE_SWAP && g_d.procs[1] == 20 && g_d.procs[2] == 21 && g_d.rollback == 9, "(a) %s: %s",
           decide_outcome_name(o), g_why);
-    /* With state of its own (an extra cursor, a shard) rank 1's state is lost, as before. */
-    in->failed[0].stateless = 0;
-    o = run(in);
-    CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "rank 1 failed (crash) together with every holder of its replicas"),
-          "%s: %s", decide_outcome_name(o), g_why);
+    /* With state of its own (an extra cursor, a shard) rank 1's state is lost, as before;
+     * and so it is with a claim that ends before the rollback (an old one, replayed into
+     * Redis: it says nothing about step 9). */
+    for (long long through = -1; through <= 8; through += 9) {
+        in->failed[0].stateless_through = through;
+        o = run(in);
+        CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "rank 1 failed (crash) together with every holder of its replicas"),
+              "claim through %lld: %s: %s", through, decide_outcome_name(o), g_why);
+    }
     /* (b) ranks 0 and 2: rank 2's holder is rank 0, but rank 1 still holds the identical state. */
     in->nfailed = 0;
-    add_failure(in, 0, "crash", 1000, 1001, 1, h0, alive)->stateless = 1;
-    add_failure(in, 2, "crash", 1000, 1002, 1, h2, alive)->stateless = 1;
+    add_failure(in, 0, "crash", 1000, 1001, 1, h0, alive)->stateless_through = 9;
+    add_failure(in, 2, "crash", 1000, 1002, 1, h2, alive)->stateless_through = 9;
     o = run(in);
     CHECK(o == DECIDE_SWAP && g_d.procs[0] == 20 && g_d.procs[2] == 21, "(b) %s: %s", decide_outcome_name(o), g_why);
     /* ... rank 0 is stateless too when its holder is gone with it. */
     in->nfailed = 0;
     long none[] = {13};
-    add_failure(in, 0, "crash", 1000, 1001, 1, none, alive)->stateless = 1;
-    add_failure(in, 2, "crash", 1000, 1002, 0, NULL, NULL)->stateless = 1;
+    add_failure(in, 0, "crash", 1000, 1001, 1, none, alive)->stateless_through = 9;
+    add_failure(in, 2, "crash", 1000, 1002, 0, NULL, NULL)->stateless_through = 9;
     o = run(in);
     CHECK(o == DECIDE_SWAP, "no holder needed while rank 1 survives: %s: %s", decide_outcome_name(o), g_why);
     /* Every rank fails: only rank 0's replica carries the identical state. */
     in->nfailed = 0;
-    add_failure(in, 0, "crash", 1000, 1001, 1, h0, alive)->stateless = 1;
-    add_failure(in, 1, "crash", 1000, 1002, 1, h1, alive)->stateless = 1;
-    add_failure(in, 2, "crash", 1000, 1003, 1, h2, alive)->stateless = 1;
+    add_failure(in, 0, "crash", 1000, 1001, 1, h0, alive)->stateless_through = 9;
+    add_failure(in, 1, "crash", 1000, 1002, 1, h1, alive)->stateless_through = 9;
+    add_failure(in, 2, "crash", 1000, 1003, 1, h2, alive)->stateless_through = 9;
     add_spares(in, 1, spares + 2);
     o = run(in);
     CHECK(o == DECIDE_STATE_LOST && strstr(g_why, "every rank failed") && strstr(g_why, "held identically is lost") &&
@@ -264,7 +269,7 @@ static void test_stateless_ranks(void) {
     /* Stateless ranks still need spares. */
     in->nfailed = 0;
     in->nspares = 0;
-    add_failure(in, 1, "hang", 1000, 1001, 0, NULL, NULL)->stateless = 1;
+    add_failure(in, 1, "hang", 1000, 1001, 0, NULL, NULL)->stateless_through = 9;
     o = run(in);
     CHECK(o == DECIDE_NO_SPARE, "%s: %s", decide_outcome_name(o), g_why);
 }

@@ -39,7 +39,7 @@ static void test_key_names_unchanged(void) {
         {KEY_EXIT, 77, 0, "exit:77"},         {KEY_PROGRESS, 0, 0, "metrics:last"},
         {KEY_COORD, 0, 0, "coordinator"},     {KEY_COORD_TOKEN, 0, 0, "coordinator:token"},
         {KEY_PERSIST_COMPLETE, 0, 0, "persist:complete"}, {KEY_INVENTORY, 0, 0, "inventory"},
-        {KEY_RESUME_HOLDER, 6, 0, "resume:holder:6"}, {KEY_OWN_STATE, 6, 0, "own:6"},
+        {KEY_RESUME_HOLDER, 6, 0, "resume:holder:6"}, {KEY_STATELESS, 6, 0, "stateless:6"},
         {KEY_GEN_BYTES, 6, 0, "gen_bytes:6"},
     };
     int n = (int)(sizeof cases / sizeof cases[0]);

@@ -753,7 +753,7 @@ static const char *const KEY_NAMES[KEY_COUNT] = {
     [KEY_PERSIST_COMPLETE] = "persist:complete",
     [KEY_INVENTORY] = "inventory",
     [KEY_RESUME_HOLDER] = "resume:holder:#",
-    [KEY_OWN_STATE] = "own:#",
+    [KEY_STATELESS] = "stateless:#",
     [KEY_GEN_BYTES] = "gen_bytes:#",
 };
 /* The fields of the two hashes (control.h: ctl_config_field, ctl_proc_field). */
@@ -1069,10 +1069,46 @@ int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field f, char *value, size_t l
     return rc;
 }
 
-int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step) {
+static void batch_append(ctl_t *c, const char *fmt, ...);
+
+int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step, long long stateless_through) {
     char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_COMMITTED, epoch, rank, step);
     if (!sealed) return -1;
-    make_key(c, key, sizeof key, KEY_COMMITTED, epoch, rank);
+    char *claim = stateless_through >= 0 ? seal_int(c, KEY_STATELESS, rank, 0, stateless_through) : NULL;
+    if (stateless_through >= 0 && !claim) {
+        free(sealed);
+        return -1;
+    }
+    int rc = ctl_batch_begin(c);
+    if (rc == 0) {
+        if (claim) {
+            make_key(c, key, sizeof key, KEY_STATELESS, rank, 0);
+            batch_append(c, "SET %s %s", key, claim);
+        }
+        make_key(c, key, sizeof key, KEY_COMMITTED, epoch, rank);
+        batch_append(c, "SET %s %s", key, sealed);
+        rc = ctl_batch_end(c);
+    }
+    free(sealed);
+    free(claim);
+    return rc;
+}
+
+long long ctl_stateless_through(ctl_t *c, int rank) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, KEY_STATELESS, rank, 0);
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    long long s = -1;
+    if (r->type != REDIS_REPLY_STRING || unseal_int(c, KEY_STATELESS, rank, 0, r, "stateless", 0, LLONG_MAX, &s) != 0) s = -1;
+    freeReplyObject(r);
+    return s;
+}
+
+int ctl_gen_bytes_set(ctl_t *c, int rank, long long bytes) {
+    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_GEN_BYTES, rank, 0, bytes);
+    if (!sealed) return -1;
+    make_key(c, key, sizeof key, KEY_GEN_BYTES, rank, 0);
     int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
     free(sealed);
     return rc;
@@ -1567,7 +1603,17 @@ static int push_to_list(ctl_t *c, ctl_key list, const char *json) {
 }
 
 int ctl_push_event(ctl_t *c, const char *json) { return push_to_list(c, KEY_EVENTS, json); }
-int ctl_push_report(ctl_t *c, const char *text) { return push_to_list(c, KEY_REPORTS, text); }
+/* Reports are sealed: one tells the launcher the job is done, where the model went, or that
+ * it diverged. (A genuine report replayed says what it said once; the kinds that end a job
+ * are sent once, at its end.) */
+#define REPORTS_SEAL_NAME "reports"
+int ctl_push_report(ctl_t *c, const char *text) {
+    char *sealed = seal_value(c, REPORTS_SEAL_NAME, text);
+    if (!sealed) return -1;
+    int rc = push_to_list(c, KEY_REPORTS, sealed);
+    free(sealed);
+    return rc;
+}
 
 /* The line goes to the launcher that drains the list, and stays readable as the newest
  * progress for the launchers of the other machines: one round trip for both. */
@@ -1636,8 +1682,17 @@ int ctl_drain(ctl_t *c, ctl_key list, int max, void (*fn)(const char *json, void
     if (!exec) return -1;
     redisReply *items = exec->element[0];
     int n = (int)items->elements;
-    for (int i = 0; i < n; i++)
-        if (fn && items->element[i]->type == REDIS_REPLY_STRING) fn(items->element[i]->str, arg);
+    for (int i = 0; i < n && fn; i++) {
+        const redisReply *e = items->element[i];
+        if (e->type != REDIS_REPLY_STRING) continue;
+        if (list != KEY_REPORTS) {
+            fn(e->str, arg);
+            continue;
+        }
+        char *text = malloc(e->len + 1); /* a sealed value is longer than what it seals */
+        if (text && unseal_reply(c, REPORTS_SEAL_NAME, e, text, e->len + 1) == 0) fn(text, arg); /* refused: logged */
+        free(text);
+    }
     freeReplyObject(exec);
     return n;
 }
@@ -2138,6 +2193,25 @@ int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
         freeReplyObject(r);
     }
     return 0;
+}
+
+long long ctl_gen_bytes_max(ctl_t *c, int world) {
+    long long max = 0;
+    for (int base = 0; base < world; base += MGET_CHUNK) {
+        int n = world - base < MGET_CHUNK ? world - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < n; i++) make_key(c, keys[i], sizeof keys[i], KEY_GEN_BYTES, base + i, 0);
+        redisReply *r = ctl_mget(c, keys, n);
+        if (!r) return max;
+        for (int i = 0; i < n; i++) {
+            long long b;
+            if (r->element[i]->type == REDIS_REPLY_STRING &&
+                unseal_int(c, KEY_GEN_BYTES, base + i, 0, r->element[i], "gen_bytes", 0, LLONG_MAX, &b) == 0 && b > max)
+                max = b;
+        }
+        freeReplyObject(r);
+    }
+    return max;
 }
 
 int redis_url_scrub(char *url) {

@@ -152,9 +152,11 @@ typedef enum {
     KEY_PERSIST_COMPLETE, /* persist:complete — newest step persisted by every rank (machines' disks) */
     KEY_INVENTORY,    /* inventory — hash: machine index -> the checkpoints on its disk (checkpoint_inventory) */
     KEY_RESUME_HOLDER, /* resume:holder:RANK — a launcher serving RANK's resumed state (protocol.h: Endpoint) */
-    KEY_OWN_STATE,    /* own:RANK — "1" once a generation of RANK carried state of its own (DP_SHARDED
-                       * regions or extra bytes); absent: RANK loses nothing when it fails */
-    KEY_GEN_BYTES,    /* gen_bytes:RANK — the largest generation RANK committed, in bytes (what a spare may fetch) */
+    KEY_STATELESS,    /* stateless:RANK — sealed S: no generation of RANK through step S (since the process
+                       * that wrote it started or restored) carried state of its own (DP_SHARDED regions
+                       * or extra bytes). ctl_committed_set writes it; absent, forged or short of a
+                       * rollback: RANK may have some (ctl_stateless_through) */
+    KEY_GEN_BYTES,    /* gen_bytes:RANK — sealed: the largest generation RANK committed, in bytes (what a spare may fetch) */
     KEY_COUNT
 } ctl_key;
 
@@ -240,8 +242,21 @@ int ctl_local_addr(ctl_t *c, char *buf, size_t len);
  * in it already, -1 on error. */
 long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member);
 
-/* Newest committed snapshot generation of each rank in an epoch (dp:{job}:e{epoch}:committed:{rank}). */
-int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step);
+/* Newest committed snapshot generation of each rank in an epoch (dp:{job}:e{epoch}:committed:{rank}),
+ * with, when stateless_through >= 0, the rank's claim that none of its generations through
+ * that step carried state of its own (KEY_STATELESS), written first in the same round trip so
+ * that whoever counts the step as committed can see the claim. Both sealed. 0 / -1. */
+int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step, long long stateless_through);
+/* The step S of rank's verified KEY_STATELESS claim: the rank had nothing of its own in any
+ * generation through S. -1 when there is none (absent, forged: logged, or Redis unreachable),
+ * so a reader treats the rank as having state of its own unless S covers the generation it
+ * restores. The claim is a fact about the past that stays true: an old one replayed into
+ * Redis covers only generations it was true for. Deleting it can only cost a fetch. */
+long long ctl_stateless_through(ctl_t *c, int rank);
+/* KEY_GEN_BYTES: rank's largest committed generation, sealed (0 / -1); the largest verified
+ * value over ranks 0..world-1, 0 when none (or on an error). */
+int ctl_gen_bytes_set(ctl_t *c, int rank, long long bytes);
+long long ctl_gen_bytes_max(ctl_t *c, int world);
 /* Minimum over ranks 0..nranks-1; -1 when some rank has committed nothing; -2 on error. */
 long long ctl_committed_min(ctl_t *c, long epoch, int nranks);
 
@@ -344,10 +359,13 @@ int ctl_state_get(ctl_t *c, job_state *state);
 /* Appends one JSON line to the job's event / metric list. 0 / -1. */
 int ctl_push_event(ctl_t *c, const char *json);
 int ctl_push_metric(ctl_t *c, const char *json);
-/* A typed report (recovery.h: report_format's text) for the coordinator. */
+/* A typed report (recovery.h: report_format's text) for the coordinator, sealed with the job
+ * key (a forged "job done" or "model saved" would end the job or name another file). */
 int ctl_push_report(ctl_t *c, const char *text);
 /* Pops up to max items from the list (KEY_EVENTS, KEY_METRICS or KEY_REPORTS) in order,
- * calling fn for each. Returns the number popped, -1 on error (also for another key). */
+ * calling fn for each; a report that does not verify is skipped, and logged. Returns the
+ * number popped, -1 on error (also for another key). Events and metrics are telemetry, not
+ * sealed. */
 int ctl_drain(ctl_t *c, ctl_key list, int max, void (*fn)(const char *json, void *arg), void *arg);
 
 /* Deletes every key of the job (used by the launcher at the end). 0 / -1. */

@@ -74,6 +74,8 @@ void rt_on_commit(const SnapHeader *h, const void *payload, void *arg) {
         dp->pub_epoch = h->epoch;
         dp->pub_step = h->step;
     }
+    if (gen_own_state(payload, h->length)) dp->own_seen = 1;
+    int own_seen = dp->own_seen;
     pthread_mutex_unlock(&dp->pub_mu);
     /* The next step's reduction waits for this callback: with the control plane away it
      * writes nothing (republish does, once Redis is back), and otherwise each call is bounded
@@ -81,27 +83,19 @@ void rt_on_commit(const SnapHeader *h, const void *payload, void *arg) {
     if (!atomic_load(&dp->ctl_down)) {
         int saved = ctl_timeout(dp->snap_ctl);
         ctl_set_timeout(dp->snap_ctl, rt_path_timeout_ms(dp));
-        /* Before the commit is published: a coordinator that counts this generation as committed
-         * must also see that the rank has state of its own (decide.h, stateless). */
-        char k[48];
         int failed = 0;
-        if (!dp->own_published && gen_own_state(payload, h->length)) {
-            if (ctl_set(dp->snap_ctl, rt_key(k, sizeof k, KEY_OWN_STATE, h->rank, 0), "1") == 0) dp->own_published = 1;
-            else failed = dp->own_pending = 1;
-        }
-        char bytes[32];
-        proto_int_format((long long)h->length, bytes, sizeof bytes);
-        if (!failed && h->length > dp->gen_bytes_published) {
-            if (ctl_set(dp->snap_ctl, rt_key(k, sizeof k, KEY_GEN_BYTES, h->rank, 0), bytes) == 0)
+        if (h->length > dp->gen_bytes_published) {
+            if (ctl_gen_bytes_set(dp->snap_ctl, h->rank, (long long)h->length) == 0)
                 dp->gen_bytes_published = h->length; /* what a waiting spare sizes its buffer for */
             else failed = 1;
         }
-        if (!failed && ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step) != 0) failed = 1;
+        /* With the commit record, while nothing of ours was ever in a generation: the claim
+         * that a coordinator counting this step as committed reads (decide.h, stateless). */
+        if (!failed && ctl_committed_set(dp->snap_ctl, h->epoch, h->rank, h->step, own_seen ? -1 : h->step) != 0)
+            failed = 1;
         if (failed) rt_control_down(dp, dp->snap_ctl, 0); /* owed: the heartbeat thread writes it as soon as it can */
         else ctl_wait_replica(dp->snap_ctl, 1000); /* under Sentinel: a committed generation survives a failover */
         ctl_set_timeout(dp->snap_ctl, saved);
-    } else {
-        if (!dp->own_published && gen_own_state(payload, h->length)) dp->own_pending = 1;
     }
     pthread_mutex_lock(&dp->pub_mu);
     if (h->length > dp->gen_bytes_published && h->length > dp->gen_bytes_pending) dp->gen_bytes_pending = h->length;

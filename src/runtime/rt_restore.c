@@ -91,6 +91,11 @@ int rt_restore_payload(dp_t *dp, const SnapHeader *h, const void *payload, const
         return -1;
     }
     if (local_len) g.nregions += l.nregions;
+    if (gen_own_state(payload, h->length)) { /* no stateless claim may cover it (ctl_committed_set) */
+        pthread_mutex_lock(&dp->pub_mu);
+        dp->own_seen = 1;
+        pthread_mutex_unlock(&dp->pub_mu);
+    }
     dp->restored_identical = 0;
     for (int i = 0; i < g.nregions; i++) dp->restored_identical |= regions[i].kind == DP_IDENTICAL;
     /* Kept for the restore point's snapshot in the new epoch, which must carry it too. */
@@ -209,16 +214,12 @@ int rt_read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload, cha
     return -1;
 }
 
-/* 1 when no generation of `rank` carried state of its own (KEY_OWN_STATE is absent) since
- * the job started or resumed, so that any generation g of it other than the resumed
- * checkpoint's (whose files exist) holds the identical state at most; 0 when one did, or when
- * Redis cannot say. */
+/* 1 when generation g of `rank` holds the identical state at most: a verified claim of the
+ * rank covers g (ctl_stateless_through), and g is not the resumed checkpoint's (whose files
+ * exist); 0 when it may hold more, or when Redis cannot say. */
 int rt_rank_stateless(dp_t *dp, int rank, long long g) {
     if (g == dp->cfg.resume_step) return 0;
-    char k[48], value[8];
-    const char *suffix = rt_key(k, sizeof k, KEY_OWN_STATE, rank, 0);
-    int present = 1;
-    return ctl_get_many(dp->ctl, &suffix, 1, value, sizeof value, &present) == 0 && !present;
+    return g >= 0 && ctl_stateless_through(dp->ctl, rank) >= g;
 }
 
 /* 1 when this rank need not fetch generation `rollback`: it has nothing of its own and some
@@ -314,22 +315,7 @@ void rt_warm_grow_finish(dp_t *dp, int wait) {
 void rt_warm_grow_check(dp_t *dp) {
     rt_warm_grow_finish(dp, 0);
     if (!dp->warm_wanted || dp->warm_growing) return;
-    int world = dp->cfg.workers;
-    char (*names)[48] = malloc(sizeof *names * (size_t)world), (*values)[24] = malloc(sizeof *values * (size_t)world);
-    const char **suffixes = malloc(sizeof *suffixes * (size_t)world);
-    size_t want = 0;
-    if (names && values && suffixes) {
-        for (int r = 0; r < world; r++) suffixes[r] = rt_key(names[r], sizeof names[r], KEY_GEN_BYTES, r, 0);
-        if (ctl_get_many(dp->ctl, suffixes, world, values[0], sizeof values[0], NULL) == 0)
-            for (int r = 0; r < world; r++) {
-                long long b;
-                if (values[r][0] && proto_int_parse(values[r], "gen_bytes", 0, LLONG_MAX, &b, NULL, 0) == 0 && (size_t)b > want)
-                    want = (size_t)b;
-            }
-    }
-    free(names);
-    free(values);
-    free(suffixes);
+    size_t want = (size_t)ctl_gen_bytes_max(dp->ctl, dp->cfg.workers);
     if (want <= dp->warm_cap) return;
     dp->warm_next_cap = want;
     atomic_store(&dp->warm_grown, 0);

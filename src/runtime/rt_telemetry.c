@@ -123,17 +123,14 @@ static int republish(dp_t *dp, ctl_t *c) {
     long long pe = dp->pub_epoch, ps = dp->pub_step;
     int rank = dp->pub_rank;
     pthread_mutex_unlock(&dp->pub_mu);
-    char k[48];
     if (rank >= 0 && e <= cur) {
         bad |= ctl_set_rank_owner(c, rank, dp->proc_id);
-        if (pe == cur && ps >= 0) bad |= ctl_committed_set(c, pe, rank, ps);
-        if (dp->own_published || dp->own_pending) bad |= ctl_set(c, rt_key(k, sizeof k, KEY_OWN_STATE, rank, 0), "1");
         pthread_mutex_lock(&dp->pub_mu);
+        int own_seen = dp->own_seen;
         size_t gb = dp->gen_bytes_pending > dp->gen_bytes_published ? dp->gen_bytes_pending : dp->gen_bytes_published;
         pthread_mutex_unlock(&dp->pub_mu);
-        char bytes[32];
-        proto_int_format((long long)gb, bytes, sizeof bytes);
-        if (gb) bad |= ctl_set(c, rt_key(k, sizeof k, KEY_GEN_BYTES, rank, 0), bytes);
+        if (pe == cur && ps >= 0) bad |= ctl_committed_set(c, pe, rank, ps, own_seen ? -1 : ps);
+        if (gb) bad |= ctl_gen_bytes_set(c, rank, (long long)gb);
     }
     if (atomic_load(&dp->in_pool)) bad |= ctl_spare_add(c, dp->proc_id);
     size_t cap = HELD_TEXT_MAX(dp->cfg.workers);

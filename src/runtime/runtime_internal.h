@@ -61,7 +61,6 @@ struct dp {
     int mq_n, mq_dropped, mq_flushing;
     _Atomic double step_ewma; /* a step's usual time, ms (main thread): the training path's Redis bound */
     pthread_cond_t pub_cv;    /* wakes the heartbeat thread: something waits to be republished */
-    int own_pending;          /* KEY_OWN_STATE not written yet (Redis was away at the commit) */
     size_t gen_bytes_pending; /* ...KEY_GEN_BYTES likewise (0: none) */
     char err[1024];           /* dp_last_error */
     /* membership */
@@ -111,7 +110,8 @@ struct dp {
     size_t local_head_cap;
     SnapRegion snap_locals[GEN_MAX_REGIONS + 1];
     int nlocals;
-    int own_published;        /* KEY_OWN_STATE is set for this rank (by this process) */
+    int own_seen;             /* pub_mu: a generation this process committed or restored had state of
+                               * its own: it claims no more (KEY_STATELESS) */
     /* state DeadPool owns (dp_state_declare): two blocks, one per generation parity, each
      * [head area | region 0 | region 1 | ...], so that a generation is one contiguous payload */
     dp_state_spec state[GEN_MAX_REGIONS];

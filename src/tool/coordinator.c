@@ -585,23 +585,11 @@ static void gather_holders(Coordinator *c, DecideFailure *f) {
         for (int h = 0; h < nh; h++) f->holder_alive[h] = 0;
 }
 
-/* Which failed ranks never had state of their own (KEY_OWN_STATE absent), one MGET; read
- * after the committed generations (a rank sets its key before it publishes a commit). On an
- * error every rank counts as having some. */
+/* Each failed rank's verified claim to have had nothing of its own through some step
+ * (ctl_stateless_through; -1: none), read after the committed generations: a rank writes it
+ * with its commit record. One GET per failed rank. */
 static void gather_stateless(Coordinator *c, DecideInput *in) {
-    int n = in->nfailed;
-    char (*keys)[48] = malloc(sizeof *keys * (size_t)n), (*values)[8] = malloc(sizeof *values * (size_t)n);
-    const char **suffixes = malloc(sizeof *suffixes * (size_t)n);
-    int *present = malloc(sizeof *present * (size_t)n);
-    if (keys && values && suffixes && present) {
-        for (int i = 0; i < n; i++) suffixes[i] = ctl_key_suffix(keys[i], sizeof keys[i], KEY_OWN_STATE, in->failed[i].rank, 0);
-        if (ctl_get_many(c->ctl, suffixes, n, values[0], sizeof values[0], present) == 0)
-            for (int i = 0; i < n; i++) in->failed[i].stateless = !present[i];
-    }
-    free(keys);
-    free(values);
-    free(suffixes);
-    free(present);
+    for (int i = 0; i < in->nfailed; i++) in->failed[i].stateless_through = ctl_stateless_through(c->ctl, in->failed[i].rank);
 }
 
 /* The newest generation of `rank` that all its live holders reported holding in this epoch
@@ -676,7 +664,7 @@ static void gather_input(Coordinator *c, int suspicion_due) {
         f->t_fail_ms = c->pending[i].t_fail_ms;
         f->t_detect_ms = c->pending[i].t_detect_ms;
         f->nholders = 0;
-        f->stateless = 0;
+        f->stateless_through = -1;
     }
     /* Holders, checkpoints and spares matter only when a failed rank can be hot-swapped. */
     if (c->npending == 0 || c->cfg->ft != FT_DEADPOOL) return;

@@ -135,9 +135,10 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
     int survivors = in->world - in->nfailed;
     for (int i = 0; i < in->nfailed && out->rollback >= 0; i++) {
         const DecideFailure *f = &in->failed[i];
-        if ((f->stateless && (f->rank != 0 || survivors > 0)) || replica_survives(in, f)) continue;
+        int stateless = f->stateless_through >= out->rollback;
+        if ((stateless && (f->rank != 0 || survivors > 0)) || replica_survives(in, f)) continue;
         char lost[320];
-        if (f->stateless)
+        if (stateless)
             snprintf(lost, sizeof lost, "every rank failed (rank %d: %s) and every holder of rank %d's replicas with "
                      "them, so the state every rank held identically is lost", f->rank, f->kind, f->rank);
         else if (f->holders_refused && f->nholders == 0)

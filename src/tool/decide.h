@@ -29,12 +29,12 @@ typedef struct {
     long holder_proc[HOLDERS_MAX];
     int holder_alive[HOLDERS_MAX];
     int holders_refused; /* 1: the newest record of them did not verify (forged in Redis) */
-    /* 1: no generation of this rank carried state of its own (no DP_SHARDED region, no extra
-     * bytes; control.h KEY_OWN_STATE), only DP_IDENTICAL regions, which every rank keeps in
-     * its own snapshots: the rank loses nothing when it fails, and needs no holder as long as
-     * a member survives to provide the identical state. 0 (the default): it has, or it is not
-     * known. */
-    int stateless;
+    /* No generation of this rank through this step carried state of its own (no DP_SHARDED
+     * region, no extra bytes; control.h KEY_STATELESS), only DP_IDENTICAL regions, which every
+     * rank keeps in its own snapshots: when it covers the rollback, the rank loses nothing
+     * when it fails, and needs no holder as long as a member survives to provide the
+     * identical state. -1: it may have some, or it is not known. */
+    long long stateless_through;
 } DecideFailure;
 
 typedef struct {

@@ -221,7 +221,9 @@ DP_EXPORT const char *dp_out_dir(const dp_t *dp); /* --out */
 DP_EXPORT const char *dp_resume_dir(const dp_t *dp);
 DP_EXPORT long dp_epoch(const dp_t *dp);          /* membership epoch: +1 at every recovery */
 /* Redis key prefix and address of the current epoch, for a program that builds its own
- * collectives: "dp:JOB:eEPOCH:app:". 0 / -1. */
+ * collectives: "dp:JOB:eEPOCH:app:". Redis is untrusted storage: whoever holds its password
+ * can change what the program keeps there, so it should hold nothing it does not verify.
+ * 0 / -1. */
 DP_EXPORT int dp_store_prefix(const dp_t *dp, char *out, size_t len);
 DP_EXPORT const char *dp_last_error(const dp_t *dp);
 /* DEADPOOL_VERSION of the library as built (it may be newer than the header compiled against). */

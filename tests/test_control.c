@@ -255,17 +255,6 @@ static char *raw_hget(const char *key, const char *field, char *out, size_t len)
     return out;
 }
 
-static int raw_rpush(const char *key, const char *value) {
-    redisContext *rc = redisConnect("127.0.0.1", g_server.port);
-    redisReply *r = NULL;
-    if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
-    if (rc && !rc->err) r = redisCommand(rc, "RPUSH %s %s", key, value);
-    int ok = r && r->type == REDIS_REPLY_INTEGER;
-    if (r) freeReplyObject(r);
-    if (rc) redisFree(rc);
-    return ok ? 0 : -1;
-}
-
 static int g_nreports;
 static char g_reports[256];
 static void collect_report(const char *text, void *arg) {
@@ -274,16 +263,18 @@ static void collect_report(const char *text, void *arg) {
     snprintf(g_reports, sizeof g_reports, "%s", text);
 }
 
-static int raw_set(const char *key, const char *value) {
+/* VERB key value (SET, RPUSH) straight into Redis: 0 when Redis took it. */
+static int raw_write(const char *verb, const char *key, const char *value) {
     redisContext *rc = redisConnect("127.0.0.1", g_server.port);
     redisReply *r = NULL;
     if (rc && !rc->err && g_server.password[0]) freeReplyObject(redisCommand(rc, "AUTH %s", g_server.password));
-    if (rc && !rc->err) r = redisCommand(rc, "SET %s %s", key, value);
-    int ok = r && r->type == REDIS_REPLY_STATUS;
+    if (rc && !rc->err) r = redisCommand(rc, "%s %s %s", verb, key, value);
+    int ok = r && (r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_INTEGER);
     if (r) freeReplyObject(r);
     if (rc) redisFree(rc);
     return ok ? 0 : -1;
 }
+static int raw_set(const char *key, const char *value) { return raw_write("SET", key, value); }
 static char *raw_get(const char *key, char *out, size_t len) {
     redisContext *rc = redisConnect("127.0.0.1", g_server.port);
     redisReply *r = NULL;
@@ -764,7 +755,7 @@ static void test_stored_integers_refused(void) {
     ctl_key_full(c, rk, sizeof rk, KEY_REPORTS, 0, 0);
     g_reports[0] = 0;
     g_nreports = 0;
-    CHECK(ctl_push_report(c, "job_done 1 0 9 5 none\nall done") == 0 && raw_rpush(rk, "job_done 1 0 9 5 none\nforged") == 0 &&
+    CHECK(ctl_push_report(c, "job_done 1 0 9 5 none\nall done") == 0 && raw_write("RPUSH", rk, "job_done 1 0 9 5 none\nforged") == 0 &&
               ctl_drain(c, KEY_REPORTS, 10, collect_report, NULL) == 2 && g_nreports == 1 && strcmp(g_reports, "job_done 1 0 9 5 none\nall done") == 0,
           "reports: %d delivered, the last '%s'", g_nreports, g_reports);
     CHECK(ctl_gen_bytes_set(c, 0, 1000) == 0 && ctl_gen_bytes_set(c, 1, 3000) == 0 && ctl_gen_bytes_max(c, 3) == 3000,

@@ -758,6 +758,18 @@ static void test_stored_integers_refused(void) {
     CHECK(ctl_push_report(c, "job_done 1 0 9 5 none\nall done") == 0 && raw_write("RPUSH", rk, "job_done 1 0 9 5 none\nforged") == 0 &&
               ctl_drain(c, KEY_REPORTS, 10, collect_report, NULL) == 2 && g_nreports == 1 && strcmp(g_reports, "job_done 1 0 9 5 none\nall done") == 0,
           "reports: %d delivered, the last '%s'", g_nreports, g_reports);
+    /* A checkpoint's bookkeeping: ranks counted once each, forged members for nothing, and a
+     * forged "complete" (it would prune real checkpoints) read as none. */
+    char pk[128];
+    ctl_key_full(c, pk, sizeof pk, KEY_PERSISTED, 19, 0);
+    CHECK(raw_write("SADD", pk, "1") == 0 && raw_write("SADD", pk, "2") == 0, "forged members added");
+    CHECK(ctl_persisted_add(c, 19, 0) == 1 && ctl_persisted_add(c, 19, 0) == 0 && ctl_persisted_add(c, 19, 1) == 2,
+          "persisted: %lld", ctl_persisted_add(c, 19, 2));
+    CHECK(ctl_persist_complete(c) == -1 && ctl_persist_complete_set(c, 19) == 0 && ctl_persist_complete(c) == 19,
+          "persist:complete %lld", ctl_persist_complete(c));
+    ctl_key_suffix(sk1, sizeof sk1, KEY_PERSIST_COMPLETE, 0, 0);
+    CHECK(ctl_set(c, sk1, "99") == 0 && ctl_persist_complete(c) == -1, "a forged persist:complete read as %lld",
+          ctl_persist_complete(c));
     CHECK(ctl_gen_bytes_set(c, 0, 1000) == 0 && ctl_gen_bytes_set(c, 1, 3000) == 0 && ctl_gen_bytes_max(c, 3) == 3000,
           "gen_bytes max %lld", ctl_gen_bytes_max(c, 3));
     ctl_key_suffix(sk1, sizeof sk1, KEY_GEN_BYTES, 2, 0);

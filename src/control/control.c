@@ -1157,19 +1157,56 @@ const char *ctl_key_full(const ctl_t *c, char *buf, size_t len, ctl_key k, long 
     return make_key(c, buf, len, k, a, b);
 }
 
-long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member) {
-    char key[CTL_KEY_MAX];
-    suffix_key(c, key, sizeof key, suffix);
-    /* One script: of members added at the same time only the last one sees the full count,
-     * and a member added again sees 0 (with SADD and SCARD apart, two could see it, and both
-     * would finish the same checkpoint). */
-    redisReply *r = ctl_command(c, "EVAL %s 1 %s %lld", "if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end return redis.call('SCARD', KEYS[1])",
-                                key, member);
+long long ctl_persisted_add(ctl_t *c, long long step, int rank) {
+    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_PERSISTED, step, 0, rank);
+    if (!sealed) return -1;
+    make_key(c, key, sizeof key, KEY_PERSISTED, step, 0);
+    /* One script: of members added at the same time only the last one sees them all, and a
+     * member added again sees none (with SADD and SMEMBERS apart, two could see them all, and
+     * both would finish the same checkpoint). A member is a sealed rank (the seal is the same
+     * for the same rank and step, so a rank counts once); one that does not verify is
+     * someone else's and counts for nothing. */
+    redisReply *r = ctl_command(c, "EVAL %s 1 %s %s",
+                                "if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return {} end "
+                                "return redis.call('SMEMBERS', KEYS[1])",
+                                key, sealed);
+    free(sealed);
     if (!r) return -1;
-    long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
-    if (v < 0) ctl_set_error(c, "redis: unexpected reply to SADD+SCARD");
+    if (r->type != REDIS_REPLY_ARRAY) {
+        ctl_set_error(c, "redis: unexpected reply to SADD+SMEMBERS");
+        freeReplyObject(r);
+        return -1;
+    }
+    long long n = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        long long v;
+        if (r->element[i]->type == REDIS_REPLY_STRING &&
+            unseal_int(c, KEY_PERSISTED, step, 0, r->element[i], "persisted rank", 0, DP_MAX_RANKS - 1, &v) == 0)
+            n++;
+    }
     freeReplyObject(r);
-    return v;
+    return n;
+}
+
+int ctl_persist_complete_set(ctl_t *c, long long step) {
+    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_PERSIST_COMPLETE, 0, 0, step);
+    if (!sealed) return -1;
+    make_key(c, key, sizeof key, KEY_PERSIST_COMPLETE, 0, 0);
+    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
+    free(sealed);
+    return rc;
+}
+
+long long ctl_persist_complete(ctl_t *c) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, KEY_PERSIST_COMPLETE, 0, 0);
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    long long g = -1;
+    if (r->type != REDIS_REPLY_STRING || unseal_int(c, KEY_PERSIST_COMPLETE, 0, 0, r, "persist:complete", 0, LLONG_MAX, &g) != 0)
+        g = -1;
+    freeReplyObject(r);
+    return g;
 }
 
 long long ctl_counter_incr(ctl_t *c, const char *name) {

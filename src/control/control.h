@@ -238,9 +238,15 @@ int ctl_wait_replica(ctl_t *c, int timeout_ms);
  * other machines can reach us at, when nothing better is given). 0 / -1. */
 int ctl_local_addr(ctl_t *c, char *buf, size_t len);
 
-/* Adds member to the set under suffix, atomically: the set's size after, 0 when member was
- * in it already, -1 on error. */
-long long ctl_set_add_count(ctl_t *c, const char *suffix, long long member);
+/* Adds rank to KEY_PERSISTED of step (sealed), atomically: how many ranks the set holds
+ * after, counting only members that verify; 0 when rank was in it already, -1 on error. The
+ * caller that sees every rank finishes the checkpoint. */
+long long ctl_persisted_add(ctl_t *c, long long step, int rank);
+/* KEY_PERSIST_COMPLETE, sealed: the newest step persisted by every rank on its machine's disk;
+ * ctl_persist_complete: -1 when none (absent, forged: logged, or an error). A forged one would
+ * prune real checkpoints and name one that is not there. */
+int ctl_persist_complete_set(ctl_t *c, long long step);
+long long ctl_persist_complete(ctl_t *c);
 
 /* Newest committed snapshot generation of each rank in an epoch (dp:{job}:e{epoch}:committed:{rank}),
  * with, when stateless_through >= 0, the rank's claim that none of its generations through

@@ -29,13 +29,12 @@ static int64_t pinned_step(const dp_t *dp) {
 /* Rank `h->rank`'s state of h->step is on disk: count it (once per rank) and, as the last
  * rank, complete the checkpoint. */
 static void count_persisted(dp_t *dp, ctl_t *c, const SnapHeader *h, const char *kind) {
-    char k[64], err[1024];
-    if (ctl_set_add_count(c, rt_key(k, sizeof k, KEY_PERSISTED, h->step, 0), h->rank) != dp->cfg.workers) return;
+    char err[1024];
+    if (ctl_persisted_add(c, h->step, h->rank) != dp->cfg.workers) return;
     if (dp->cfg.nnodes > 0) { /* each machine has its ranks' files: complete across machines */
         log_msg("checkpoint of step %lld complete: every rank's state is on its machine's disk (--resume gathers them)",
                 (long long)h->step + 1);
-        char done[32];
-        if (proto_int_format((long long)h->step, done, sizeof done) == 0) ctl_set(c, rt_key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done);
+        ctl_persist_complete_set(c, h->step);
         event_emit(c, dp->t0_wall_ms, "checkpoint", "\"step\":%lld,\"kind\":\"%s\",\"machines\":true",
                    (long long)h->step + 1, kind);
         return;
@@ -57,11 +56,8 @@ void rt_persist_generation(dp_t *dp, ctl_t *c, const SnapHeader *h, const void *
         return;
     }
     count_persisted(dp, c, h, "persist");
-    char k[32], done[32];
-    long long g;
-    if (dp->cfg.nnodes > 0 && ctl_get(c, rt_key(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
-        proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &g, NULL, 0) == 0)
-        checkpoint_prune_below(dp->cfg.out, g, pinned_step(dp));
+    long long g = dp->cfg.nnodes > 0 ? ctl_persist_complete(c) : -1;
+    if (g >= 0) checkpoint_prune_below(dp->cfg.out, g, pinned_step(dp));
 }
 
 /* Runs on a snapshot thread: the previous epoch's may still be finishing a generation (its

@@ -810,11 +810,9 @@ static void say_newest_checkpoint(Coordinator *c, int n, const char *none) {
 }
 
 int coord_persisted(Coordinator *c, long long g) {
-    char err[256], k[64], done[32];
-    long long complete;
+    char err[256];
     if (c->cfg->nnodes == 0) return checkpoint_latest(c->cfg->out, err, sizeof err) >= g;
-    return ctl_get(c->ctl, ctl_key_suffix(k, sizeof k, KEY_PERSIST_COMPLETE, 0, 0), done, sizeof done) == 0 &&
-           proto_int_parse(done, "persist:complete", 0, LLONG_MAX, &complete, NULL, 0) == 0 && complete >= g;
+    return ctl_persist_complete(c->ctl) >= g;
 }
 
 /* No live spare for every failed rank: persist generation g once, then wait --spare-wait

@@ -1069,8 +1069,6 @@ int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field f, char *value, size_t l
     return rc;
 }
 
-static void batch_append(ctl_t *c, const char *fmt, ...);
-
 int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step, long long stateless_through) {
     char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_COMMITTED, epoch, rank, step);
     if (!sealed) return -1;
@@ -1079,15 +1077,14 @@ int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step, long long 
         free(sealed);
         return -1;
     }
-    int rc = ctl_batch_begin(c);
-    if (rc == 0) {
-        if (claim) {
-            make_key(c, key, sizeof key, KEY_STATELESS, rank, 0);
-            batch_append(c, "SET %s %s", key, claim);
-        }
-        make_key(c, key, sizeof key, KEY_COMMITTED, epoch, rank);
-        batch_append(c, "SET %s %s", key, sealed);
-        rc = ctl_batch_end(c);
+    make_key(c, key, sizeof key, KEY_COMMITTED, epoch, rank);
+    int rc;
+    if (claim) { /* one MSET: atomic, so whoever reads the commit can read the claim */
+        char ckey[CTL_KEY_MAX];
+        make_key(c, ckey, sizeof ckey, KEY_STATELESS, rank, 0);
+        rc = ctl_command_ok(c, "MSET %s %s %s %s", ckey, claim, key, sealed);
+    } else {
+        rc = ctl_command_ok(c, "SET %s %s", key, sealed);
     }
     free(sealed);
     free(claim);

@@ -250,8 +250,8 @@ long long ctl_persist_complete(ctl_t *c);
 
 /* Newest committed snapshot generation of each rank in an epoch (dp:{job}:e{epoch}:committed:{rank}),
  * with, when stateless_through >= 0, the rank's claim that none of its generations through
- * that step carried state of its own (KEY_STATELESS), written first in the same round trip so
- * that whoever counts the step as committed can see the claim. Both sealed. 0 / -1. */
+ * that step carried state of its own (KEY_STATELESS), written in the same MSET so that whoever
+ * counts the step as committed can see the claim. Both sealed. 0 / -1. */
 int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step, long long stateless_through);
 /* The step S of rank's verified KEY_STATELESS claim: the rank had nothing of its own in any
  * generation through S. -1 when there is none (absent, forged: logged, or Redis unreachable),

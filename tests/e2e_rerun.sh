@@ -24,8 +24,8 @@ die() {
   mkdir -p "$1"
   setsid "$DP" run --out "$1" "${JOB[@]}" --job J -- "$MLP" >"$1.stdout" 2>"$1.log" &
   local lp=$!
-  for _ in $(seq 600); do ls -d "$1"/ckpt/step_* >/dev/null 2>&1 && break; sleep 0.05; done
-  ls -d "$1"/ckpt/step_* >/dev/null 2>&1 || echo "# waited 30 s for a checkpoint in $1/ckpt: none (last: '$(tail -1 "$1.log")')" >&2
+  for _ in $(seq 600); do compgen -G "$1/ckpt/step_*" >/dev/null && break; sleep 0.05; done
+  compgen -G "$1/ckpt/step_*" >/dev/null || echo "# waited 30 s for a checkpoint in $1/ckpt: none (last: '$(tail -1 "$1.log")')" >&2
   kill -9 -- "-$lp" 2>/dev/null; wait "$lp" 2>/dev/null
   for _ in $(seq 300); do [ "$(rcli EXISTS dp:J:launcher)" = 0 ] && [ -z "$(rcli --scan --pattern 'dp:J:hb:*')" ] && break; sleep 0.1; done
   [ "$(rcli EXISTS dp:J:launcher)" = 0 ] && [ -z "$(rcli --scan --pattern 'dp:J:hb:*')" ] \

@@ -928,6 +928,29 @@ static int unseal_int(ctl_t *c, ctl_key k, long long a, long long b, const redis
     return 0;
 }
 
+/* SET key k(a, b) to v sealed: 0 / -1. */
+static int set_sealed_int(ctl_t *c, ctl_key k, long long a, long long b, long long v) {
+    char key[CTL_KEY_MAX], *sealed = seal_int(c, k, a, b, v);
+    if (!sealed) return -1;
+    make_key(c, key, sizeof key, k, a, b);
+    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
+    free(sealed);
+    return rc;
+}
+
+/* GET key k(a, b) as a sealed integer in [0, hi]: the value, or -1 when absent, forged
+ * (logged) or unreadable. */
+static long long get_sealed_int(ctl_t *c, ctl_key k, long long a, long long b, const char *what, long long hi) {
+    char key[CTL_KEY_MAX];
+    make_key(c, key, sizeof key, k, a, b);
+    redisReply *r = ctl_command(c, "GET %s", key);
+    if (!r) return -1;
+    long long v = -1;
+    if (r->type != REDIS_REPLY_STRING || unseal_int(c, k, a, b, r, what, 0, hi, &v) != 0) v = -1;
+    freeReplyObject(r);
+    return v;
+}
+
 int ctl_config_set(ctl_t *c, ctl_config_field f, const char *value) {
     char key[CTL_KEY_MAX];
     const char *field = config_field(c, f);
@@ -1070,46 +1093,29 @@ int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field f, char *value, size_t l
 }
 
 int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step, long long stateless_through) {
+    if (stateless_through < 0) return set_sealed_int(c, KEY_COMMITTED, epoch, rank, step);
     char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_COMMITTED, epoch, rank, step);
-    if (!sealed) return -1;
-    char *claim = stateless_through >= 0 ? seal_int(c, KEY_STATELESS, rank, 0, stateless_through) : NULL;
-    if (stateless_through >= 0 && !claim) {
+    char *claim = seal_int(c, KEY_STATELESS, rank, 0, stateless_through);
+    if (!sealed || !claim) {
         free(sealed);
+        free(claim);
         return -1;
     }
     make_key(c, key, sizeof key, KEY_COMMITTED, epoch, rank);
-    int rc;
-    if (claim) { /* one MSET: atomic, so whoever reads the commit can read the claim */
-        char ckey[CTL_KEY_MAX];
-        make_key(c, ckey, sizeof ckey, KEY_STATELESS, rank, 0);
-        rc = ctl_command_ok(c, "MSET %s %s %s %s", ckey, claim, key, sealed);
-    } else {
-        rc = ctl_command_ok(c, "SET %s %s", key, sealed);
-    }
+    /* one MSET: atomic, so whoever reads the commit can read the claim */
+    char ckey[CTL_KEY_MAX];
+    make_key(c, ckey, sizeof ckey, KEY_STATELESS, rank, 0);
+    int rc = ctl_command_ok(c, "MSET %s %s %s %s", ckey, claim, key, sealed);
     free(sealed);
     free(claim);
     return rc;
 }
 
 long long ctl_stateless_through(ctl_t *c, int rank) {
-    char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, KEY_STATELESS, rank, 0);
-    redisReply *r = ctl_command(c, "GET %s", key);
-    if (!r) return -1;
-    long long s = -1;
-    if (r->type != REDIS_REPLY_STRING || unseal_int(c, KEY_STATELESS, rank, 0, r, "stateless", 0, LLONG_MAX, &s) != 0) s = -1;
-    freeReplyObject(r);
-    return s;
+    return get_sealed_int(c, KEY_STATELESS, rank, 0, "stateless", LLONG_MAX);
 }
 
-int ctl_gen_bytes_set(ctl_t *c, int rank, long long bytes) {
-    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_GEN_BYTES, rank, 0, bytes);
-    if (!sealed) return -1;
-    make_key(c, key, sizeof key, KEY_GEN_BYTES, rank, 0);
-    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
-    free(sealed);
-    return rc;
-}
+int ctl_gen_bytes_set(ctl_t *c, int rank, long long bytes) { return set_sealed_int(c, KEY_GEN_BYTES, rank, 0, bytes); }
 
 #define MGET_CHUNK 256
 
@@ -1185,26 +1191,9 @@ long long ctl_persisted_add(ctl_t *c, long long step, int rank) {
     return n;
 }
 
-int ctl_persist_complete_set(ctl_t *c, long long step) {
-    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_PERSIST_COMPLETE, 0, 0, step);
-    if (!sealed) return -1;
-    make_key(c, key, sizeof key, KEY_PERSIST_COMPLETE, 0, 0);
-    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
-    free(sealed);
-    return rc;
-}
+int ctl_persist_complete_set(ctl_t *c, long long step) { return set_sealed_int(c, KEY_PERSIST_COMPLETE, 0, 0, step); }
 
-long long ctl_persist_complete(ctl_t *c) {
-    char key[CTL_KEY_MAX];
-    make_key(c, key, sizeof key, KEY_PERSIST_COMPLETE, 0, 0);
-    redisReply *r = ctl_command(c, "GET %s", key);
-    if (!r) return -1;
-    long long g = -1;
-    if (r->type != REDIS_REPLY_STRING || unseal_int(c, KEY_PERSIST_COMPLETE, 0, 0, r, "persist:complete", 0, LLONG_MAX, &g) != 0)
-        g = -1;
-    freeReplyObject(r);
-    return g;
-}
+long long ctl_persist_complete(ctl_t *c) { return get_sealed_int(c, KEY_PERSIST_COMPLETE, 0, 0, "persist:complete", LLONG_MAX); }
 
 long long ctl_counter_incr(ctl_t *c, const char *name) {
     char key[CTL_KEY_MAX];
@@ -1245,14 +1234,7 @@ int ctl_set_nx(ctl_t *c, const char *suffix, const char *value) {
     return set;
 }
 
-int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id) {
-    char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_RANK, rank, 0, proc_id);
-    if (!sealed) return -1;
-    make_key(c, key, sizeof key, KEY_RANK, rank, 0);
-    int rc = ctl_command_ok(c, "SET %s %s", key, sealed);
-    free(sealed);
-    return rc;
-}
+int ctl_set_rank_owner(ctl_t *c, int rank, long proc_id) { return set_sealed_int(c, KEY_RANK, rank, 0, proc_id); }
 
 int ctl_epoch_set(ctl_t *c, long epoch) {
     char key[CTL_KEY_MAX];

@@ -744,6 +744,12 @@ static void test_stored_integers_refused(void) {
     CHECK(ctl_set(c, sk, "99") == 0 && ctl_stateless_through(c, 0) == -1 && ctl_value_refused(c),
           "a forged claim (no tag) read as %lld", ctl_stateless_through(c, 0));
     CHECK(ctl_committed_set(c, 1, 1, 40, 40) == 0 && ctl_stateless_through(c, 1) == 40, "rank 1's claim");
+    {
+        int ranks[3] = {1, 0, 2};
+        long long th[3];
+        CHECK(ctl_stateless_through_many(c, ranks, 3, th) == 0 && th[0] == 40 && th[1] == -1 && th[2] == -1,
+              "claims of ranks 1, 0, 2 read as %lld %lld %lld", th[0], th[1], th[2]);
+    }
     char sk1[64], moved[512];
     ctl_key_suffix(sk1, sizeof sk1, KEY_STATELESS, 1, 0);
     CHECK(ctl_get(c, sk1, moved, sizeof moved) == 0 && ctl_set(c, sk, moved) == 0 && ctl_stateless_through(c, 0) == -1,

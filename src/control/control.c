@@ -2211,6 +2211,25 @@ int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps) {
     return 0;
 }
 
+int ctl_stateless_through_many(ctl_t *c, const int *ranks, int n, long long *through) {
+    for (int base = 0; base < n; base += MGET_CHUNK) {
+        int m = n - base < MGET_CHUNK ? n - base : MGET_CHUNK;
+        char keys[MGET_CHUNK][CTL_KEY_MAX];
+        for (int i = 0; i < m; i++) make_key(c, keys[i], sizeof keys[i], KEY_STATELESS, ranks[base + i], 0);
+        redisReply *r = ctl_mget(c, keys, m);
+        if (!r) {
+            for (int i = base; i < n; i++) through[i] = -1;
+            return -1;
+        }
+        for (int i = 0; i < m; i++)
+            if (r->element[i]->type != REDIS_REPLY_STRING ||
+                unseal_int(c, KEY_STATELESS, ranks[base + i], 0, r->element[i], "stateless", 0, LLONG_MAX, &through[base + i]) != 0)
+                through[base + i] = -1;
+        freeReplyObject(r);
+    }
+    return 0;
+}
+
 long long ctl_gen_bytes_max(ctl_t *c, int world) {
     long long max = 0;
     for (int base = 0; base < world; base += MGET_CHUNK) {

@@ -259,6 +259,8 @@ int ctl_committed_set(ctl_t *c, long epoch, int rank, long long step, long long 
  * restores. The claim is a fact about the past that stays true: an old one replayed into
  * Redis covers only generations it was true for. Deleting it can only cost a fetch. */
 long long ctl_stateless_through(ctl_t *c, int rank);
+/* The same for ranks[0..n) into through[] in one MGET per 256 (-1 each when none): 0 / -1. */
+int ctl_stateless_through_many(ctl_t *c, const int *ranks, int n, long long *through);
 /* KEY_GEN_BYTES: rank's largest committed generation, sealed (0 / -1); the largest verified
  * value over ranks 0..world-1, 0 when none (or on an error). */
 int ctl_gen_bytes_set(ctl_t *c, int rank, long long bytes);

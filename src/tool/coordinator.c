@@ -587,9 +587,13 @@ static void gather_holders(Coordinator *c, DecideFailure *f) {
 
 /* Each failed rank's verified claim to have had nothing of its own through some step
  * (ctl_stateless_through; -1: none), read after the committed generations: a rank writes it
- * with its commit record. One GET per failed rank. */
+ * with its commit record. One MGET, whatever the number of failed ranks. */
 static void gather_stateless(Coordinator *c, DecideInput *in) {
-    for (int i = 0; i < in->nfailed; i++) in->failed[i].stateless_through = ctl_stateless_through(c->ctl, in->failed[i].rank);
+    int ranks[DP_MAX_RANKS];
+    long long through[DP_MAX_RANKS];
+    for (int i = 0; i < in->nfailed; i++) ranks[i] = in->failed[i].rank;
+    ctl_stateless_through_many(c->ctl, ranks, in->nfailed, through); /* -1 each on an error */
+    for (int i = 0; i < in->nfailed; i++) in->failed[i].stateless_through = through[i];
 }
 
 /* The newest generation of `rank` that all its live holders reported holding in this epoch

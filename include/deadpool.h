@@ -183,10 +183,10 @@ typedef struct {
 /* Connects to the job, registers this process and claims its role. NULL + err. Process-wide
  * state it changes, and why: SIGPIPE is set to ignored if it was at its default (the Redis
  * client writes to sockets with write(2): a server that closed a connection would otherwise
- * kill the process; a handler of the application's own is left alone), and
- * DEADPOOL_PROC is removed from the environment (the id `deadpool run` drew for this
- * process; a process it starts must not claim it too). Nothing else: no other signal, no
- * other variable. */
+ * kill the process; a handler of the application's own is left alone). Nothing else: no other
+ * signal, and the environment is read, never written (of processes that inherit the id
+ * `deadpool run` drew for one process, DEADPOOL_PROC, the first to call dp_init keeps it and
+ * the others draw their own). */
 DP_EXPORT dp_t *dp_init(const dp_options *opts, char *err, size_t errlen);
 /* Becomes a member: an initial member builds the collectives (and, resuming, restores its
  * state from disk); a spare waits, warm, until a failure hands it a rank, then restores that

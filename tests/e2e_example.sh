@@ -182,6 +182,21 @@ else notok "failure_waits_for_the_spare_still_starting" "rc $rc, $before spares 
 [ $rc -ne 0 ] && grep -q 'deadpool run -- PROGRAM' "$WORK/bad3.out" && ok "program_outside_a_job_says_how_to_start_it" \
   || notok "program_outside_a_job_says_how_to_start_it" "rc $rc $(cat "$WORK/bad3.out")"
 
+# The library leaves its host's environment alone (no unsetenv): two processes that inherit
+# one launcher-drawn id (DEADPOOL_PROC, here siblings under one shell) get one id each: the
+# first to call dp_init claims it, the other draws its own and, its rank being taken, waits as
+# a spare. (With the id shared, both took the rank as its owner: two rank 2s in one epoch.)
+expect_same example_inherited_process_id_claimed_once 0 --spares 0 \
+  -- bash -c '"$0" "$@" & "$0" "$@"; wait' "$MLP"
+e="$WORK/example_inherited_process_id_claimed_once/events.jsonl"
+procs=$(grep -E '"event":"(rank|spare)_joined"' "$e" | grep -o '"proc":[0-9]*' | sort)
+ranks=$(grep '"event":"rank_joined"' "$e" | grep -o '"rank":[0-9]*' | sort -u | wc -l)
+# (A sibling that starts after the job ended registers nothing: at least one must have.)
+if [ "$(wc -l <<<"$procs")" -ge 4 ] && [ -z "$(uniq -d <<<"$procs")" ] && [ "$ranks" -eq 3 ] \
+   && [ "$(grep -c '"event":"rank_joined"' "$e")" -eq 3 ]; then
+  ok "example_inherited_process_id_one_owner"
+else notok "example_inherited_process_id_one_owner" "procs: $(tr '\n' ' ' <<<"$procs")"; fi
+
 # Every transition the runs above took was one the lifecycle accepts (runtime.c logs a refused
 # one as "lifecycle: state S does not accept I"): kills, a hang, failures during recovery,
 # spares started late, persist and resume.

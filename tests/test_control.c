@@ -480,6 +480,20 @@ static void test_proc_ids(void) {
     ctl_close(c);
 }
 
+/* The id a launcher drew goes to the first process that claims it; one that inherited the
+ * variable gets 0 (and draws its own); the claimer may claim again (a retried call). */
+static void test_proc_claim(void) {
+    ctl_t *c = connect_job("jobA");
+    if (!c) return;
+    long id = ctl_new_proc_id(c);
+    CHECK(ctl_proc_claim(c, id, 4242) == 1, "first claim: %s", ctl_last_error(c));
+    CHECK(ctl_proc_claim(c, id, 4242) == 1, "the same pid again: %s", ctl_last_error(c));
+    CHECK(ctl_proc_claim(c, id, 4243) == 0, "a second process got the id");
+    char v[32];
+    CHECK(ctl_proc_get(c, id, PROC_PID, v, sizeof v) == 0 && strcmp(v, "4242") == 0, "pid field: %s", v);
+    ctl_close(c);
+}
+
 static void test_claim_rank(void) {
     ctl_t *c = connect_job("jobA");
     ctl_t *d = connect_job("jobA");
@@ -1240,6 +1254,7 @@ int main(void) {
     RUN_TEST(test_sealed_keys);
     RUN_TEST(test_loopback_squatter_gets_no_password);
     RUN_TEST(test_proc_ids);
+    RUN_TEST(test_proc_claim);
     RUN_TEST(test_claim_rank);
     RUN_TEST(test_spares);
     RUN_TEST(test_bulk_and_batches);

@@ -1004,6 +1004,16 @@ static long incr_key(ctl_t *c, ctl_key k) {
 
 long ctl_new_proc_id(ctl_t *c) { return incr_key(c, KEY_PROCS); }
 
+int ctl_proc_claim(ctl_t *c, long proc_id, long pid) {
+    char key[CTL_KEY_MAX], v[32];
+    make_key(c, key, sizeof key, KEY_PROC, proc_id, 0);
+    long long set;
+    if (ctl_command_integer(c, &set, "HSETNX %s %s %ld", key, PROC_FIELD_NAMES[PROC_PID], pid) != 0) return -1;
+    if (set == 1) return 1;
+    if (ctl_proc_get(c, proc_id, PROC_PID, v, sizeof v) != 0) return -1;
+    return atol(v) == pid;
+}
+
 int ctl_claim_rank(ctl_t *c, int rank, long proc_id) {
     char key[CTL_KEY_MAX], *sealed = seal_int(c, KEY_RANK, rank, 0, proc_id);
     if (!sealed) return -1;

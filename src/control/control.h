@@ -84,6 +84,11 @@ int ctl_config_get(ctl_t *c, ctl_config_field field, char *value, size_t len);
 
 /* A fresh process id, unique within the job (INCR dp:{job}:procs). -1 on error. */
 long ctl_new_proc_id(ctl_t *c);
+/* Claims the process id a launcher drew for one process (DEADPOOL_PROC) for the process pid:
+ * the first to claim it keeps it (HSETNX of its PROC_PID field). 1 claimed (also again by the
+ * same pid), 0 another process has it (one started by that process, or beside it, inherits
+ * the variable: it draws an id of its own instead), -1 error. */
+int ctl_proc_claim(ctl_t *c, long proc_id, long pid);
 /* Claims worker rank `rank` for proc_id if free (SET NX). 1 claimed, 0 taken, -1 error.
  * Rank owners (this, ctl_set_rank_owner, ctl_batch_rank_owner) and commit records are sealed
  * with the job key (ctl_set_job_key first): one that does not verify reads as none (0, or -1

@@ -359,11 +359,21 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
                  dp->cfg.workers - 1);
         goto fail;
     }
-    /* A launcher draws its processes' ids, so that it can report their exits by id. Read once:
-     * a process this one starts must not take the same id. */
-    dp->proc_id = proc && atol(proc) > 0 ? atol(proc) : ctl_new_proc_id(dp->ctl);
+    /* A launcher draws its processes' ids, so that it can report their exits by id. The
+     * variable stays as it is (a library does not change its host's environment): a process
+     * this one starts, or one beside it, inherits it, and the claim gives the id to the first
+     * of them only; the others draw ids of their own. */
+    dp->proc_id = -1;
+    while (spawned) {
+        int claimed = ctl_proc_claim(dp->ctl, atol(proc), (long)getpid());
+        if (claimed >= 0) {
+            dp->proc_id = claimed ? atol(proc) : 0;
+            break;
+        }
+        if (!retry_transient(dp->ctl, deadline)) break;
+    }
+    if (dp->proc_id == 0 || !spawned) dp->proc_id = ctl_new_proc_id(dp->ctl);
     while (dp->proc_id < 0 && retry_transient(dp->ctl, deadline)) dp->proc_id = ctl_new_proc_id(dp->ctl);
-    unsetenv(DP_ENV_PROC);
     if (dp->proc_id < 0) { snprintf(err, errlen, "registration failed: %s", ctl_last_error(dp->ctl)); goto fail; }
     if (start_replica_server(dp, err, errlen) != 0) goto fail;
     ctl_heartbeat(dp->ctl, dp->proc_id, dp->cfg.detect_timeout_ms);

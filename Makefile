@@ -17,7 +17,13 @@
 #   python/     the `deadpool` Python package (ctypes over libdeadpool.so; deadpool.torch)
 CC      ?= cc
 CXX     ?= c++
-OPT     ?= -O2 -march=native
+# Portable by default: the library's hot paths pick their instructions at run time (CRC32C
+# here; Poly1305, memcpy and Gloo's reductions in their libraries). Only the built-in
+# trainer's own loops (layernorm, attention, GELU, AdamW: what OpenBLAS does not do) are built
+# for this CPU, where it was measured to pay (docs/BENCHMARKS.md, -march=native); GPT2_ARCH=
+# builds them portable too (`make install` does).
+OPT     ?= -O2
+GPT2_ARCH ?= -march=native
 PREFIX  ?= /usr/local
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -I/usr/include/hiredis -Iinclude -MMD -MP
@@ -91,7 +97,7 @@ $(BUILD)/common/%.o: src/common/%.c
 
 $(BUILD)/gpt2/%.o: src/gpt2/%.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(GPT2_INC) -c -o $@ $<
+	$(CC) $(CFLAGS) $(GPT2_ARCH) $(GPT2_INC) -c -o $@ $<
 
 # Examples see only the public header.
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libdeadpool.a
@@ -165,11 +171,11 @@ $(BUILD)/fuzz/gen_corpus: tests/fuzz/gen_corpus.c $(GPT2_OBJ) $(BUILD)/libdptool
 	$(CC) $(CFLAGS) $(LIB_INC) -Isrc/tool $(GPT2_INC) -o $@ $< $(GPT2_OBJ) $(BUILD)/libdptool.a $(BUILD)/libdeadpool.a $(LDLIBS)
 
 # What is installed may run on another CPU than the one that built it: it is built again
-# without -march=native, in build/portable (the CRC picks its instructions at run time).
+# with the trainer portable too, in build/portable.
 # The pkg-config file names PREFIX, so it is written at install time, never reused.
 PORTABLE = $(BUILD)/portable
 install:
-	$(MAKE) BUILD=$(PORTABLE) OPT=-O2 BIN=$(PORTABLE)/deadpool $(PORTABLE)/deadpool $(PORTABLE)/libdeadpool.so $(PORTABLE)/libdeadpool.a
+	$(MAKE) BUILD=$(PORTABLE) GPT2_ARCH= BIN=$(PORTABLE)/deadpool $(PORTABLE)/deadpool $(PORTABLE)/libdeadpool.so $(PORTABLE)/libdeadpool.a
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(PORTABLE)/deadpool $(DESTDIR)$(PREFIX)/bin/deadpool
 	install -m 644 include/deadpool.h $(DESTDIR)$(PREFIX)/include/deadpool.h

@@ -40,6 +40,13 @@ if [ "$march" = "-march=x86-64 " ] && ! ldd "$PREFIX/lib/libdeadpool.so" "$WORK/
   ok "installed_is_portable_and_the_library_is_not_the_tool"
 else notok "installed_is_portable_and_the_library_is_not_the_tool" "march: $march; tool symbols: $tool" \
   "$(ldd "$PREFIX/lib/libdeadpool.so" | grep microhttpd)"; fi
+# The default build's library is portable too (only the built-in trainer is built for this
+# CPU, where it was measured to pay: docs/BENCHMARKS.md), so a program linked against
+# build/libdeadpool.so runs on any x86-64.
+march=$(readelf --debug-dump=info "$ROOT/build/libdeadpool.so" 2>/dev/null | grep DW_AT_producer \
+  | grep -o -- '-march=[^ ]*' | sort -u | tr '\n' ' ')
+[ "$march" = "-march=x86-64 " ] && ok "default_build_library_is_portable" \
+  || notok "default_build_library_is_portable" "march: $march"
 # The header is C11 and C++.
 if printf '#include <deadpool.h>\nint main(void) { return DP_OK; }\n' | c++ -x c++ -std=c++17 -Wall -Wextra -Werror \
      -I"$PREFIX/include" -o "$WORK/cxx" - >"$WORK/cxx.log" 2>&1 \

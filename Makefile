@@ -4,11 +4,12 @@
 # the Gloo shim (src/data/comm_gloo*.cc).
 #
 #   include/       the public API (deadpool.h)
-#   src/runtime/   the runtime behind deadpool.h: a process's life in a job, its options, events,
-#                  fault injection                                  \
-#   src/data/      the data path: snapshots, replicas, checkpoints,   > libdeadpool.a / .so
-#                  the authenticated collectives                    /
-#   src/control/   the control-plane client: Redis keys and values, decisions, reports
+#   src/runtime/   the runtime behind deadpool.h: a process's life in a job \
+#   src/data/      the data path: snapshots, replicas, checkpoints,          |
+#                  the authenticated collectives                             | libdeadpool.a / .so
+#   src/control/   the control-plane client: Redis keys and values,         | (layers, highest
+#                  decisions, reports, events                                | first: LIB_DIRS)
+#   src/job/       the job's model: options, the --inject grammar, secret    |
 #   src/common/    clocks, logging, files, option tables (library and trainer alike)
 #   src/tool/      the `deadpool` program: launcher, coordinator, decisions, embedded Redis,
 #                  metrics server, Slurm, report   -> build/libdptool.a + main.c, `deadpool` only
@@ -40,8 +41,19 @@ LIB_LIBS = -lgloo -lhiredis -lsodium -lstdc++ -lm -pthread
 LDLIBS  = $(LIB_LIBS) -lmicrohttpd -lopenblas -ljansson
 
 BUILD    = build
-LIB_DIRS = runtime data control
-LIB_INC  = $(patsubst %,-Isrc/%,$(LIB_DIRS)) -Isrc/common
+# The library's layers, lowest first: each folder sees its own headers and those of the layers
+# below it, never above (tests/e2e_code.sh checks the includes too).
+#   common  clocks, logging, files, option tables
+#   job     the job's model: its options (config), the --inject grammar, its secret and keys
+#   control the control plane's client (Redis keys and values, decisions, events)
+#   data    snapshots, replicas, checkpoints, the authenticated collectives
+#   runtime deadpool.h's implementation
+LIB_DIRS = job control data runtime
+INC_job     = -Isrc/job -Isrc/common
+INC_control = -Isrc/control $(INC_job)
+INC_data    = -Isrc/data $(INC_control)
+INC_runtime = -Isrc/runtime $(INC_data)
+LIB_INC     = $(INC_runtime)
 GPT2_INC = -Isrc/gpt2 -Isrc/common
 # What a training process needs is the library; what only the `deadpool` program runs is not
 # (an application links no HTTP server and no launcher).
@@ -77,11 +89,11 @@ $(BUILD)/libdeadpool.so: $(LIB_OBJ) src/runtime/libdeadpool.map
 define LIB_RULES
 $$(BUILD)/$(1)/%.o: src/$(1)/%.c
 	@mkdir -p $$(@D)
-	$$(CC) $$(CFLAGS) $$(PIC) $$(LIB_INC) -c -o $$@ $$<
+	$$(CC) $$(CFLAGS) $$(PIC) $$(INC_$(1)) -c -o $$@ $$<
 
 $$(BUILD)/$(1)/%.o: src/$(1)/%.cc
 	@mkdir -p $$(@D)
-	$$(CXX) $$(CXXFLAGS) $$(PIC) $$(LIB_INC) -c -o $$@ $$<
+	$$(CXX) $$(CXXFLAGS) $$(PIC) $$(INC_$(1)) -c -o $$@ $$<
 endef
 $(foreach d,$(LIB_DIRS),$(eval $(call LIB_RULES,$(d))))
 
@@ -133,7 +145,7 @@ FUZZ_SAN     = -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS  = -O1 -g -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wextra -pthread -MMD -MP \
                -I/usr/include/hiredis -Iinclude $(LIB_INC) -Isrc/tool $(GPT2_INC) $(FUZZ_SAN)
 FUZZ_SRC     = $(wildcard src/common/*.c) src/data/checkpoint.c src/data/checksum.c src/data/comm_auth.c src/control/control.c src/control/redis_connect.c \
-               src/runtime/events.c src/data/secret.c \
+               src/control/events.c src/job/secret.c \
                src/data/generation.c src/control/protocol.c src/control/recovery.c src/data/replica.c \
                src/gpt2/data.c src/gpt2/layers.c src/gpt2/model.c src/gpt2/modelfile.c
 FUZZ_NAMES   = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -44,3 +44,30 @@ else notok "rendezvous_keys_spelled_once" "$(echo "$rdzv_hits" | head -8)"; fi
 table=$(grep -c 'BEGIN the key table' src/control/control.c)
 if [ -z "$key_hits" ] && [ "$table" -eq 1 ]; then ok "key_names_spelled_once ($(echo "$key_sources" | wc -l) files)"
 else notok "key_names_spelled_once" "table markers: $table; $(echo "$key_hits" | head -5)"; fi
+
+# The layers (issue 46, item 2): a folder includes its own headers and those of the layers
+# below it (the Makefile gives each folder only those on its include path; this says which
+# include broke the rule, also for a file built with a wider path): common < job < control <
+# data < runtime < tool; the built-in trainer (gpt2) is a client: common and deadpool.h only.
+# And no two headers include each other, directly or around a circle (tsort finds the loop).
+layer() { case $1 in common) echo 0 ;; job) echo 1 ;; control) echo 2 ;; data) echo 3 ;; runtime) echo 4 ;; tool) echo 9 ;; *) echo -1 ;; esac; }
+up_hits=""
+edges=""
+for f in $(find src -name '*.c' -o -name '*.h' -o -name '*.cc' | sort); do
+  d=$(cut -d/ -f2 <<<"$f")
+  for h in $(grep -o '^#include "[^"]*"' "$f" | cut -d'"' -f2); do
+    [ "$h" = deadpool.h ] && continue
+    where=$(find src -name "$h" | head -1)
+    [ -n "$where" ] || { up_hits="$up_hits $f: $h not found in src;"; continue; }
+    e=$(cut -d/ -f2 <<<"$where")
+    case $f in *.h) edges="$edges$f $where"$'\n' ;; esac
+    if [ "$d" = gpt2 ]; then [ "$e" = gpt2 ] || [ "$e" = common ] || up_hits="$up_hits $f -> $where;"
+    elif [ "$e" = gpt2 ]; then [ "$d" = tool ] || up_hits="$up_hits $f -> $where;"
+    elif [ "$(layer "$e")" -gt "$(layer "$d")" ]; then up_hits="$up_hits $f -> $where;"; fi
+  done
+done
+if [ -z "$up_hits" ]; then ok "includes_keep_the_layers"
+else notok "includes_keep_the_layers" "$up_hits"; fi
+loop=$(printf '%s' "$edges" | tsort 2>&1 >/dev/null)
+if [ -z "$loop" ]; then ok "no_include_cycle ($(printf '%s' "$edges" | grep -c .) header includes)"
+else notok "no_include_cycle" "$(echo "$loop" | tr '\n' ' ')"; fi

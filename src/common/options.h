@@ -1,4 +1,4 @@
-/* options.h — typed option tables: one table per owner (the job's options in lib/config.c,
+/* options.h — typed option tables: one table per owner (the job's options in src/job/config.c,
  * the GPT-2 trainer's in gpt2/options.c), each option described once with its type, range
  * and help. The same table parses the command line, checks values, serialises a struct to
  * "name=value" lines (what the job keeps in Redis and in checkpoints) and prints --help. */

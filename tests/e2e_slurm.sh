@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # e2e_slurm.sh — DeadPool under a real Slurm (Debian's slurm-wlm 22.05 + munge) on simulated
 # machines (tests/lib_slurm.sh on tests/lib_hosts.sh): host 0 runs slurmctld, hosts 1..4 are
-# node1..node4. Every job is examples/slurm/deadpool.sbatch as the README shows it (2 nodes x
+# node1..node4. Every job is examples/slurm/deadpool.sbatch as docs/USAGE.md shows it (2 nodes x
 # 2 ranks + 1 spare node, no --nnodes, --job or --redis: the control plane comes with the job),
 # with the tiny model and few steps. Each case must end with the model byte-identical to the
 # one-machine run of the same configuration. Needs root: without namespaces (or without the
@@ -10,14 +10,14 @@ source "$(dirname "$0")/lib_e2e.sh"
 source "$(dirname "$0")/lib_hosts.sh"
 source "$(dirname "$0")/lib_slurm.sh"
 
-CASES="slurm_readme_shows_the_script slurm_job_identical slurm_node_crash_spare_node_takes_over slurm_redis_master_node_crash \
+CASES="slurm_usage_shows_the_script slurm_job_identical slurm_node_crash_spare_node_takes_over slurm_redis_master_node_crash \
 slurm_signal_then_requeue_resumes slurm_requeue_before_a_checkpoint_starts_fresh slurm_one_node_is_a_one_machine_job \
 slurm_ports_taken_before_the_start_get_nothing"
-# The README's Slurm section shows the very script every case below submits.
-readme=$(awk '/^### Under Slurm/ {f = 1} f && /^```bash/ {g = 1; next} g && /^```/ {exit} g' "$ROOT/README.md")
-if [ -n "$readme" ] && [ "$readme" = "$(cat "$ROOT/examples/slurm/deadpool.sbatch")" ]; then ok "slurm_readme_shows_the_script"
-else notok "slurm_readme_shows_the_script" "README.md's 'Under Slurm' script differs from examples/slurm/deadpool.sbatch"; fi
-CASES=${CASES#slurm_readme_shows_the_script }
+# docs/USAGE.md's Slurm section shows the very script every case below submits.
+readme=$(awk '/^### Under Slurm/ {f = 1} f && /^```bash/ {g = 1; next} g && /^```/ {exit} g' "$ROOT/docs/USAGE.md")
+if [ -n "$readme" ] && [ "$readme" = "$(cat "$ROOT/examples/slurm/deadpool.sbatch")" ]; then ok "slurm_usage_shows_the_script"
+else notok "slurm_usage_shows_the_script" "docs/USAGE.md's 'Under Slurm' script differs from examples/slurm/deadpool.sbatch"; fi
+CASES=${CASES#slurm_usage_shows_the_script }
 if ! hosts_available; then
   for c in $CASES; do echo "ok - $c # SKIP no network namespaces (needs root)"; done
   exit 0
@@ -37,7 +37,7 @@ run_job "$WORK/ref" 300 --workers 4 --spares 0 --model tiny --steps "$STEPS" --s
 REF="$WORK/ref/model.bin"
 [ -s "$REF" ] || { notok "reference_run" "$(tail -3 "$WORK/ref.log")"; exit 1; }
 
-# submit — sbatch of the README's script (its parameters: this build, the tiny model, few
+# submit — sbatch of docs/USAGE.md's script (its parameters: this build, the tiny model, few
 # steps, the nodes' local disk, also as TMPDIR: what a crashed node leaves there stays on its
 # disk); prints the job id.
 submit() {
@@ -62,7 +62,7 @@ wait_step() {
 took() { echo "at ${SECONDS} s"; } # since the test began
 echo "# cluster and reference run done: $(took)"
 
-# 1. The README's script as it is: the job ends with the one-machine model on both nodes that
+# 1. docs/USAGE.md's script as it is: the job ends with the one-machine model on both nodes that
 #    ran ranks, the spare node's launcher leaves with it.
 J=$(submit); [ -n "${SLURM_E2E_SHOW:-}" ] && trap "cat $SLURM_DIR/job-*.out >&2; slurm_destroy; _hosts_on_exit" EXIT
 if slurm_wait_state "$J" "COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL" 180 && [ "$(slurm_job_state "$J")" = COMPLETED ] \

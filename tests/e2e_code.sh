@@ -38,10 +38,10 @@ done | grep -E 'ctl_(config|proc)_(get|set|get_many)\([^;"()]*, *"|fields\[\] *=
 if [ -z "$field_hits" ]; then ok "hash_fields_spelled_once"
 else notok "hash_fields_spelled_once" "$(echo "$field_hits" | head -12)"; fi
 # The collective rendezvous's sub-keys (item 4): spelled by protocol.h's proto_rdzv_key only.
-rdzv_hits=$(grep -nE '"(m|w)/|key\("n"\)|/w/%d' src/data/comm_gloo*.cc src/runtime/*.c src/tool/*.c src/control/control.c src/control/recovery.c)
+rdzv_hits=$(grep -nE '"(m|w)/|key\("n"\)|/w/%d' src/data/comm_gloo*.cc src/runtime/*.c src/tool/*.c src/control/control*.c src/control/recovery.c)
 if [ -z "$rdzv_hits" ]; then ok "rendezvous_keys_spelled_once"
 else notok "rendezvous_keys_spelled_once" "$(echo "$rdzv_hits" | head -8)"; fi
-table=$(grep -c 'BEGIN the key table' src/control/control.c)
+table=$(grep -c 'BEGIN the key table' src/control/control_keys.c)
 if [ -z "$key_hits" ] && [ "$table" -eq 1 ]; then ok "key_names_spelled_once ($(echo "$key_sources" | wc -l) files)"
 else notok "key_names_spelled_once" "table markers: $table; $(echo "$key_hits" | head -5)"; fi
 

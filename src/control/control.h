@@ -51,7 +51,7 @@ const char *ctl_job(const ctl_t *c);
 const char *ctl_last_error(const ctl_t *c);
 
 /* The fields of the job's two hashes, named by these enums at every call site: their names
- * are spelled beside control.c's key table only (tests/e2e_code.sh checks that no call hands
+ * are spelled beside control_keys.c's key table only (tests/e2e_code.sh checks that no call hands
  * a literal field to ctl_config_* / ctl_proc_*); their values' formats are protocol.h's. */
 typedef enum {
     CFG_CONFIG, /* "config": the job's configuration text (job_config_serialize), by the launcher */
@@ -113,7 +113,7 @@ int ctl_proc_set(ctl_t *c, long proc_id, ctl_proc_field field, const char *value
 int ctl_proc_get(ctl_t *c, long proc_id, ctl_proc_field field, char *value, size_t len);
 
 /* The job's key schema: every key is "dp:{job}:" + one of these suffixes. Their names are
- * spelled in one place only, control.c's key table (tests/e2e_code.sh checks that no other
+ * spelled in one place only, control_keys.c's key table (tests/e2e_code.sh checks that no other
  * file spells one); their values' formats are protocol.h's (and recovery.h's), and
  * docs/DESIGN.md lists each key's owner and readers. a and b are the numbers a key carries
  * (epoch, rank, step, index, process id), in the order of the comment. */

@@ -1,7 +1,7 @@
 /* protocol.h — the values the control plane keeps in Redis: for each, a typed struct (or a
  * plain integer) and one format/parse pair, used by its writer and its readers alike. The
  * keys themselves are control.h's ctl_key, the hashes' fields its ctl_config_field and
- * ctl_proc_field (their names: control.c's key table); decisions, replica-holder lists and
+ * ctl_proc_field (their names: control_keys.c's key table); decisions, replica-holder lists and
  * reports are recovery.h's; docs/DESIGN.md ("The control plane's protocol") lists every key
  * with its owner, its readers and its value's format.
  *
@@ -203,7 +203,7 @@ int job_state_parse(const char *s, job_state *st, char *err, size_t errlen);
  * verifies s and copies its VALUE into value, or refuses with -1 (value ""): malformed, or a
  * tag that does not verify (written by someone without the job key). Sealed: the launcher's
  * config fields, the job's state, decisions, replica-holder lists, the resumed-state server
- * (ctl_config_*, ctl_state_*, ctl_*_sealed), rank owners and commit records (control.c's
+ * (ctl_config_*, ctl_state_*, ctl_*_sealed), rank owners and commit records (control_values.c's
  * seal_int). Not sealed (forging them can delay or stop a job, docs/RELIABILITY.md): counters,
  * heartbeats, wake-up lists, leases, telemetry, the collectives' rendezvous addresses. */
 #define PROTO_SEAL_KEY_BYTES 32

@@ -146,7 +146,7 @@ FUZZ_CFLAGS  = -O1 -g -fno-omit-frame-pointer -std=c11 -D_GNU_SOURCE -Wall -Wext
                -I/usr/include/hiredis -Iinclude $(LIB_INC) -Isrc/tool $(GPT2_INC) $(FUZZ_SAN)
 FUZZ_SRC     = $(wildcard src/common/*.c) src/data/checkpoint.c src/data/checksum.c src/data/comm_auth.c $(wildcard src/control/control*.c) src/control/redis_url.c src/control/redis_connect.c \
                src/control/events.c src/job/secret.c \
-               src/data/generation.c src/control/protocol.c src/control/recovery.c src/data/replica.c \
+               src/data/generation.c src/control/protocol.c src/control/recovery.c $(wildcard src/data/replica*.c) \
                src/gpt2/data.c src/gpt2/layers.c src/gpt2/model.c src/gpt2/modelfile.c
 FUZZ_NAMES   = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_LIBS    = $(LDLIBS)

@@ -38,6 +38,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from . import Error, Job, Op, Role, Status
+from ._ft import FaultTolerant  # beneath both this module and deadpool.torch: imports neither
 
 __all__ = ["steps", "failed", "finish", "ProcessGroupDeadPool"]
 
@@ -257,7 +258,6 @@ class _Run:
     # --- the loop ---
     def join(self, model, optimizer, stateful, rng):
         from torch.nn.parallel import DistributedDataParallel
-        from .torch import FaultTolerant
         if not isinstance(model, DistributedDataParallel):
             raise Error("steps: expected the DistributedDataParallel model (built over the deadpool process group), "
                         "found %s" % type(model).__name__)
@@ -266,9 +266,9 @@ class _Run:
         self.ddp = model
         was_spare = self.job.role == Role.SPARE
         self.ft = FaultTolerant(job=self.job)
-        if not self.ft._join(model.module, optimizer, False, stateful, rng, None):
-            self.end(self.ft._final)
-        self._wrap_optimizer(optimizer)
+        if not self.ft.join_state(model.module, optimizer, stateful, rng):
+            self.end(self.ft.final)
+        self._wrap_optimizer()
         self.phase = IDLE
         if not was_spare:
             self._same_start()
@@ -277,9 +277,8 @@ class _Run:
     def _same_start(self):
         """As DDP's constructor does for a group that exists already: rank 0's module state to
         every initial member (here, since DDP was built before the job's collectives were)."""
-        ft = self.ft
-        for flat in (ft._model_flat, ft._buf_flat):
-            if flat is not None and flat.nbytes and self.job.broadcast(flat.buf[:flat.nbytes], 0) != Status.OK:
+        for state in self.ft.state_buffers():
+            if self.job.broadcast(state, 0) != Status.OK:
                 self.failed = True
                 return
 
@@ -309,18 +308,17 @@ class _Run:
         for p, g in zip(params, had):
             p.grad = g
 
-    def _wrap_optimizer(self, opt):
+    def _wrap_optimizer(self):
         """The optimizer's step runs once the step's collectives all succeeded (after
         dp_step_before_update); in a failed step it does nothing (the step is rolled back)."""
-        inner = opt.step
+        # Still a replaced opt.step, made by FaultTolerant's public gate_optimizer_step on the
+        # optimizer it joined: torch 1.13's optimizer has no step hooks (register_step_pre_hook
+        # came in 2.0), and a pre-hook could not skip the step anyway.
+        self.ft.gate_optimizer_step(self._may_update)
 
-        def step(*args, **kwargs):
-            if self.phase != STEP:
-                return inner(*args, **kwargs)
-            if not self.before_update():
-                return None
-            return inner(*args, **kwargs)
-        opt.step = step
+    def _may_update(self):
+        """Outside a step the optimizer steps as usual; inside one, only if before_update()."""
+        return self.phase != STEP or self.before_update()
 
     def steps(self, model, optimizer, total, stateful, rng):
         if total is not None and total != self.job.steps:
@@ -356,7 +354,7 @@ class _Run:
     def _commit(self, step):
         if not self.updated and not self.before_update():
             return
-        st = self.job.commit(step, self.ft._extra(), loss=None)  # the loss is the loop's: no metrics
+        st = self.job.commit(step, self.ft.extra_state(), loss=None)  # the loss is the loop's: no metrics
         if st != Status.OK:
             self.fail(st)
 

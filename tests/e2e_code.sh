@@ -41,6 +41,12 @@ else notok "hash_fields_spelled_once" "$(echo "$field_hits" | head -12)"; fi
 rdzv_hits=$(grep -nE '"(m|w)/|key\("n"\)|/w/%d' src/data/comm_gloo*.cc src/runtime/*.c src/tool/*.c src/control/control*.c src/control/recovery.c)
 if [ -z "$rdzv_hits" ]; then ok "rendezvous_keys_spelled_once"
 else notok "rendezvous_keys_spelled_once" "$(echo "$rdzv_hits" | head -8)"; fi
+# One typed owner per stored value (issue 46, item 3): outside the control-plane client no
+# source builds a key's suffix (ctl_key_suffix) to pair it with a codec itself; each key with
+# a value has its accessor pair in src/control (a prefix handed to Gloo, ctl_key_full, aside).
+pair_hits=$(grep -rn 'ctl_key_suffix(' src --include=*.c --include=*.cc --include=*.h | grep -v '^src/control/')
+if [ -z "$pair_hits" ]; then ok "no_key_paired_with_a_codec_outside_the_client"
+else notok "no_key_paired_with_a_codec_outside_the_client" "$(echo "$pair_hits" | head -8)"; fi
 table=$(grep -c 'BEGIN the key table' src/control/control_keys.c)
 if [ -z "$key_hits" ] && [ "$table" -eq 1 ]; then ok "key_names_spelled_once ($(echo "$key_sources" | wc -l) files)"
 else notok "key_names_spelled_once" "table markers: $table; $(echo "$key_hits" | head -5)"; fi

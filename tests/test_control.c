@@ -494,6 +494,76 @@ static void test_proc_claim(void) {
     ctl_close(c);
 }
 
+/* Each record with a codec of its own has one accessor pair (control_records.c): what one
+ * writes the other reads back, absence reads as none, and a malformed value is refused. */
+static void test_records(void) {
+    ctl_t *c = connect_job("jobRecords");
+    if (!c) return;
+    FaultRecord f = {.rank = 2, .wall_ms = 123456}, g;
+    snprintf(f.kind, sizeof f.kind, "kill");
+    CHECK(ctl_fault_last_set(c, &f) == 0 && ctl_fault_last_take(c, 2, &g) == 1 && g.wall_ms == 123456 &&
+          !strcmp(g.kind, "kill"), "fault record: %s", ctl_last_error(c));
+    CHECK(ctl_fault_last_take(c, 2, &g) == 0, "taken: gone");
+    CHECK(ctl_fault_claim(c, 3, 0) == 1 && ctl_fault_claim(c, 3, 0) == 0 && ctl_fault_claim(c, 3, 7) == 1,
+          "a fault fires once (per process for corrupt)");
+    CHECK(ctl_chaos_claim(c, 40) == 1 && ctl_chaos_claim(c, 40) == 0, "a chaos fault fires once");
+    JoinTiming jt = {.restore_ms = 1.5, .rebuild_ms = 2.5, .resnapshot_ms = 0.5, .resumed_wall_ms = 99, .warm = 1}, t[3];
+    JoinStats js = {.ctl_round_trips = 7, .rendezvous_ms = 3.0, .entered_wall_ms = 98, .dialed = 2, .accepted = 1}, st[3];
+    int has_t[3], has_s[3];
+    long long last = 0;
+    CHECK(ctl_join_timing_set(c, 4, 1, &jt) == 0 && ctl_join_stats_set(c, 4, 2, &js) == 0, "%s", ctl_last_error(c));
+    CHECK(ctl_joins_get(c, 4, 3, t, has_t, st, has_s, &last) == 0 && !has_t[0] && has_t[1] && !has_t[2] && !has_s[1] &&
+          has_s[2] && t[1].warm == 1 && t[1].resumed_wall_ms == 99 && st[2].dialed == 2 && last == -1,
+          "joins: %s", ctl_last_error(c));
+    CHECK(ctl_batch_begin(c) == 0, "%s", ctl_last_error(c));
+    ctl_batch_last_step(c, 41);
+    CHECK(ctl_batch_end(c) == 0 && ctl_last_step_get(c, &last) == 0 && last == 41, "last step %lld", last);
+    CHECK(ctl_joins_get(c, 4, 3, t, has_t, st, has_s, &last) == 0 && last == 41, "last step in the joins' MGET");
+    PersistRequest *pr = calloc(2, sizeof *pr);
+    char err[256] = "";
+    CHECK(pr && ctl_persist_request_get(c, &pr[1], err, sizeof err) == 0, "no persist request yet");
+    if (pr) {
+        pr[0] = (PersistRequest){.epoch = 3, .step = 17, .writer = 1, .nfailed = 2, .failed = {0, 2}};
+        CHECK(ctl_persist_request_set(c, &pr[0]) == 0 && ctl_persist_request_get(c, &pr[1], err, sizeof err) == 1 &&
+              pr[1].epoch == 3 && pr[1].step == 17 && pr[1].nfailed == 2 && pr[1].failed[1] == 2, "persist request: %s", err);
+        CHECK(ctl_set(c, ctl_key_suffix(err, sizeof err, KEY_PERSIST_REQ, 0, 0), "garbage") == 0 &&
+              ctl_persist_request_get(c, &pr[1], err, sizeof err) == -1, "a malformed request is refused");
+    }
+    free(pr);
+    long procs[2] = {11, 12};
+    ExitRecord ex[2];
+    ExitRecord bad = {.how = EXITED_BAD_JOB, .wall_ms = 77};
+    CHECK(ctl_exit_report(c, 12, &bad) == 0 && ctl_exits_get(c, procs, 2, ex) == 0 && ex[0].how == EXITED_HOWS &&
+          ex[1].how == EXITED_BAD_JOB && ex[1].wall_ms == 77, "exits: %s", ctl_last_error(c));
+    int idx[2] = {0, 5}, present[2];
+    CHECK(ctl_node_beat(c, 5, 10000) == 0 && ctl_nodes_alive(c, idx, 2, present) == 0 && !present[0] && present[1],
+          "machines alive: %s", ctl_last_error(c));
+    int machines[4];
+    char inv[4][64];
+    CHECK(ctl_inventory_set(c, 1, "3:0,1") == 0 && ctl_inventory_set(c, 0, "") == 0 &&
+          ctl_hash_set(c, ctl_key_suffix(err, sizeof err, KEY_INVENTORY, 0, 0), "x", "9:0") == 0,
+          "%s", ctl_last_error(c));
+    int n = ctl_inventories_get(c, machines, inv[0], sizeof inv[0], 4);
+    CHECK(n == 2 && machines[0] + machines[1] == 1 && !strcmp(inv[machines[0] == 1 ? 0 : 1], "3:0,1"),
+          "inventories: %d (a field that is no machine counts for nothing)", n);
+    Endpoint e = {.port = 4242}, e2;
+    snprintf(e.host, sizeof e.host, "127.0.0.1");
+    CHECK(ctl_resume_holder_get(c, 1, &e2, err, sizeof err) == 0, "no holder yet");
+    CHECK(ctl_resume_holder_set(c, 1, &e) == 0 && ctl_resume_holder_get(c, 1, &e2, err, sizeof err) == 1 &&
+          e2.port == 4242 && !strcmp(e2.host, "127.0.0.1"), "resume holder: %s", err);
+    CHECK(ctl_set(c, ctl_key_suffix(err, sizeof err, KEY_RESUME_HOLDER, 2, 0), "127.0.0.1:1") == 0 &&
+          ctl_resume_holder_get(c, 2, &e2, err, sizeof err) == 0, "an unsealed holder reads as none");
+    char json[64];
+    CHECK(ctl_progress_get(c, json, sizeof json) == -1, "no progress line yet");
+    CHECK(ctl_set(c, ctl_key_suffix(err, sizeof err, KEY_PROGRESS, 0, 0), "{}") == 0 &&
+          ctl_progress_get(c, json, sizeof json) == 0 && !strcmp(json, "{}"), "progress");
+    long first = ctl_new_proc_id(c);
+    CHECK(ctl_proc_ids_at_least(c, first + 100) == 0 && ctl_new_proc_id(c) == first + 101 &&
+          ctl_proc_ids_at_least(c, 5) == 0 && ctl_new_proc_id(c) == first + 102, "the ids' floor");
+    ctl_job_delete(c);
+    ctl_close(c);
+}
+
 static void test_claim_rank(void) {
     ctl_t *c = connect_job("jobA");
     ctl_t *d = connect_job("jobA");
@@ -1258,6 +1328,7 @@ int main(void) {
     RUN_TEST(test_loopback_squatter_gets_no_password);
     RUN_TEST(test_proc_ids);
     RUN_TEST(test_proc_claim);
+    RUN_TEST(test_records);
     RUN_TEST(test_claim_rank);
     RUN_TEST(test_spares);
     RUN_TEST(test_bulk_and_batches);

@@ -222,7 +222,7 @@ int ctl_hash_getall(ctl_t *c, const char *suffix, char *fields, size_t flen, cha
 /* A launcher saw its process `proc` end: records how (KEY_EXIT) and deletes its heartbeat,
  * in one round trip, so that the coordinator on another machine knows within a liveness
  * period. 0 / -1. */
-int ctl_exit_report(ctl_t *c, long proc, const char *how);
+int ctl_exit_report(ctl_t *c, long proc, const ExitRecord *how);
 /* Redis's clock minus this machine's realtime clock, in ms, from the TIME round trip with the
  * least delay of a few (error: half that round trip). 0 / -1. */
 int ctl_clock_offset(ctl_t *c, int64_t *offset_ms);
@@ -421,5 +421,49 @@ void ctl_set_timeout(ctl_t *c, int timeout_ms);
 int ctl_timeout(const ctl_t *c);
 int ctl_committed_get_many(ctl_t *c, long epoch, int nranks, long long *steps);
 int ctl_counter_at_least(ctl_t *c, const char *name, long long value);
+
+
+/* --- records with a codec of their own (control_records.c): one accessor pair per key ------
+ * Setters 0 / -1; getters as each says. None of them is sealed: what forging each can do is
+ * in docs/RELIABILITY.md (delay or stop a job, never change its model). */
+/* KEY_FAULT_LAST: when rank f->rank's newest injected fault fired (the failure time a recovery
+ * measures from). _take reads and deletes it: 1 found (for that rank), 0 none or malformed
+ * (logged). */
+int ctl_fault_last_set(ctl_t *c, const FaultRecord *f);
+int ctl_fault_last_take(ctl_t *c, int rank, FaultRecord *f);
+/* KEY_INJECTED / KEY_CHAOS: the fault `index` (for process proc; 0: once per job) or the chaos
+ * fault of `step` fires once: 1 this caller is the first, 0 it fired already, -1 error. */
+int ctl_fault_claim(ctl_t *c, int index, long proc);
+int ctl_chaos_claim(ctl_t *c, long long step);
+/* KEY_TIMING, KEY_JOIN_STATS: rank's join of epoch. ctl_joins_get reads every rank's two records
+ * and KEY_LAST_STEP in one MGET: has_t[r] / has_s[r] 0 where a rank wrote none (or a malformed
+ * one, logged); *last -1 when unknown. 0 / -1 (then nothing is known). */
+int ctl_join_timing_set(ctl_t *c, long epoch, int rank, const JoinTiming *t);
+int ctl_join_stats_set(ctl_t *c, long epoch, int rank, const JoinStats *s);
+int ctl_joins_get(ctl_t *c, long epoch, int world, JoinTiming *t, int *has_t, JoinStats *s, int *has_s, long long *last);
+/* KEY_LAST_STEP: the newest step done when the coordinator decided. 0 / -1 (none, malformed). */
+int ctl_last_step_get(ctl_t *c, long long *step);
+void ctl_batch_last_step(ctl_t *c, long long step);
+/* KEY_PERSIST_REQ: no spare left, persist. _set: 0, -1 Redis, -2 the request does not format;
+ * _get: 1 read, 0 none, -1 malformed (err). */
+int ctl_persist_request_set(ctl_t *c, const PersistRequest *p);
+int ctl_persist_request_get(ctl_t *c, PersistRequest *p, char *err, size_t errlen);
+/* KEY_EXIT: how each of procs[0..n) ended (EXITED_HOWS where no record, or a malformed one,
+ * logged). One MGET; 0 / -1. */
+int ctl_exits_get(ctl_t *c, const long *procs, int n, ExitRecord *ex);
+/* KEY_NODE_ALIVE: present[i] 1 while machine index[i]'s launcher is alive. One MGET; 0 / -1. */
+int ctl_nodes_alive(ctl_t *c, const int *index, int n, int *present);
+/* KEY_INVENTORY: machine's checkpoints (checkpoint_inventory's text). _get: the machines
+ * that published one (machines[i], inventories + i * len, up to max): their count, -1 error. */
+int ctl_inventory_set(ctl_t *c, int machine, const char *inventory);
+int ctl_inventories_get(ctl_t *c, int *machines, char *inventories, size_t len, int max);
+/* KEY_RESUME_HOLDER (sealed): the launcher serving rank's resumed state. _get: 1 read, 0 none
+ * yet (or forged), -1 malformed (err). */
+int ctl_resume_holder_set(ctl_t *c, int rank, const Endpoint *where);
+int ctl_resume_holder_get(ctl_t *c, int rank, Endpoint *where, char *err, size_t errlen);
+/* KEY_PROGRESS: the newest step's metrics line. 0 / -1. */
+int ctl_progress_get(ctl_t *c, char *json, size_t len);
+/* KEY_PROCS: the process-id counter (the last id drawn) raised to at least last (never lowered). 0 / -1. */
+int ctl_proc_ids_at_least(ctl_t *c, long long last);
 
 #endif

@@ -538,8 +538,12 @@ int ctl_hash_getall(ctl_t *c, const char *suffix, char *fields, size_t flen, cha
     return n;
 }
 
-int ctl_exit_report(ctl_t *c, long proc, const char *how) {
-    char key[CTL_KEY_MAX], hb[CTL_KEY_MAX];
+int ctl_exit_report(ctl_t *c, long proc, const ExitRecord *e) {
+    char key[CTL_KEY_MAX], hb[CTL_KEY_MAX], how[EXIT_RECORD_TEXT_MAX];
+    if (exit_record_format(e, how, sizeof how) != 0) {
+        ctl_set_error(c, "process %ld's exit record does not format", proc);
+        return -1;
+    }
     ctl_key_full(c, key, sizeof key, KEY_EXIT, proc, 0);
     ctl_make_key(c, hb, sizeof hb, KEY_HB, proc, 0);
     if (ctl_batch_begin(c) != 0) return -1;

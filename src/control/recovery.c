@@ -278,6 +278,11 @@ int fence_epoch(ctl_t *c, long epoch) {
     return ctl_set(c, ctl_key_suffix(key, sizeof key, KEY_FENCED, epoch, 0), "1");
 }
 
+void batch_fence_epoch(ctl_t *c, long epoch) {
+    char key[64];
+    ctl_batch_set(c, ctl_key_suffix(key, sizeof key, KEY_FENCED, epoch, 0), "1");
+}
+
 int epoch_fenced(ctl_t *c, long epoch) {
     char key[64], v[8];
     return ctl_get(c, ctl_key_suffix(key, sizeof key, KEY_FENCED, epoch, 0), v, sizeof v) == 0 ? 1 : 0;

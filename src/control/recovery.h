@@ -65,6 +65,8 @@ int decision_rank_replaced(const Decision *d, int rank);
  * check before every optimizer update and stop instead of changing their state, and a
  * rendezvous for e gives up. */
 int fence_epoch(ctl_t *c, long epoch);
+/* The same, as a command of the batch open on c (ctl_batch_begin). */
+void batch_fence_epoch(ctl_t *c, long epoch);
 /* 1 if `epoch` is closed, 0 if not. */
 int epoch_fenced(ctl_t *c, long epoch);
 

@@ -14,12 +14,10 @@
 #include "util.h"
 
 static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
-    char value[FAULT_RECORD_TEXT_MAX], k[32];
     const char *name = fault_kind_name(kind == FAULT_RKILL ? FAULT_KILL : kind);
     FaultRecord fr = {.rank = dp->rank, .wall_ms = wall_ms()};
     snprintf(fr.kind, sizeof fr.kind, "%s", name);
-    if (fault_record_format(&fr, value, sizeof value) == 0)
-        ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_FAULT_LAST, dp->rank, 0), value); /* the failure time, for total_ms */
+    ctl_fault_last_set(dp->ctl, &fr); /* the failure time, for total_ms */
     event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"%s\",\"rank\":%d,\"step\":%lld,\"pid\":%d", name,
                dp->rank, step + 1, (int)getpid());
     if (kind == FAULT_RKILL) log_msg("injecting %s while joining epoch %ld", name, dp->epoch);
@@ -37,7 +35,6 @@ static void fire_fault(dp_t *dp, fault_kind kind, long long step) {
  * rollback (SET NX in Redis). They fire mid-step, after the forward/backward: where a real
  * failure most likely strikes. */
 void rt_maybe_inject(dp_t *dp, int64_t step) {
-    char k[32];
     for (int i = 0; i < dp->nfaults; i++) {
         const FaultSpec *f = &dp->faults[i];
         if (f->kind == FAULT_CORRUPT) {
@@ -46,13 +43,13 @@ void rt_maybe_inject(dp_t *dp, int64_t step) {
              * (the step's collectives are between), while at STEP itself a rank killed there
              * can be restored before a slower holder got to its damage. */
             int64_t arm = f->at > 1 ? f->at - 1 : 1;
-            if (arm == step + 1 && ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, dp->proc_id), "1") == 1) {
+            if (arm == step + 1 && ctl_fault_claim(dp->ctl, i, dp->proc_id) == 1) {
                 replica_server_corrupt_rank(dp->replicas, f->rank);
                 event_emit(dp->ctl, dp->t0_wall_ms, "fault_injected", "\"kind\":\"corrupt\",\"rank\":%d,\"holder\":%ld,"
                            "\"step\":%lld", f->rank, dp->proc_id, (long long)step + 1);
             }
         } else if (f->kind != FAULT_RKILL && f->rank == dp->rank && f->at == step + 1 &&
-                   ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1) {
+                   ctl_fault_claim(dp->ctl, i, 0) == 1) {
             fire_fault(dp, f->kind, step);
         }
     }
@@ -60,18 +57,17 @@ void rt_maybe_inject(dp_t *dp, int64_t step) {
         uint64_t h = rng_hash4(dp->cfg.seed, (uint64_t)step, 0xC4A05ULL, 0);
         double u = (double)(h >> 11) / 9007199254740992.0;
         if (u < dp->cfg.chaos && (int)((h >> 3) % (uint64_t)dp->cfg.workers) == dp->rank && step > 0 &&
-            ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_CHAOS, step, 0), "1") == 1)
+            ctl_chaos_claim(dp->ctl, step) == 1)
             fire_fault(dp, (h >> 40) & 1 ? FAULT_STOP : FAULT_KILL, step);
     }
 }
 
 /* rkill: the process taking RANK dies while it recovers into EPOCH. */
 void rt_maybe_inject_in_recovery(dp_t *dp) {
-    char k[32];
     for (int i = 0; i < dp->nfaults; i++) {
         const FaultSpec *f = &dp->faults[i];
         if (f->kind == FAULT_RKILL && f->rank == dp->rank && f->at == dp->epoch &&
-            ctl_set_nx(dp->ctl, rt_key(k, sizeof k, KEY_INJECTED, i, 0), "1") == 1)
+            ctl_fault_claim(dp->ctl, i, 0) == 1)
             fire_fault(dp, FAULT_RKILL, -1);
     }
 }

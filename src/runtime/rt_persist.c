@@ -151,13 +151,12 @@ static int persist_as_stateless(const SnapHeader *h, const void *payload, const 
  * resumed even if none ever comes; the named writer also writes the failed ranks' states
  * from their replicas. Once per request. */
 void rt_answer_persist_request(dp_t *dp) {
-    char req[PERSIST_REQ_TEXT_MAX], k[32], err[256];
+    char err[256];
     PersistRequest pr;
-    if (dp->persist_answered || ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_PERSIST_REQ, 0, 0), req, sizeof req) != 0) return;
-    if (persist_request_parse(req, &pr, err, sizeof err) != 0) {
-        log_msg("ignoring the persist request: %s", err);
-        return;
-    }
+    if (dp->persist_answered) return;
+    int got = ctl_persist_request_get(dp->ctl, &pr, err, sizeof err);
+    if (got < 0) log_msg("ignoring the persist request: %s", err);
+    if (got != 1) return;
     if (pr.epoch != dp->epoch) return;
     long long g = pr.step;
     int writer = pr.writer;

@@ -182,11 +182,12 @@ int rt_fetch_from_holders(dp_t *dp, int rank, long long step, long newest_epoch,
 int rt_read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload, char *err, size_t errlen) {
     int64_t step = dp->cfg.resume_step;
     if (checkpoint_read_shard(dp->cfg.resume, step, rank, h, payload, err, errlen) == 0) return 0;
-    char k[48], where[300];
     if (dp->cfg.nnodes == 0) return -1;
     /* The machine that has it may still be loading its files (a spare machine joins last). */
     double deadline = now_ms() + dp->cfg.start_timeout_ms;
-    while (ctl_get_sealed(dp->ctl, rt_key(k, sizeof k, KEY_RESUME_HOLDER, rank, 0), where, sizeof where) != 0) {
+    Endpoint ep;
+    int got;
+    while ((got = ctl_resume_holder_get(dp->ctl, rank, &ep, err, errlen)) == 0) {
         if (now_ms() > deadline) {
             snprintf(err, errlen, "rank %d's state of step %lld is neither on this machine's disk nor offered by "
                      "another machine within --start-timeout-ms", rank, (long long)step + 1);
@@ -194,8 +195,7 @@ int rt_read_resumed_state(dp_t *dp, int rank, SnapHeader *h, void **payload, cha
         }
         sleep_ms(50);
     }
-    Endpoint ep;
-    if (endpoint_parse(where, &ep, err, errlen) != 0) return -1;
+    if (got < 0) return -1;
     char cerr[256];
     ReplicaConn *c = replica_connect(ep.host, ep.port, 0 /* a launcher */, job_comm_timeout_ms(&dp->cfg) + 5000,
                                      0, replica_server_key(dp->replicas), cerr, sizeof cerr);

@@ -263,54 +263,42 @@ void rt_report_recovery(dp_t *dp) {
     /* Data-plane connections made for this epoch: by a survivor (a member of the epoch before),
      * by the replacements, and dialed in all (each connection is dialed once). */
     long long surv_max = -1, surv_min = -1, new_max = -1, dialed_total = 0;
-    int world = dp->cfg.workers, nk = 2 * world + 1;
-    char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
-    const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
-    if (!names || !values || !suffixes || !warm) { free(names); free(values); free(suffixes); free(warm); return; }
-    for (int r = 0; r < world; r++) {
-        suffixes[r] = rt_key(names[r], sizeof names[r], KEY_TIMING, dp->epoch, r);
-        suffixes[world + r] = rt_key(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, dp->epoch, r);
-    }
-    suffixes[2 * world] = rt_key(names[2 * world], sizeof names[2 * world], KEY_LAST_STEP, 0, 0);
-    if (ctl_get_many(dp->ctl, suffixes, nk, values[0], sizeof values[0], NULL) != 0)
-        for (int i = 0; i < nk; i++) values[i][0] = 0;
-    for (int r = 0; r < world; r++) { /* an absent record ("") is a member that wrote none: skipped */
-        JoinTiming t;
-        JoinStats s;
-        char err[256];
-        if (values[r][0] && join_timing_parse(values[r], &t, err, sizeof err) != 0) log_msg("rank %d: %s", r, err);
-        else if (values[r][0]) {
-            warm[r] = t.warm;
-            if (t.restore_ms > restore) restore = t.restore_ms;
-            if (t.rebuild_ms > rebuild) rebuild = t.rebuild_ms;
-            if (t.resnapshot_ms > resnap) resnap = t.resnapshot_ms;
-            if (t.resumed_wall_ms > resumed) resumed = t.resumed_wall_ms;
+    int world = dp->cfg.workers;
+    JoinTiming *tm = malloc(sizeof *tm * (size_t)world);
+    JoinStats *js = malloc(sizeof *js * (size_t)world);
+    int *has_t = malloc(sizeof *has_t * (size_t)world), *has_s = malloc(sizeof *has_s * (size_t)world);
+    long long last = 0;
+    if (!tm || !js || !has_t || !has_s || !warm) goto out;
+    if (ctl_joins_get(dp->ctl, dp->epoch, world, tm, has_t, js, has_s, &last) != 0 || last < 0) last = 0;
+    for (int r = 0; r < world; r++) { /* a member that wrote no record is skipped */
+        if (has_t[r]) {
+            const JoinTiming *t = &tm[r];
+            warm[r] = t->warm;
+            if (t->restore_ms > restore) restore = t->restore_ms;
+            if (t->rebuild_ms > rebuild) rebuild = t->rebuild_ms;
+            if (t->resnapshot_ms > resnap) resnap = t->resnapshot_ms;
+            if (t->resumed_wall_ms > resumed) resumed = t->resumed_wall_ms;
         }
-        if (values[world + r][0] && join_stats_parse(values[world + r], &s, err, sizeof err) != 0) log_msg("rank %d: %s", r, err);
-        else if (values[world + r][0]) {
-            unsigned long long rtt = (unsigned long long)s.ctl_round_trips + (unsigned long long)s.store_round_trips;
+        if (has_s[r]) {
+            const JoinStats *s = &js[r];
+            unsigned long long rtt = (unsigned long long)s->ctl_round_trips + (unsigned long long)s->store_round_trips;
             if (rtt > rtt_max) rtt_max = rtt;
             rtt_total += rtt;
-            if (s.rendezvous_ms > rendezvous) rendezvous = s.rendezvous_ms;
-            if (s.barrier_ms > barrier) barrier = s.barrier_ms;
-            if (s.wait_ms > rwait) rwait = s.wait_ms;
-            if (s.connect_ms > rconnect) rconnect = s.connect_ms;
-            if (!first_in || s.entered_wall_ms < first_in) first_in = s.entered_wall_ms;
-            long long made = s.dialed + s.accepted;
+            if (s->rendezvous_ms > rendezvous) rendezvous = s->rendezvous_ms;
+            if (s->barrier_ms > barrier) barrier = s->barrier_ms;
+            if (s->wait_ms > rwait) rwait = s->wait_ms;
+            if (s->connect_ms > rconnect) rconnect = s->connect_ms;
+            if (!first_in || s->entered_wall_ms < first_in) first_in = s->entered_wall_ms;
+            long long made = s->dialed + s->accepted;
             int replaced = 0;
             for (int i = 0; i < d->nfailed; i++) replaced |= d->failed[i].rank == r;
             long long *hi = replaced ? &new_max : &surv_max;
             if (made > *hi) *hi = made;
             if (!replaced && (surv_min < 0 || made < surv_min)) surv_min = made;
-            dialed_total += s.dialed;
-            if (s.entered_wall_ms > last_in) last_in = s.entered_wall_ms;
+            dialed_total += s->dialed;
+            if (s->entered_wall_ms > last_in) last_in = s->entered_wall_ms;
         }
     }
-    long long last = 0;
-    if (values[2 * world][0] && proto_int_parse(values[2 * world], "last_step", 0, LLONG_MAX, &last, NULL, 0) != 0) last = 0;
-    free(names);
-    free(values);
-    free(suffixes);
     long long total = resumed - d->t_fail_ms, first_step = wall_ms() - d->t_fail_ms;
     for (int i = 0; i < d->nfailed; i++) {
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
@@ -330,11 +318,16 @@ void rt_report_recovery(dp_t *dp) {
                    rtt_total, (long long)d->t_fail_ms, resumed, warm[d->failed[i].rank] ? "true" : "false", surv_max,
                    surv_min, new_max, dialed_total);
     }
-    free(warm);
     if (d->nfailed == 0)
         event_emit(dp->ctl, dp->t0_wall_ms, "recovered",
                    "\"epoch\":%ld,\"rank\":-1,\"failure_kind\":\"comm\",\"rollback_step\":%lld,\"total_ms\":%lld",
                    dp->epoch, d->rollback + 1, total);
+out:
+    free(warm);
+    free(tm);
+    free(js);
+    free(has_t);
+    free(has_s);
 }
 
 void rt_report_snapshot_stats(dp_t *dp) {

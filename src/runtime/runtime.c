@@ -65,10 +65,6 @@ static void emit_error(dp_t *dp, const char *what, const char *err) {
     event_emit(dp->ctl, dp->t0_wall_ms, "error", "\"rank\":%d,\"message\":\"%s\"", dp->rank, esc);
 }
 
-const char *rt_key(char *buf, size_t len, ctl_key k, long long a, long long b) {
-    return ctl_key_suffix(buf, len, k, a, b);
-}
-
 const char *dp_last_error(const dp_t *dp) { return dp->err; }
 const char *dp_version(void) { return DEADPOOL_VERSION; }
 
@@ -416,7 +412,6 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
         return -1;
     }
     if (dp->epoch > 0) { /* what this join cost, for the `recovered` event (report_recovery) */
-        char k[64], v[JOIN_STATS_TEXT_MAX];
         double wait, connect;
         int dialed, accepted;
         comm_rendezvous_ms(dp->comm, &wait, &connect);
@@ -425,7 +420,7 @@ static int join_communicator(dp_t *dp, int timeout_ms, char *err, size_t errlen)
                         .store_round_trips = (long long)comm_store_round_trips(dp->comm), .rendezvous_ms = t1 - t0,
                         .barrier_ms = now_ms() - t1, .wait_ms = wait, .connect_ms = connect, .entered_wall_ms = entered,
                         .dialed = dialed, .accepted = accepted};
-        if (join_stats_format(&js, v, sizeof v) == 0) ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_JOIN_STATS, dp->epoch, dp->rank), v);
+        ctl_join_stats_set(dp->ctl, dp->epoch, dp->rank, &js);
     }
     return 0;
 }
@@ -477,10 +472,9 @@ static lc_input join_epoch(dp_t *dp, const Decision *d, char *err, size_t errlen
             snapshot_capture_regions(dp->snap, d->rollback, dp->snap_regions, n, dp->snap_locals, dp->nlocals);
         }
     }
-    char k[64], value[JOIN_TIMING_TEXT_MAX];
     JoinTiming jt = {.restore_ms = t1 - t0, .rebuild_ms = t2 - t1, .resnapshot_ms = now_ms() - t2,
                      .resumed_wall_ms = wall_ms(), .warm = dp->restore_cold == 0};
-    if (join_timing_format(&jt, value, sizeof value) == 0) ctl_set(dp->ctl, rt_key(k, sizeof k, KEY_TIMING, dp->epoch, dp->rank), value);
+    ctl_join_timing_set(dp->ctl, dp->epoch, dp->rank, &jt);
     dp->step_t0 = now_ms();
     return LC_IN_JOINED;
 }
@@ -787,8 +781,7 @@ dp_status dp_step_before_update(dp_t *dp) {
     if (atomic_load(&dp->ctl_down)) return DP_OK;
     int saved = ctl_timeout(dp->ctl);
     ctl_set_timeout(dp->ctl, rt_path_timeout_ms(dp));
-    char k[64], v[8];
-    int fenced = ctl_get(dp->ctl, rt_key(k, sizeof k, KEY_FENCED, dp->epoch, 0), v, sizeof v) == 0;
+    int fenced = epoch_fenced(dp->ctl, dp->epoch);
     if (!fenced) rt_note_failure(dp, dp->ctl);
     ctl_set_timeout(dp->ctl, saved);
     if (fenced) return rt_epoch_closed(dp);

@@ -132,8 +132,6 @@ struct dp {
 
 /* --- runtime.c ---------------------------------------------------------------------- */
 
-/* A key's suffix within the job's namespace (ctl_key_suffix): what ctl_get/ctl_set take. */
-const char *rt_key(char *buf, size_t len, ctl_key k, long long a, long long b);
 /* The step's failure: logged, reported to the coordinator (unless Redis is away), in dp->err. */
 dp_status rt_comm_failed(dp_t *dp, const char *what);
 /* The step abandoned: the coordinator closed the epoch after a failure. */

@@ -130,11 +130,8 @@ int coord_take_over(Coordinator *c) {
      * processes' heartbeats expired while the sentinels failed over, which says nothing about
      * them. They get one detect timeout to beat again, as after an outage (check_liveness). */
     if (ctl_replicated(c->ctl)) c->decide_after = now_ms() + c->cfg->detect_timeout_ms;
-    char key[32], last[32];
     long long ls;
-    if (ctl_get(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last, sizeof last) == 0 &&
-        proto_int_parse(last, "last_step", 0, INT_MAX, &ls, NULL, 0) == 0)
-        c->last_step = (int)ls;
+    if (ctl_last_step_get(c->ctl, &ls) == 0) c->last_step = (int)ls;
     log_msg("coordinating job %s from epoch %ld (restore point step %lld%s)", ctl_job(c->ctl), e, c->rollback + 1,
             c->fenced ? ", closed: its decision is due" : "");
     return 0;
@@ -221,13 +218,8 @@ static void pending_flags(const Coordinator *c, char *pending) {
  * itself stopped for a while), total_ms counts from the fault. Otherwise a crash is dated at
  * its detection and a silence at the heartbeat's last sign of life. */
 static int64_t failure_time(Coordinator *c, int rank, const char *kind, int64_t detected) {
-    char last[128], key[32], err[256];
     FaultRecord f;
-    ctl_key_suffix(key, sizeof key, KEY_FAULT_LAST, rank, 0);
-    if (ctl_take(c->ctl, key, last, sizeof last) == 0) {
-        if (fault_record_parse(last, &f, err, sizeof err) != 0) log_msg("rank %d: %s", rank, err);
-        else if (f.rank == rank && f.wall_ms <= detected) return f.wall_ms;
-    }
+    if (ctl_fault_last_take(c->ctl, rank, &f) == 1 && f.wall_ms <= detected) return f.wall_ms;
     if (!strcmp(kind, "crash")) return detected;
     return detected - c->cfg->detect_timeout_ms;
 }
@@ -354,47 +346,22 @@ static void silent_members(Coordinator *c, const int *alive) {
     silent_verdict *verdict = malloc(sizeof *verdict * (size_t)world);
     int64_t *t_exit = malloc(sizeof *t_exit * (size_t)world);
     int *node_alive = calloc(DP_MAX_RANKS, sizeof *node_alive);
-    char (*how)[32] = malloc(sizeof *how * (size_t)world);
-    char (*keys)[48] = malloc(sizeof *keys * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
-    const char **kp = malloc(sizeof *kp * (size_t)(world > DP_MAX_RANKS ? world : DP_MAX_RANKS));
-    if (!node || !verdict || !t_exit || !node_alive || !how || !keys || !kp) goto out;
-    for (int r = 0; r < world; r++) {
-        ctl_key_suffix(keys[r], sizeof keys[r], KEY_EXIT, c->procs[r], 0);
-        kp[r] = keys[r];
-    }
-    if (ctl_get_many(c->ctl, kp, world, how[0], sizeof how[0], NULL) != 0)
-        for (int r = 0; r < world; r++) how[r][0] = 0;
     ExitRecord *ex = malloc(sizeof *ex * (size_t)world);
-    if (!ex) goto out;
-    for (int r = 0; r < world; r++) { /* "" (no record) or malformed: nothing known of how it ended */
-        char err[256];
-        if (!how[r][0] || exit_record_parse(how[r], &ex[r], err, sizeof err) != 0) {
-            if (how[r][0]) log_msg("rank %d: %s", r, err);
-            ex[r] = (ExitRecord){.how = EXITED_HOWS, .wall_ms = 0};
-        }
-    }
+    int *index = malloc(sizeof *index * DP_MAX_RANKS), *present = malloc(sizeof *present * DP_MAX_RANKS);
+    if (!node || !verdict || !t_exit || !node_alive || !ex || !index || !present) goto out;
+    ctl_exits_get(c->ctl, c->procs, world, ex); /* unknown where it fails: nothing known of how they ended */
     /* The machines as registered now (a spare machine may have joined since the last look). */
     int known = ctl_nodes_read(c->ctl, c->node_ids[0], NODE_ID_MAX, c->node_index, DP_MAX_RANKS);
     if (known >= 0) c->nnodes_known = known;
     for (int r = 0; r < world; r++) node[r] = node_index_of(c, c->node[r]);
     int nn = 0;
-    for (int k = 0; k < c->nnodes_known; k++) {
-        if (c->node_index[k] >= DP_MAX_RANKS || c->node_index[k] < 0) continue;
-        ctl_key_suffix(keys[nn], sizeof keys[nn], KEY_NODE_ALIVE, c->node_index[k], 0);
-        kp[nn] = keys[nn];
-        nn++;
-    }
-    int *present = malloc(sizeof *present * (size_t)(nn > 0 ? nn : 1));
-    char (*vals)[8] = malloc(sizeof *vals * (size_t)(nn > 0 ? nn : 1));
-    if (present && vals && nn > 0 && ctl_get_many(c->ctl, kp, nn, vals[0], sizeof vals[0], present) == 0) {
-        int k2 = 0;
-        for (int k = 0; k < c->nnodes_known; k++)
-            if (c->node_index[k] >= 0 && c->node_index[k] < DP_MAX_RANKS) node_alive[c->node_index[k]] = present[k2++];
+    for (int k = 0; k < c->nnodes_known; k++)
+        if (c->node_index[k] >= 0 && c->node_index[k] < DP_MAX_RANKS) index[nn++] = c->node_index[k];
+    if (nn > 0 && ctl_nodes_alive(c->ctl, index, nn, present) == 0) {
+        for (int k = 0; k < nn; k++) node_alive[index[k]] = present[k];
     } else {
         for (int k = 0; k < DP_MAX_RANKS; k++) node_alive[k] = 1; /* unknown: nobody is lost as a whole */
     }
-    free(present);
-    free(vals);
     int mine = node_index_of(c, c->my_node); /* this launcher runs: its machine is not lost */
     if (mine >= 0 && mine < DP_MAX_RANKS) node_alive[mine] = 1;
     char pending[RECOVERY_MAX_RANKS];
@@ -416,15 +383,14 @@ static void silent_members(Coordinator *c, const int *alive) {
         Pending *p = c->npending ? &c->pending[c->npending - 1] : NULL;
         if (p && p->rank == r) p->t_fail_ms = decide_fail_time(p->t_fail_ms, t_exit[r]);
     }
-    free(ex);
 out:
     free(node);
     free(verdict);
     free(t_exit);
     free(node_alive);
-    free(how);
-    free(keys);
-    free(kp);
+    free(ex);
+    free(index);
+    free(present);
 }
 
 /* What a member whose heartbeat expired is doing, when it runs here. */
@@ -450,15 +416,9 @@ static void watch_machines(Coordinator *c) {
         if (n >= 0) c->nnodes_known = n;
         c->nodes_read_ms = now;
     }
-    static char keys[DP_MAX_RANKS][48], vals[DP_MAX_RANKS][8];
-    static const char *kp[DP_MAX_RANKS];
     static int present[DP_MAX_RANKS];
     int n = c->nnodes_known;
-    for (int k = 0; k < n; k++) {
-        ctl_key_suffix(keys[k], sizeof keys[k], KEY_NODE_ALIVE, c->node_index[k], 0);
-        kp[k] = keys[k];
-    }
-    if (n == 0 || ctl_get_many(c->ctl, kp, n, vals[0], sizeof vals[0], present) != 0) return;
+    if (n == 0 || ctl_nodes_alive(c->ctl, c->node_index, n, present) != 0) return;
     static const char *ids[DP_MAX_RANKS], *rank_node[RECOVERY_MAX_RANKS];
     for (int k = 0; k < n; k++) ids[k] = c->node_ids[k];
     for (int r = 0; r < c->cfg->workers; r++) rank_node[r] = c->node[r];
@@ -691,10 +651,8 @@ static void decide(Coordinator *c, Decision *d) {
     rtt_end(c);
     unsigned long long rtt = c->rtt_failure;
     c->rtt_counting = 0;
-    char last[32], key[32];
-    proto_int_format(c->last_step, last, sizeof last);
     if (ctl_batch_begin(c->ctl) == 0) {
-        ctl_batch_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), last);
+        ctl_batch_last_step(c->ctl, c->last_step);
         for (int i = 0; i < d->nfailed; i++) ctl_batch_spare_remove(c->ctl, d->failed[i].spare_proc);
         if (ctl_batch_end(c->ctl) != 0) log_msg("recording the decision's step and spares: %s", ctl_last_error(c->ctl));
     }
@@ -747,12 +705,11 @@ static void decide(Coordinator *c, Decision *d) {
  * members still do (see snapshot.h), so the decision need not wait for them. */
 static void close_epoch(Coordinator *c) {
     if (c->fenced) return;
-    char key[64];
     /* One round trip: the fence first, then every member's wake-up (0 means nothing), and
      * every rank waiting in the epoch's rendezvous (a failure during a recovery) is woken. */
     if (ctl_batch_begin(c->ctl) == 0) {
         char prefix[256], wake[300];
-        ctl_batch_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_FENCED, c->epoch, 0), "1");
+        batch_fence_epoch(c->ctl, c->epoch);
         for (int r = 0; r < c->cfg->workers; r++) ctl_batch_notify(c->ctl, c->procs[r], KEY_ABORT, c->epoch + 1);
         ctl_key_full(c->ctl, prefix, sizeof prefix, KEY_GLOO, c->epoch, 0);
         for (int r = 0; r < c->cfg->workers; r++) {
@@ -775,18 +732,15 @@ static void close_epoch(Coordinator *c) {
  * lost even if no spare ever comes. Members write their own states; the lowest surviving
  * rank also writes each failed rank's state, fetched from its replica holders. */
 static void persist_for_fallback(Coordinator *c, long long g) {
-    char *req = malloc(PERSIST_REQ_TEXT_MAX), key[64];
     PersistRequest *p = calloc(1, sizeof *p);
-    if (!req || !p) { free(req); free(p); return; }
+    if (!p) return;
     p->epoch = c->epoch;
     p->step = g;
     p->writer = -1;
     for (int r = 0; r < c->cfg->workers && p->writer < 0; r++)
         if (!pending_has(c, r)) p->writer = r;
     for (int i = 0; i < c->npending && i < DP_MAX_RANKS; i++) p->failed[p->nfailed++] = c->pending[i].rank;
-    if (persist_request_format(p, req, PERSIST_REQ_TEXT_MAX) == 0) ctl_set(c->ctl, ctl_key_suffix(key, sizeof key, KEY_PERSIST_REQ, 0, 0), req);
-    else log_msg("the persist request of step %lld cannot be written (a step < 0?)", g + 1);
-    free(req);
+    if (ctl_persist_request_set(c->ctl, p) == -2) log_msg("the persist request of step %lld cannot be written (a step < 0?)", g + 1);
     free(p);
     ctl_notify_many(c->ctl, c->procs, c->cfg->workers, KEY_NOTICE, -1);
 }

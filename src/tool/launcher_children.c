@@ -150,8 +150,7 @@ static void report_exit(Launcher *L, const Child *c) {
                            : code == DP_EXIT_DONE || code == DP_EXIT_FENCED || code == DP_EXIT_OUTPUT ? EXITED_DEPARTED
                            : EXITED_CRASH,
                     .wall_ms = wall_ms()};
-    char what[EXIT_RECORD_TEXT_MAX];
-    if (exit_record_format(&e, what, sizeof what) != 0 || ctl_exit_report(L->ctl, c->proc, what) != 0)
+    if (ctl_exit_report(L->ctl, c->proc, &e) != 0)
         log_msg("reporting process %d's exit: %s", (int)c->pid, ctl_last_error(L->ctl));
 }
 

@@ -355,14 +355,12 @@ int lau_follow_job(Launcher *L, char *err, size_t errlen) {
 /* What this machine's --resume directory holds, for the first machine to choose from. */
 int lau_publish_inventory(Launcher *L, char *err, size_t errlen) {
     static char inv[INVENTORY_TEXT_MAX];
-    char idx[16], key[32];
     if (checkpoint_inventory(L->cfg->resume, inv, sizeof inv) != 0) {
         snprintf(err, errlen, "--resume %.900s: the checkpoints there take more than %d bytes to list: remove old "
                  "ones", L->cfg->resume, INVENTORY_TEXT_MAX);
         return -1;
     }
-    proto_int_format(L->node_index, idx, sizeof idx);
-    if (ctl_hash_set(L->ctl, ctl_key_suffix(key, sizeof key, KEY_INVENTORY, 0, 0), idx, inv) != 0) {
+    if (ctl_inventory_set(L->ctl, L->node_index, inv) != 0) {
         snprintf(err, errlen, "publishing this machine's checkpoints: %s", ctl_last_error(L->ctl));
         return -1;
     }
@@ -375,19 +373,16 @@ int lau_publish_inventory(Launcher *L, char *err, size_t errlen) {
  * rank's state is on some machine. 0 / -1 + err. */
 int lau_choose_resume_step(Launcher *L, char *err, size_t errlen) {
     int max = DP_MAX_RANKS, n = 0;
-    char (*fields)[16] = malloc(sizeof *fields * (size_t)max), *values = malloc((size_t)max * INVENTORY_TEXT_MAX);
+    int *machines = malloc(sizeof *machines * (size_t)max);
+    char *values = malloc((size_t)max * INVENTORY_TEXT_MAX);
     const char **inv = malloc(sizeof *inv * (size_t)max);
-    char key[32], why[512];
-    if (!fields || !values || !inv) { snprintf(err, errlen, "out of memory"); goto fail; }
-    ctl_key_suffix(key, sizeof key, KEY_INVENTORY, 0, 0);
+    char why[512];
+    if (!machines || !values || !inv) { snprintf(err, errlen, "out of memory"); goto fail; }
     double t0 = now_ms(), all_at = 0;
     for (;;) {
-        n = ctl_hash_getall(L->ctl, key, fields[0], sizeof fields[0], values, INVENTORY_TEXT_MAX, max);
+        n = ctl_inventories_get(L->ctl, machines, values, INVENTORY_TEXT_MAX, max);
         int workers_in = 0; /* machines 0..nnodes-1 (spare machines may come too) */
-        for (int i = 0; i < n; i++) {
-            long long m;
-            workers_in += proto_int_parse(fields[i], "inventory machine", 0, INT_MAX, &m, NULL, 0) == 0 && m < L->cfg->nnodes;
-        }
+        for (int i = 0; i < n; i++) workers_in += machines[i] < L->cfg->nnodes;
         if (workers_in >= L->cfg->nnodes && !all_at) all_at = now_ms();
         if ((all_at && now_ms() - all_at >= 1000) || now_ms() - t0 > L->cfg->start_timeout_ms || lau_stop_signal) break;
         lau_node_beat(L);
@@ -406,16 +401,16 @@ int lau_choose_resume_step(Launcher *L, char *err, size_t errlen) {
          * first one). */
         log_msg("requeued job %s: no complete checkpoint across the %d machines (%s): starting from step 1", L->job, n, why);
         L->run_cfg.resume_step = -1;
-        free(fields); free(values); free(inv);
+        free(machines); free(values); free(inv);
         return 0;
     }
     if (step < 0) { snprintf(err, errlen, "--resume: no complete checkpoint across the %d machines: %s", n, why); goto fail; }
     if (why[0]) log_msg("--resume: %s; resuming from step %lld", why, (long long)step + 1);
     L->run_cfg.resume_step = (int)step;
-    free(fields); free(values); free(inv);
+    free(machines); free(values); free(inv);
     return 0;
 fail:
-    free(fields); free(values); free(inv);
+    free(machines); free(values); free(inv);
     return -1;
 }
 
@@ -435,7 +430,7 @@ int lau_serve_resumed_states(Launcher *L, char *err, size_t errlen) {
     for (int r = 0; r < L->cfg->workers; r++) {
         SnapHeader h;
         void *payload = NULL;
-        char e[512], key[48], where[300];
+        char e[512];
         if (checkpoint_read_shard(L->cfg->resume, step, r, &h, &payload, e, sizeof e) != 0) continue;
         snprintf(h.job, sizeof h.job, "%s", L->job); /* the previous run's job name: ours now */
         snap_header_seal(&h);
@@ -443,8 +438,7 @@ int lau_serve_resumed_states(Launcher *L, char *err, size_t errlen) {
         free(payload);
         Endpoint me = {.port = replica_server_port(L->shards)};
         snprintf(me.host, sizeof me.host, "%s", L->bind_addr);
-        if (endpoint_format(&me, where, sizeof where) != 0) snprintf(where, sizeof where, "%s", "");
-        if (st != REPLICA_OK || !where[0] || ctl_set_sealed(L->ctl, ctl_key_suffix(key, sizeof key, KEY_RESUME_HOLDER, r, 0), where) != 0) {
+        if (st != REPLICA_OK || ctl_resume_holder_set(L->ctl, r, &me) != 0) {
             log_msg("--resume: cannot offer rank %d's state: %s", r, st != REPLICA_OK ? replica_status_str(st) : ctl_last_error(L->ctl));
             continue;
         }
@@ -460,8 +454,7 @@ static void show_progress(Launcher *L) {
     char json[4096], t[64] = "";
     if (now_ms() - L->progress_ms < 500) return;
     L->progress_ms = now_ms();
-    char key[32];
-    if (ctl_get(L->ctl, ctl_key_suffix(key, sizeof key, KEY_PROGRESS, 0, 0), json, sizeof json) != 0) return;
+    if (ctl_progress_get(L->ctl, json, sizeof json) != 0) return;
     json_t *o = lau_json_line(json);
     double tv = -1;
     if (!o || lau_jnum(o, "t", &tv) != 0) {
@@ -530,24 +523,17 @@ static void follow(Launcher *L) {
  * launchers have seen its end (their machine keys go), bounded. */
 void lau_wait_other_nodes(Launcher *L, int ms) {
     double deadline = now_ms() + ms;
-    char (*ids)[128] = malloc(sizeof *ids * DP_MAX_RANKS), (*keys)[48] = malloc(sizeof *keys * DP_MAX_RANKS);
-    char (*vals)[8] = malloc(sizeof *vals * DP_MAX_RANKS);
-    const char **kp = malloc(sizeof *kp * DP_MAX_RANKS);
+    char (*ids)[128] = malloc(sizeof *ids * DP_MAX_RANKS);
     int *idx = malloc(sizeof *idx * DP_MAX_RANKS), *present = malloc(sizeof *present * DP_MAX_RANKS), n = 0;
-    if (ids && keys && vals && kp && idx && present)
-        n = ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, DP_MAX_RANKS);
-    for (int i = 0; i < n; i++) kp[i] = ctl_key_suffix(keys[i], sizeof keys[i], KEY_NODE_ALIVE, idx[i], 0);
+    if (ids && idx && present) n = ctl_nodes_read(L->ctl, ids[0], sizeof ids[0], idx, DP_MAX_RANKS);
     while (n > 0 && now_ms() < deadline) { /* one MGET of the other machines' keys per look */
         int alive = 0;
-        if (ctl_get_many(L->ctl, kp, n, vals[0], sizeof vals[0], present) != 0) break;
+        if (ctl_nodes_alive(L->ctl, idx, n, present) != 0) break;
         for (int i = 0; i < n; i++) alive += present[i] && idx[i] != L->node_index;
         if (!alive) break;
         sleep_ms(50);
     }
     free(ids);
-    free(keys);
-    free(vals);
-    free(kp);
     free(idx);
     free(present);
 }

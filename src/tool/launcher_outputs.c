@@ -406,14 +406,12 @@ static void on_report(const char *text, void *arg) {
  * every process republish theirs. */
 static void republish_job(Launcher *L) {
     if (!L->coordinating || !L->job_key[0]) return;
-    char procs[32];
-    ctl_key_suffix(procs, sizeof procs, KEY_PROCS, 0, 0);
     L->beat_ms = 0;
     lau_launcher_beat(L);
     long long max_proc = 0;
     for (int i = 0; i < L->nchildren; i++)
         if (L->children[i].proc > max_proc) max_proc = L->children[i].proc;
-    int ok = L->beat_ms && lau_write_job_keys(L) == 0 && ctl_counter_at_least(L->ctl, procs, max_proc + 1000) == 0; /* spares joined by hand drew ids too */
+    int ok = L->beat_ms && lau_write_job_keys(L) == 0 && ctl_proc_ids_at_least(L->ctl, max_proc + 1000) == 0; /* spares joined by hand drew ids too */
     ctl_wait_replica(L->ctl, 1000);
     log_msg("the control plane answers again: the job's keys are %s", ok ? "republished" : "not all republished (tried again)");
     if (!ok) L->redis_failing_since = L->redis_failing_since ? L->redis_failing_since : now_ms();

@@ -285,19 +285,10 @@ static void free_process(dp_t *dp) {
     free(dp);
 }
 
-dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
-    struct sigaction pipe_was;
-    if (sigaction(SIGPIPE, NULL, &pipe_was) == 0 && pipe_was.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
-    dp_options o = {.rank = -1};
-    if (opts) o = *opts;
-    rt_options_from_env(&o);
-    if (!o.redis_url || !o.job) {
-        snprintf(err, errlen, "no job to join: expected %s and %s in the environment (start the program with `deadpool "
-                 "run -- PROGRAM`) or in dp_options", DP_ENV_REDIS, DP_ENV_JOB);
-        return NULL;
-    }
+/* A dp_t for options o: its locks, its job's name, its address and its machine's id. */
+static dp_t *dp_alloc(const dp_options *o) {
     dp_t *dp = calloc(1, sizeof *dp);
-    if (!dp) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!dp) return NULL;
     dp->rank = -1;
     dp->pub_rank = -1;
     dp->pub_epoch = dp->pub_step = -1;
@@ -312,26 +303,28 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&dp->pub_cv, &ca);
     pthread_condattr_destroy(&ca);
-    snprintf(dp->job, sizeof dp->job, "%s", o.job);
-    snprintf(dp->bind_host, sizeof dp->bind_host, "%s", o.bind_host && *o.bind_host ? o.bind_host : "127.0.0.1");
-    const char *node = getenv(DP_ENV_NODE), *proc = getenv(DP_ENV_PROC);
+    snprintf(dp->job, sizeof dp->job, "%s", o->job);
+    snprintf(dp->bind_host, sizeof dp->bind_host, "%s", o->bind_host && *o->bind_host ? o->bind_host : "127.0.0.1");
+    const char *node = getenv(DP_ENV_NODE);
     if (node && *node) {
         snprintf(dp->node, sizeof dp->node, "%s", node);
         node_id_clean(dp->node);
     } else {
         node_id_default(dp->node, sizeof dp->node);
     }
-    log_set_role(o.spare ? "spare" : "rank");
-    if (redis_addr_parse(o.redis_url, &dp->addr, err, errlen) != 0) goto fail;
-    if (job_key_from_env(dp->job_key, err, errlen) != 0) goto fail;
-    /* Every Redis call of the start is retried while it fails for the server's absence (a
-     * restart, a stall, a failover), within --control-wait (60 s until the job's own is read):
-     * such an error says nothing about the job, and a bad job stops it (item 12). */
+    return dp;
+}
+
+/* Connects to the job's Redis and reads the job. Every Redis call of the start is retried
+ * while it fails for the server's absence (a restart, a stall, a failover), within
+ * --control-wait (60 s until the job's own is read): such an error says nothing about the
+ * job, and a bad job stops it (item 12). spawned: a launcher started this process. 0 / -1. */
+static int connect_and_read_job(dp_t *dp, int spawned, char *err, size_t errlen) {
     double deadline = now_ms() + job_control_outage_ms(&dp->cfg);
     while (!(dp->ctl = ctl_connect(&dp->addr, dp->job, 5000, err, errlen))) {
         if (!ctl_connect_error_transient() || now_ms() > deadline) {
             if (ctl_connect_error_transient()) atomic_store(&init_transient, 1);
-            goto fail;
+            return -1;
         }
         sleep_ms(200);
     }
@@ -341,35 +334,62 @@ dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
     /* A process the launcher started belongs to a live job: a config or launcher key missing
      * for a moment is a Redis that came back empty, and the launcher is writing them again. */
     double republished_by = now_ms() + 5000;
-    int spawned = proc && atol(proc) > 0;
     while (read_job(dp, err, errlen) != 0) {
         if (spawned && !ctl_error_transient(dp->ctl) && now_ms() < republished_by) {
             sleep_ms(100);
             continue;
         }
-        if (!retry_transient(dp->ctl, deadline)) goto fail;
+        if (!retry_transient(dp->ctl, deadline)) return -1;
     }
-    deadline = now_ms() + job_control_outage_ms(&dp->cfg);
+    return 0;
+}
+
+/* This process's id in the job. A launcher draws its processes' ids (DEADPOOL_PROC, `drawn`),
+ * so that it can report their exits by id. The variable stays as it is (a library does not
+ * change its host's environment): a process this one starts, or one beside it, inherits it,
+ * and the claim gives the id to the first of them only; the others draw ids of their own.
+ * The id, -1 when Redis stayed away past deadline. */
+static long register_process(dp_t *dp, long drawn, double deadline) {
+    long id = -1;
+    while (drawn > 0) {
+        int claimed = ctl_proc_claim(dp->ctl, drawn, (long)getpid());
+        if (claimed >= 0) {
+            id = claimed ? drawn : 0;
+            break;
+        }
+        if (!retry_transient(dp->ctl, deadline)) break;
+    }
+    if (id == 0 || drawn <= 0) id = ctl_new_proc_id(dp->ctl);
+    while (id < 0 && retry_transient(dp->ctl, deadline)) id = ctl_new_proc_id(dp->ctl);
+    return id;
+}
+
+dp_t *dp_init(const dp_options *opts, char *err, size_t errlen) {
+    struct sigaction pipe_was;
+    if (sigaction(SIGPIPE, NULL, &pipe_was) == 0 && pipe_was.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
+    dp_options o = {.rank = -1};
+    if (opts) o = *opts;
+    rt_options_from_env(&o);
+    if (!o.redis_url || !o.job) {
+        snprintf(err, errlen, "no job to join: expected %s and %s in the environment (start the program with `deadpool "
+                 "run -- PROGRAM`) or in dp_options", DP_ENV_REDIS, DP_ENV_JOB);
+        return NULL;
+    }
+    dp_t *dp = dp_alloc(&o);
+    if (!dp) { snprintf(err, errlen, "out of memory"); return NULL; }
+    const char *proc = getenv(DP_ENV_PROC);
+    long drawn = proc ? atol(proc) : 0;
+    log_set_role(o.spare ? "spare" : "rank");
+    if (redis_addr_parse(o.redis_url, &dp->addr, err, errlen) != 0) goto fail;
+    if (job_key_from_env(dp->job_key, err, errlen) != 0) goto fail;
+    if (connect_and_read_job(dp, drawn > 0, err, errlen) != 0) goto fail;
+    double deadline = now_ms() + job_control_outage_ms(&dp->cfg);
     if (!o.spare && o.rank >= dp->cfg.workers) { /* refused now, not later by the collectives */
         snprintf(err, errlen, "--rank %d: job '%s' has %d ranks (0 to %d)", o.rank, dp->job, dp->cfg.workers,
                  dp->cfg.workers - 1);
         goto fail;
     }
-    /* A launcher draws its processes' ids, so that it can report their exits by id. The
-     * variable stays as it is (a library does not change its host's environment): a process
-     * this one starts, or one beside it, inherits it, and the claim gives the id to the first
-     * of them only; the others draw ids of their own. */
-    dp->proc_id = -1;
-    while (spawned) {
-        int claimed = ctl_proc_claim(dp->ctl, atol(proc), (long)getpid());
-        if (claimed >= 0) {
-            dp->proc_id = claimed ? atol(proc) : 0;
-            break;
-        }
-        if (!retry_transient(dp->ctl, deadline)) break;
-    }
-    if (dp->proc_id == 0 || !spawned) dp->proc_id = ctl_new_proc_id(dp->ctl);
-    while (dp->proc_id < 0 && retry_transient(dp->ctl, deadline)) dp->proc_id = ctl_new_proc_id(dp->ctl);
+    dp->proc_id = register_process(dp, drawn, deadline);
     if (dp->proc_id < 0) { snprintf(err, errlen, "registration failed: %s", ctl_last_error(dp->ctl)); goto fail; }
     if (start_replica_server(dp, err, errlen) != 0) goto fail;
     ctl_heartbeat(dp->ctl, dp->proc_id, dp->cfg.detect_timeout_ms);

@@ -194,13 +194,176 @@ static const char *option_value(int argc, char **argv, const char *name) {
 
 static const char *env_get(const char *name) { return getenv(name); }
 
+/* What deadpool run's command line said, beside the job's config. */
+typedef struct {
+    TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
+    int builtin, workers_given, spares_given, redis_given, redis_file_given;
+    SlurmGiven given;
+} RunArgs;
+
+static void run_help(void) {
+    usage(stdout);
+    printf("\noptions of deadpool run:\n");
+    job_config_print_help();
+    printf("  --redis-file FILE    the --redis URL, password included, read from FILE (one line; a regular file of this\n"
+           "                       user's, mode 0600): the password never appears on a command line\n");
+    printf("  --secret-file FILE   the secret the job's machines share (one line, 16 to %d characters, mode 0600):\n"
+           "                       the job's keys come from it, never from Redis. Needed across machines (--nnodes)\n"
+           "                       without Slurm; a job on one machine draws its own\n", JOB_SECRET_MAX);
+    printf("\noptions of the built-in GPT-2 trainer (without -- PROGRAM):\n");
+    train_options_print_help();
+}
+
+/* A requeued Slurm job (SLURM_RESTART_COUNT) resumes from each node's --out, as `--resume
+ * OUT` would, unless the command line says --resume: *argv gets the option. 0 / -1. */
+static int slurm_requeue_args(const SlurmEnv *slurm, const JobConfig *cfg, int *argc, char ***argv) {
+    if (!slurm->in_step || slurm->restart_count <= 0 || has_option(*argc, *argv, "resume")) return 0;
+    char **args = malloc(sizeof *args * (size_t)(*argc + 3)), **in = *argv;
+    if (!args) { fprintf(stderr, "deadpool: out of memory\n"); return -1; }
+    int k = 0;
+    while (k < *argc && strcmp(in[k], "--") != 0) { args[k] = in[k]; k++; }
+    const char *out = option_value(*argc, in, "out");
+    args[k] = "--resume";
+    args[k + 1] = (char *)(out ? out : cfg->out);
+    for (int j = k; j < *argc; j++) args[j + 2] = in[j];
+    *argc += 2;
+    args[*argc] = NULL;
+    *argv = args;
+    log_msg("under Slurm: job %s was requeued (SLURM_RESTART_COUNT %d): resuming from %s", slurm->job_id,
+            slurm->restart_count, args[k + 1]);
+    return 0;
+}
+
+/* The options before `--` into cfg and ra. The index of `--` (argc if none), -1 after an
+ * error (said), -2 after --help (printed). */
+static int parse_run_options(int argc, char **argv, JobConfig *cfg, RunArgs *ra) {
+    static char redis_file_url[4200], job_secret[JOB_SECRET_MAX + 2];
+    char err[1024];
+    int i = 0;
+    for (; i < argc && strcmp(argv[i], "--") != 0;) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            run_help();
+            return -2;
+        }
+        /* flags: alone, --NAME means --NAME=1 */
+        static const char *const FLAGS[] = {"report", "redis-ha", "fresh"};
+        int flag = 0;
+        for (size_t f = 0; f < sizeof FLAGS / sizeof FLAGS[0] && !flag; f++)
+            flag = !strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, FLAGS[f]) &&
+                   job_config_set(cfg, FLAGS[f], "1", err, sizeof err) == 0;
+        if (flag) {
+            i++;
+            continue;
+        }
+        char name[64];
+        const char *value;
+        int used = split_option(argc, argv, i, name, sizeof name, &value);
+        if (!used) return -1;
+        i += used;
+        if (!strcmp(name, "resume") || !strcmp(name, "resume-step")) continue;
+        if (!strcmp(name, "redis-file")) { /* the URL, password and all, from a 0600 file: never on argv */
+            if (redis_file_read(value, redis_file_url, sizeof redis_file_url, err, sizeof err) != 0) {
+                fprintf(stderr, "deadpool: --redis-file %s\n", err);
+                return -1;
+            }
+            int rc = job_config_set(cfg, "redis", redis_file_url, err, sizeof err);
+            explicit_bzero(redis_file_url, sizeof redis_file_url);
+            if (rc != 0) { fprintf(stderr, "deadpool: --redis-file: %s\n", err); return -1; }
+            ra->redis_file_given = 1;
+            continue;
+        }
+        if (!strcmp(name, "secret-file")) { /* the machines' shared secret: never on argv, never in Redis */
+            if (job_secret_file_read(value, job_secret, sizeof job_secret, err, sizeof err) != 0) {
+                fprintf(stderr, "deadpool: --secret-file %s\n", err);
+                return -1;
+            }
+            cfg->job_secret = job_secret;
+            continue;
+        }
+        ra->redis_given |= !strcmp(name, "redis");
+        if (job_config_has(name)) {
+            ra->workers_given |= !strcmp(name, "workers");
+            ra->spares_given |= !strcmp(name, "spares");
+            ra->given.nnodes |= !strcmp(name, "nnodes");
+            ra->given.nproc_per_node |= !strcmp(name, "nproc-per-node");
+            ra->given.job |= !strcmp(name, "job");
+            if (job_config_set(cfg, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return -1; }
+        } else if (train_options_has(name)) {
+            char flag_name[80];
+            snprintf(flag_name, sizeof flag_name, "--%s", name);
+            if (train_options_set(&ra->topt, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return -1; }
+            if (program_set_option(cfg, flag_name, value) != 0) return -1;
+        } else {
+            fprintf(stderr, "deadpool: unknown option --%s (see deadpool run --help)\n", name);
+            return -1;
+        }
+    }
+    return i;
+}
+
+/* `-- PROGRAM ARGS` at argv[i..argc) into cfg's program. 0 / -1 (said). */
+static int program_after_dashes(int argc, char **argv, int i, JobConfig *cfg, RunArgs *ra) {
+    if (i + 1 >= argc) { fprintf(stderr, "deadpool: expected a program after --\n"); return -1; }
+    if (strcmp(cfg->program, DP_BUILTIN_PROGRAM) != 0 && cfg->resume[0] == 0) {
+        fprintf(stderr, "deadpool: options of the built-in trainer (--model, --lr, ...) do not apply to a program after --\n");
+        return -1;
+    }
+    cfg->program[0] = 0;
+    ra->builtin = 0;
+    for (int k = i + 1; k < argc; k++)
+        if (program_append(cfg, argv[k]) != 0) return -1;
+    /* A bare name is looked up on PATH by each process; a path must be there now. */
+    if (strchr(argv[i + 1], '/') && access(argv[i + 1], X_OK) != 0) {
+        fprintf(stderr, "deadpool: %s: not an executable file\n", argv[i + 1]);
+        return -1;
+    }
+    return 0;
+}
+
+/* The checkpoint's program is never run from the file: the command line names it, and it
+ * must be the one that wrote the checkpoint (its state is that program's). 0 / -1 (said). */
+static int same_program_as_checkpoint(const JobConfig *cfg, const char *ckpt_program, int builtin) {
+    int ckpt_builtin = is_builtin(ckpt_program);
+    if (!cfg->resume[0] || !ckpt_program[0] || (ckpt_builtin ? builtin : !strcmp(cfg->program, ckpt_program))) return 0;
+    char want[sizeof cfg->program], got[sizeof cfg->program];
+    program_text(ckpt_builtin ? "(the built-in trainer)" : ckpt_program, want, sizeof want);
+    program_text(cfg->program[0] ? cfg->program : "nothing", got, sizeof got);
+    fprintf(stderr, "deadpool: --resume %s: the checkpoint was written by the program '%.2000s'; the command "
+            "line gives %s%.2000s%s. DeadPool never runs a program named in a checkpoint: give that program "
+            "again after -- (deadpool run --resume DIR -- PROGRAM ARGS)\n",
+            cfg->resume, want, cfg->program[0] ? "'" : "", got, cfg->program[0] ? "'" : "");
+    return -1;
+}
+
+/* A password in --redis would end up in every checkpoint's config.txt: it moves to the
+ * environment the children inherit, and out of the URL. 0 / -1 (said). */
+static int redis_password_out_of_url(JobConfig *cfg, const RunArgs *ra) {
+    if (ra->redis_given && ra->redis_file_given) {
+        fprintf(stderr, "deadpool: --redis and --redis-file: give one of them\n");
+        return -1;
+    }
+    if (!cfg->redis[0]) return 0;
+    char err[1024];
+    redis_addr addr;
+    if (redis_addr_parse(cfg->redis, &addr, err, sizeof err) != 0) { fprintf(stderr, "deadpool: --redis: %s\n", err); return -1; }
+    if (strchr(cfg->redis, '@')) {
+        if (!ra->redis_file_given)
+            fprintf(stderr, "deadpool: --redis: a password on the command line is readable by every user of this "
+                    "machine until it is overwritten (done at once, but not before); use %s or --redis-file FILE "
+                    "(mode 0600) instead\n", DP_ENV_PASSWORD);
+        setenv(DP_ENV_PASSWORD, addr.password, 1); /* children inherit it there, never on argv */
+        redis_addr_format(&addr, cfg->redis, sizeof cfg->redis);
+    }
+    explicit_bzero(&addr, sizeof addr);
+    return 0;
+}
+
 static int cmd_run(int argc, char **argv) {
     JobConfig cfg;
     job_config_defaults(&cfg);
     char err[1024], ckpt_program[sizeof cfg.program];
     /* Under srun (and not a one-machine job, --workers): one launcher per node, what the
-     * command line leaves open comes from Slurm. A requeued job (SLURM_RESTART_COUNT) resumes
-     * from each node's --out, as `--resume OUT` would, unless the command line says --resume. */
+     * command line leaves open comes from Slurm. */
     static SlurmEnv slurm;
     if (slurm_env_read(&slurm, env_get, err, sizeof err) != 0) {
         fprintf(stderr, "deadpool: under Slurm: %s\n", err);
@@ -211,22 +374,7 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deadpool: unknown option --slurm (deadpool run reads Slurm's environment by itself)\n");
         return 2;
     }
-    char **args = argv;
-    if (slurm.in_step && slurm.restart_count > 0 && !has_option(argc, argv, "resume")) {
-        args = malloc(sizeof *args * (size_t)(argc + 3));
-        if (!args) { fprintf(stderr, "deadpool: out of memory\n"); return 2; }
-        int k = 0;
-        while (k < argc && strcmp(argv[k], "--") != 0) { args[k] = argv[k]; k++; }
-        const char *out = option_value(argc, argv, "out");
-        args[k] = "--resume";
-        args[k + 1] = (char *)(out ? out : cfg.out);
-        for (int j = k; j < argc; j++) args[j + 2] = argv[j];
-        argc += 2;
-        args[argc] = NULL;
-        argv = args;
-        log_msg("under Slurm: job %s was requeued (SLURM_RESTART_COUNT %d): resuming from %s", slurm.job_id,
-                slurm.restart_count, args[k + 1]);
-    }
+    if (slurm_requeue_args(&slurm, &cfg, &argc, &argv) != 0) return 2;
     if (load_resume_config(argc, argv, &cfg, ckpt_program, sizeof ckpt_program, err, sizeof err, slurm.in_step) != 0) {
         fprintf(stderr, "deadpool: --resume: %s\n", err);
         return 2;
@@ -235,129 +383,17 @@ static int cmd_run(int argc, char **argv) {
         cfg.slurm = 0;
         cfg.spare_nodes = 0;
     }
-    int builtin = is_builtin(cfg.program);
-    TrainOptions topt; /* only to check the built-in trainer's options before anything starts */
-    train_options_defaults(&topt);
-    int i = 0, workers_given = 0, spares_given = 0, redis_given = 0, redis_file_given = 0;
-    static char redis_file_url[4200], job_secret[JOB_SECRET_MAX + 2];
-    SlurmGiven given = {0};
-    for (; i < argc && strcmp(argv[i], "--") != 0;) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            printf("\noptions of deadpool run:\n");
-            job_config_print_help();
-            printf("  --redis-file FILE    the --redis URL, password included, read from FILE (one line; a regular file of this\n"
-                   "                       user's, mode 0600): the password never appears on a command line\n");
-            printf("  --secret-file FILE   the secret the job's machines share (one line, 16 to %d characters, mode 0600):\n"
-                   "                       the job's keys come from it, never from Redis. Needed across machines (--nnodes)\n"
-                   "                       without Slurm; a job on one machine draws its own\n", JOB_SECRET_MAX);
-            printf("\noptions of the built-in GPT-2 trainer (without -- PROGRAM):\n");
-            train_options_print_help();
-            return 0;
-        }
-        /* flags: alone, --NAME means --NAME=1 */
-        static const char *const FLAGS[] = {"report", "redis-ha", "fresh"};
-        int flag = 0;
-        for (size_t f = 0; f < sizeof FLAGS / sizeof FLAGS[0] && !flag; f++)
-            flag = !strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, FLAGS[f]) &&
-                   job_config_set(&cfg, FLAGS[f], "1", err, sizeof err) == 0;
-        if (flag) {
-            i++;
-            continue;
-        }
-        char name[64];
-        const char *value;
-        int used = split_option(argc, argv, i, name, sizeof name, &value);
-        if (!used) return 2;
-        if (!strcmp(name, "resume") || !strcmp(name, "resume-step")) { i += used; continue; }
-        if (!strcmp(name, "redis-file")) { /* the URL, password and all, from a 0600 file: never on argv */
-            if (redis_file_read(value, redis_file_url, sizeof redis_file_url, err, sizeof err) != 0) {
-                fprintf(stderr, "deadpool: --redis-file %s\n", err);
-                return 2;
-            }
-            if (job_config_set(&cfg, "redis", redis_file_url, err, sizeof err) != 0) { fprintf(stderr, "deadpool: --redis-file: %s\n", err); return 2; }
-            redis_file_given = 1;
-            i += used;
-            continue;
-        }
-        if (!strcmp(name, "secret-file")) { /* the machines' shared secret: never on argv, never in Redis */
-            if (job_secret_file_read(value, job_secret, sizeof job_secret, err, sizeof err) != 0) {
-                fprintf(stderr, "deadpool: --secret-file %s\n", err);
-                return 2;
-            }
-            cfg.job_secret = job_secret;
-            i += used;
-            continue;
-        }
-        redis_given |= !strcmp(name, "redis");
-        if (job_config_has(name)) {
-            workers_given |= !strcmp(name, "workers");
-            spares_given |= !strcmp(name, "spares");
-            given.nnodes |= !strcmp(name, "nnodes");
-            given.nproc_per_node |= !strcmp(name, "nproc-per-node");
-            given.job |= !strcmp(name, "job");
-            if (job_config_set(&cfg, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
-        } else if (train_options_has(name)) {
-            char flag[80];
-            snprintf(flag, sizeof flag, "--%s", name);
-            if (train_options_set(&topt, name, value, err, sizeof err) != 0) { fprintf(stderr, "deadpool: %s\n", err); return 2; }
-            if (program_set_option(&cfg, flag, value) != 0) return 2;
-        } else {
-            fprintf(stderr, "deadpool: unknown option --%s (see deadpool run --help)\n", name);
-            return 2;
-        }
-        i += used;
-    }
-    if (i < argc) { /* -- PROGRAM ARGS */
-        if (i + 1 >= argc) { fprintf(stderr, "deadpool: expected a program after --\n"); return 2; }
-        if (strcmp(cfg.program, DP_BUILTIN_PROGRAM) != 0 && cfg.resume[0] == 0) {
-            fprintf(stderr, "deadpool: options of the built-in trainer (--model, --lr, ...) do not apply to a program after --\n");
-            return 2;
-        }
-        cfg.program[0] = 0;
-        builtin = 0;
-        for (int k = i + 1; k < argc; k++)
-            if (program_append(&cfg, argv[k]) != 0) return 2;
-        /* A bare name is looked up on PATH by each process; a path must be there now. */
-        if (strchr(argv[i + 1], '/') && access(argv[i + 1], X_OK) != 0) {
-            fprintf(stderr, "deadpool: %s: not an executable file\n", argv[i + 1]);
-            return 2;
-        }
-    }
-    int ckpt_builtin = is_builtin(ckpt_program);
-    if (cfg.resume[0] && ckpt_program[0] && (ckpt_builtin ? !builtin : strcmp(cfg.program, ckpt_program) != 0)) {
-        /* The checkpoint's program is never run from the file: the command line names it, and
-         * it must be the one that wrote the checkpoint (its state is that program's). */
-        char want[sizeof cfg.program], got[sizeof cfg.program];
-        program_text(ckpt_builtin ? "(the built-in trainer)" : ckpt_program, want, sizeof want);
-        program_text(cfg.program[0] ? cfg.program : "nothing", got, sizeof got);
-        fprintf(stderr, "deadpool: --resume %s: the checkpoint was written by the program '%.2000s'; the command "
-                "line gives %s%.2000s%s. DeadPool never runs a program named in a checkpoint: give that program "
-                "again after -- (deadpool run --resume DIR -- PROGRAM ARGS)\n",
-                cfg.resume, want, cfg.program[0] ? "'" : "", got, cfg.program[0] ? "'" : "");
-        return 2;
-    }
-    if (redis_given && redis_file_given) {
-        fprintf(stderr, "deadpool: --redis and --redis-file: give one of them\n");
-        return 2;
-    }
-    if (cfg.redis[0]) { /* a password in the URL would end up in every checkpoint's config.txt */
-        redis_addr addr;
-        if (redis_addr_parse(cfg.redis, &addr, err, sizeof err) != 0) { fprintf(stderr, "deadpool: --redis: %s\n", err); return 2; }
-        if (strchr(cfg.redis, '@')) {
-            if (!redis_file_given)
-                fprintf(stderr, "deadpool: --redis: a password on the command line is readable by every user of this "
-                        "machine until it is overwritten (done at once, but not before); use %s or --redis-file FILE "
-                        "(mode 0600) instead\n", DP_ENV_PASSWORD);
-            setenv(DP_ENV_PASSWORD, addr.password, 1); /* children inherit it there, never on argv */
-            redis_addr_format(&addr, cfg.redis, sizeof cfg.redis);
-        }
-        explicit_bzero(&addr, sizeof addr);
-        explicit_bzero(redis_file_url, sizeof redis_file_url);
-    }
+    RunArgs ra = {.builtin = is_builtin(cfg.program)};
+    train_options_defaults(&ra.topt);
+    int i = parse_run_options(argc, argv, &cfg, &ra);
+    if (i == -2) return 0;
+    if (i < 0) return 2;
+    if (i < argc && program_after_dashes(argc, argv, i, &cfg, &ra) != 0) return 2;
+    if (same_program_as_checkpoint(&cfg, ckpt_program, ra.builtin) != 0) return 2;
+    if (redis_password_out_of_url(&cfg, &ra) != 0) return 2;
     if (slurm.in_step) {
         char said[1024];
-        if (slurm_apply(&cfg, &slurm, &given, said, sizeof said, err, sizeof err) != 0) {
+        if (slurm_apply(&cfg, &slurm, &ra.given, said, sizeof said, err, sizeof err) != 0) {
             fprintf(stderr, "deadpool: under Slurm: %s\n", err);
             return 2;
         }
@@ -366,10 +402,10 @@ static int cmd_run(int argc, char **argv) {
     }
     /* Across machines the world is --nnodes x --nproc-per-node, and spares are whole spare
      * machines (the same command run on one more machine) unless --spares asks for more. */
-    if (cfg.nnodes > 0 && !workers_given) cfg.workers = cfg.nnodes * cfg.nproc_per_node;
-    if (cfg.nnodes > 0 && !spares_given) cfg.spares = 0;
+    if (cfg.nnodes > 0 && !ra.workers_given) cfg.workers = cfg.nnodes * cfg.nproc_per_node;
+    if (cfg.nnodes > 0 && !ra.spares_given) cfg.spares = 0;
     if (job_config_validate(&cfg, err, sizeof err) != 0 ||
-        (builtin && train_options_validate(&topt, cfg.steps, cfg.workers, err, sizeof err) != 0)) {
+        (ra.builtin && train_options_validate(&ra.topt, cfg.steps, cfg.workers, err, sizeof err) != 0)) {
         fprintf(stderr, "deadpool: %s\n", err);
         return 2;
     }

@@ -210,6 +210,134 @@ static char *members_text(json_t *o) {
     return buf;
 }
 
+/* --- one handler per event that feeds the report: (R, the line, its time, where) -> 0 / -1 + err */
+
+static int on_start(Report *R, json_t *o, double t, const char *where, char *err, size_t errlen) {
+    (void)t;
+    if (R->starts > 1) return 0; /* a resumed job: the first start has the config */
+    if (get_str(o, "job", R->job, sizeof R->job, where, err, errlen) < 0 ||
+        get_str(o, "program", R->program, sizeof R->program, where, err, errlen) < 0 ||
+        get_num(o, "workers", 0, &R->workers, where, err, errlen) < 0 ||
+        get_num(o, "spares", 0, &R->spares, where, err, errlen) < 0 ||
+        get_num(o, "steps", 0, &R->steps, where, err, errlen) < 0 ||
+        get_num(o, "seed", 0, &R->seed, where, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
+/* "failure" or "restart" (restart: 1). */
+static int on_failure(Report *R, json_t *o, double t, int restart, const char *where, char *err, size_t errlen) {
+    /* A failure first seen as "no spare left" (its rank unknown then) gets its details now. */
+    Incident *x = NULL;
+    double v;
+    for (size_t i = 0; i < R->ninc && !x; i++)
+        if (R->inc[i].placeholder && !R->inc[i].recovered) x = &R->inc[i];
+    if (!x && !(x = new_incident(R))) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (get_num(o, "rank", 0, &v, where, err, errlen) < 0 ||
+        get_str(o, "kind", x->kind, sizeof x->kind, where, err, errlen) < 0)
+        return -1;
+    x->rank = isnan(v) ? -1 : (int)v;
+    if (!x->placeholder) x->t_fail = t;
+    x->placeholder = 0;
+    x->restart_mode = restart;
+    return 0;
+}
+
+/* "no_spare" or "job_failed" (failed: 1). */
+static int on_not_acted(Report *R, json_t *o, double t, int failed, const char *where, char *err, size_t errlen) {
+    /* The coordinator could not act on a failure (no spare, no fault tolerance): it has no
+     * failure line of its own, so it counts from here, unless one is already open. */
+    int open = 0;
+    for (size_t i = 0; i < R->ninc; i++) open |= !R->inc[i].recovered;
+    if (!open) {
+        Incident *x = new_incident(R);
+        if (!x) { snprintf(err, errlen, "out of memory"); return -1; }
+        x->t_fail = t;
+        x->placeholder = 1;
+        if (R->fault_t >= 0 && t - R->fault_t < 120) { /* most likely the fault injected just before */
+            x->rank = R->fault_rank;
+            x->t_fail = R->fault_t;
+        }
+        snprintf(x->kind, sizeof x->kind, "%s", failed ? "job failed" : "no spare");
+    }
+    if (!failed) {
+        R->no_spare++;
+        return 0;
+    }
+    char s[1024];
+    if (get_str(o, "message", s, sizeof s, where, err, errlen) < 0) return -1;
+    snprintf(R->failed_msg, sizeof R->failed_msg, "%s", s);
+    return 0;
+}
+
+static int on_recovered(Report *R, json_t *o, double t, const char *where, char *err, size_t errlen) {
+    double rank;
+    char kind[24], mode[24];
+    if (get_num(o, "rank", 0, &rank, where, err, errlen) < 0 ||
+        get_str(o, "failure_kind", kind, sizeof kind, where, err, errlen) < 0 ||
+        get_str(o, "mode", mode, sizeof mode, where, err, errlen) < 0)
+        return -1;
+    int r = isnan(rank) ? -1 : (int)rank;
+    /* The oldest failure of that rank not yet recovered, else one of its own (a rebuild
+     * without a failed rank, or a log that lost its failure line). */
+    Incident *x = NULL;
+    for (size_t i = 0; i < R->ninc && !x; i++)
+        if (!R->inc[i].recovered && R->inc[i].rank == r) x = &R->inc[i];
+    if (!x) {
+        if (!(x = new_incident(R))) { snprintf(err, errlen, "out of memory"); return -1; }
+        x->rank = r;
+        x->t_fail = t;
+        snprintf(x->kind, sizeof x->kind, "%s", kind);
+    }
+    if (!x->kind[0]) snprintf(x->kind, sizeof x->kind, "%s", kind);
+    x->recovered = 1;
+    if (!strcmp(mode, "restart")) x->restart_mode = 1;
+    struct { const char *key; double *v; } f[] = {
+        {"spare", &x->spare}, {"rollback_step", &x->rollback_step}, {"detect_ms", &x->detect},
+        {"decide_ms", &x->decide}, {"restore_ms", &x->restore}, {"rebuild_ms", &x->rebuild},
+        {"resnapshot_ms", &x->resnap}, {"total_ms", &x->total}, {"first_step_done_ms", &x->first_done},
+        {"steps_recomputed", &x->recomputed},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (get_num(o, f[i].key, 0, f[i].v, where, err, errlen) < 0) return -1;
+    /* The event is stamped when the first step after the recovery is done: the failure
+     * happened first_step_done_ms before it. */
+    if (isfinite(x->first_done)) x->t_fail = t - x->first_done / 1e3;
+    else if (isfinite(x->total)) x->t_fail = t - x->total / 1e3;
+    x->t_resumed = isfinite(x->total) ? x->t_fail + x->total / 1e3 : t;
+    return 0;
+}
+
+static int on_snapshot_stats(Report *R, json_t *o, double t, const char *where, char *err, size_t errlen) {
+    (void)t;
+    if (!(R->snap = grow(R->snap, &R->csnap, R->nsnap, sizeof *R->snap))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    SnapRow *x = &R->snap[R->nsnap];
+    struct { const char *key; double *v; } f[] = {
+        {"rank", &x->rank}, {"epoch", &x->epoch}, {"captures", &x->captures}, {"waits", &x->waits},
+        {"wait_ms_total", &x->wait_total}, {"bytes_copied", &x->bytes_copied},
+        {"bytes_replicated", &x->bytes_replicated}, {"copy_ms_mean", &x->copy_mean},
+        {"replicate_ms_mean", &x->repl_mean}, {"cpu_ms", &x->cpu_ms}, {"holder_cpu_ms", &x->holder_cpu_ms},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (get_num(o, f[i].key, 0, f[i].v, where, err, errlen) < 0) return -1;
+    R->nsnap++;
+    return 0;
+}
+
+static int on_finish(Report *R, json_t *o, double t, const char *where, char *err, size_t errlen) {
+    double v;
+    R->have_finish = 1;
+    R->finish_t = t;
+    if (get_str(o, "status", R->status, sizeof R->status, where, err, errlen) < 0 ||
+        get_num(o, "workers_cpu_s", 0, &v, where, err, errlen) < 0)
+        return -1;
+    R->cpu_s = isnan(v) ? R->cpu_s : (isnan(R->cpu_s) ? 0 : R->cpu_s) + v;
+    return 0;
+}
+
 static int on_event_line(Report *R, json_t *o, const char *where, char *err, size_t errlen) {
     char name[40];
     double t;
@@ -226,109 +354,16 @@ static int on_event_line(Report *R, json_t *o, const char *where, char *err, siz
     snprintf(row->name, sizeof row->name, "%s", name);
     row->text = members_text(o);
 
-    double v;
-    char s[1024];
-    if (!strcmp(name, "start")) {
-        if (R->starts > 1) return 0; /* a resumed job: the first start has the config */
-        if (get_str(o, "job", R->job, sizeof R->job, where, err, errlen) < 0 ||
-            get_str(o, "program", R->program, sizeof R->program, where, err, errlen) < 0 ||
-            get_num(o, "workers", 0, &R->workers, where, err, errlen) < 0 ||
-            get_num(o, "spares", 0, &R->spares, where, err, errlen) < 0 ||
-            get_num(o, "steps", 0, &R->steps, where, err, errlen) < 0 ||
-            get_num(o, "seed", 0, &R->seed, where, err, errlen) < 0)
-            return -1;
-    } else if (!strcmp(name, "failure") || !strcmp(name, "restart")) {
-        /* A failure first seen as "no spare left" (its rank unknown then) gets its details now. */
-        Incident *x = NULL;
-        for (size_t i = 0; i < R->ninc && !x; i++)
-            if (R->inc[i].placeholder && !R->inc[i].recovered) x = &R->inc[i];
-        if (!x && !(x = new_incident(R))) { snprintf(err, errlen, "out of memory"); return -1; }
-        if (get_num(o, "rank", 0, &v, where, err, errlen) < 0 ||
-            get_str(o, "kind", x->kind, sizeof x->kind, where, err, errlen) < 0)
-            return -1;
-        x->rank = isnan(v) ? -1 : (int)v;
-        if (!x->placeholder) x->t_fail = t;
-        x->placeholder = 0;
-        x->restart_mode = !strcmp(name, "restart");
-    } else if (!strcmp(name, "no_spare") || !strcmp(name, "job_failed")) {
-        /* The coordinator could not act on a failure (no spare, no fault tolerance): it has no
-         * failure line of its own, so it counts from here, unless one is already open. */
-        int open = 0;
-        for (size_t i = 0; i < R->ninc; i++) open |= !R->inc[i].recovered;
-        if (!open) {
-            Incident *x = new_incident(R);
-            if (!x) { snprintf(err, errlen, "out of memory"); return -1; }
-            x->t_fail = t;
-            x->placeholder = 1;
-            if (R->fault_t >= 0 && t - R->fault_t < 120) { /* most likely the fault injected just before */
-                x->rank = R->fault_rank;
-                x->t_fail = R->fault_t;
-            }
-            snprintf(x->kind, sizeof x->kind, "%s", !strcmp(name, "no_spare") ? "no spare" : "job failed");
-        }
-        if (!strcmp(name, "no_spare")) R->no_spare++;
-        if (!strcmp(name, "job_failed")) {
-            if (get_str(o, "message", s, sizeof s, where, err, errlen) < 0) return -1;
-            snprintf(R->failed_msg, sizeof R->failed_msg, "%s", s);
-        }
-    } else if (!strcmp(name, "recovered")) {
-        double rank;
-        char kind[24], mode[24];
-        if (get_num(o, "rank", 0, &rank, where, err, errlen) < 0 ||
-            get_str(o, "failure_kind", kind, sizeof kind, where, err, errlen) < 0 ||
-            get_str(o, "mode", mode, sizeof mode, where, err, errlen) < 0)
-            return -1;
-        int r = isnan(rank) ? -1 : (int)rank;
-        /* The oldest failure of that rank not yet recovered, else one of its own (a rebuild
-         * without a failed rank, or a log that lost its failure line). */
-        Incident *x = NULL;
-        for (size_t i = 0; i < R->ninc && !x; i++)
-            if (!R->inc[i].recovered && R->inc[i].rank == r) x = &R->inc[i];
-        if (!x) {
-            if (!(x = new_incident(R))) { snprintf(err, errlen, "out of memory"); return -1; }
-            x->rank = r;
-            x->t_fail = t;
-            snprintf(x->kind, sizeof x->kind, "%s", kind);
-        }
-        if (!x->kind[0]) snprintf(x->kind, sizeof x->kind, "%s", kind);
-        x->recovered = 1;
-        if (!strcmp(mode, "restart")) x->restart_mode = 1;
-        struct { const char *key; double *v; } f[] = {
-            {"spare", &x->spare}, {"rollback_step", &x->rollback_step}, {"detect_ms", &x->detect},
-            {"decide_ms", &x->decide}, {"restore_ms", &x->restore}, {"rebuild_ms", &x->rebuild},
-            {"resnapshot_ms", &x->resnap}, {"total_ms", &x->total}, {"first_step_done_ms", &x->first_done},
-            {"steps_recomputed", &x->recomputed},
-        };
-        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-            if (get_num(o, f[i].key, 0, f[i].v, where, err, errlen) < 0) return -1;
-        /* The event is stamped when the first step after the recovery is done: the failure
-         * happened first_step_done_ms before it. */
-        if (isfinite(x->first_done)) x->t_fail = t - x->first_done / 1e3;
-        else if (isfinite(x->total)) x->t_fail = t - x->total / 1e3;
-        x->t_resumed = isfinite(x->total) ? x->t_fail + x->total / 1e3 : t;
-    } else if (!strcmp(name, "snapshot_stats")) {
-        if (!(R->snap = grow(R->snap, &R->csnap, R->nsnap, sizeof *R->snap))) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
-        SnapRow *x = &R->snap[R->nsnap];
-        struct { const char *key; double *v; } f[] = {
-            {"rank", &x->rank}, {"epoch", &x->epoch}, {"captures", &x->captures}, {"waits", &x->waits},
-            {"wait_ms_total", &x->wait_total}, {"bytes_copied", &x->bytes_copied},
-            {"bytes_replicated", &x->bytes_replicated}, {"copy_ms_mean", &x->copy_mean},
-            {"replicate_ms_mean", &x->repl_mean}, {"cpu_ms", &x->cpu_ms}, {"holder_cpu_ms", &x->holder_cpu_ms},
-        };
-        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-            if (get_num(o, f[i].key, 0, f[i].v, where, err, errlen) < 0) return -1;
-        R->nsnap++;
-    } else if (!strcmp(name, "finish")) {
-        R->have_finish = 1;
-        R->finish_t = t;
-        if (get_str(o, "status", R->status, sizeof R->status, where, err, errlen) < 0 ||
-            get_num(o, "workers_cpu_s", 0, &v, where, err, errlen) < 0)
-            return -1;
-        R->cpu_s = isnan(v) ? R->cpu_s : (isnan(R->cpu_s) ? 0 : R->cpu_s) + v;
-    } else if (!strcmp(name, "diverged")) {
+    if (!strcmp(name, "start")) return on_start(R, o, t, where, err, errlen);
+    if (!strcmp(name, "failure") || !strcmp(name, "restart"))
+        return on_failure(R, o, t, !strcmp(name, "restart"), where, err, errlen);
+    if (!strcmp(name, "no_spare") || !strcmp(name, "job_failed"))
+        return on_not_acted(R, o, t, !strcmp(name, "job_failed"), where, err, errlen);
+    if (!strcmp(name, "recovered")) return on_recovered(R, o, t, where, err, errlen);
+    if (!strcmp(name, "snapshot_stats")) return on_snapshot_stats(R, o, t, where, err, errlen);
+    if (!strcmp(name, "finish")) return on_finish(R, o, t, where, err, errlen);
+    if (!strcmp(name, "diverged")) {
+        char s[1024];
         if (get_str(o, "message", s, sizeof s, where, err, errlen) < 0) return -1;
         snprintf(R->failed_msg, sizeof R->failed_msg, "%s", s);
     } else if (!strcmp(name, "fault_injected")) {
@@ -938,7 +973,8 @@ static void kv_row(FILE *o, const char *key, const char *fmt, ...) {
     fputs("</td></tr>\n", o);
 }
 
-static void page(FILE *o, Report *R) {
+/* The job's summary table, with what failures cost. */
+static void job_section(FILE *o, Report *R) {
     size_t nm = R->nm;
     double med_ms = quantile(R, offsetof(MRow, step_ms), 0.5), med_tps = quantile(R, offsetof(MRow, tps), 0.5);
     double stall_ms = 0, recomputed = 0, last_step = 0, wait_total = 0;
@@ -959,24 +995,6 @@ static void page(FILE *o, Report *R) {
     double recompute_ms = recomputed * nz(med_ms), lost_s = (stall_ms + recompute_ms) / 1e3;
     double wall = R->have_finish ? R->finish_t : (nm ? R->m[nm - 1].t : NAN);
 
-    fputs("<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
-          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n<title>DeadPool report",
-          o);
-    if (R->job[0]) { fputs(" — job ", o); esc(o, R->job); }
-    fprintf(o, "</title>\n<style>%s</style>\n</head>\n<body>\n<h1>DeadPool run report</h1>\n<p class=\"sub\">", CSS);
-    esc(o, R->dir);
-    if (R->job[0]) { fputs(" · job ", o); esc(o, R->job); }
-    const char *status = R->have_finish ? R->status : "unfinished (no finish event)";
-    fprintf(o, " · <span class=\"%s\">", R->have_finish && !strcmp(R->status, "done") ? "good" : "bad");
-    esc(o, status);
-    fprintf(o, "</span> · %zu failure%s, %d recovered</p>\n", R->ninc, R->ninc == 1 ? "" : "s", recovered);
-    if (R->failed_msg[0]) {
-        fputs("<p class=\"bad\">", o);
-        esc(o, R->failed_msg);
-        fputs("</p>\n", o);
-    }
-
-    /* The job. */
     char a[64], b[64];
     fputs("<h2 id=\"job\">The job</h2>\n<table class=\"kv\" id=\"job-table\">\n", o);
     kv_row(o, "program", "%s", R->program[0] ? R->program : "–");
@@ -1006,20 +1024,10 @@ static void page(FILE *o, Report *R) {
     if (R->nonfinite)
         fputs("<p class=\"note\">Some values in the logs were not finite (nan or inf); they are left out of the plots.</p>\n", o);
 
-    fputs("<h2 id=\"loss\">Loss</h2>\n", o);
-    plot_loss(o, R);
-    fputs("<p class=\"note\">Red dashed: a failure, at the step in progress when it hit; green: where its recovery "
-          "rolled back to (training went on from the next step, recomputing the steps in between).</p>\n", o);
-    fputs("<h2 id=\"steptime\">Step time</h2>\n", o);
-    plot_step_time(o, R);
-    fputs("<p class=\"note\">Shaded: from a failure until training resumed.</p>\n", o);
+}
 
-    fputs("<h2 id=\"recoveries\">Recoveries</h2>\n", o);
-    plot_recovery(o, R);
-    fputs("<p class=\"note\">Each phase as the slowest rank took it; <i>other</i> is the rest of the time until "
-          "training resumed (the decision reaching the processes, joining the new epoch); the green line is when "
-          "training resumed, the first step after it is drawn on.</p>\n",
-          o);
+/* One row per failure, with its recovery's phases. */
+static void failures_table(FILE *o, const Report *R) {
     fputs("<table id=\"failures\">\n<tr><th>#</th><th>at (s)</th><th>rank</th><th>kind</th><th>step</th><th>spare</th>"
           "<th>rolled back to</th><th>detect</th><th>decide</th><th>restore</th><th>rebuild</th><th>re-snapshot</th>"
           "<th>resumed after (ms)</th><th>first step done (ms)</th><th>recomputed</th></tr>\n",
@@ -1049,12 +1057,11 @@ static void page(FILE *o, Report *R) {
     }
     fputs("</table>\n", o);
 
-    fputs("<h2 id=\"snapshots\">Snapshot cost</h2>\n", o);
-    plot_snapshot(o, R);
-    fputs("<p class=\"note\">Each step's wait for the previous generation's snapshot (copy and replication normally "
-          "overlap the next forward/backward, so this is the cost the step paid). Per rank and epoch, as each "
-          "process reported when it left:</p>\n",
-          o);
+}
+
+/* One row per rank and epoch: what its snapshots cost. */
+static void snapshot_table(FILE *o, const Report *R) {
+    char a[64];
     fputs("<table id=\"snapshot-table\">\n<tr><th>rank</th><th>epoch</th><th>generations</th><th>bytes per generation</th>"
           "<th>copy (ms per gen.)</th><th>replicate (ms per gen.)</th><th>CPU (ms per gen.)</th><th>holder CPU (ms per gen.)</th>"
           "<th>steps that waited</th><th>wait in all (ms)</th></tr>\n",
@@ -1079,6 +1086,9 @@ static void page(FILE *o, Report *R) {
     if (!R->nsnap) fputs("<tr><td colspan=\"10\">no process reported snapshot statistics</td></tr>\n", o);
     fputs("</table>\n", o);
 
+}
+
+static void events_section(FILE *o, const Report *R) {
     fprintf(o, "<h2 id=\"events\">Events</h2>\n<details><summary>%zu events</summary>\n<table id=\"events-table\">\n"
                "<tr><th>t (s)</th><th>event</th><th>details</th></tr>\n", R->ne);
     size_t shown = R->ne < 5000 ? R->ne : 5000;
@@ -1093,6 +1103,53 @@ static void page(FILE *o, Report *R) {
     fputs("</table>\n</details>\n<p class=\"note\">Written by <code>deadpool report</code> from metrics.jsonl and "
           "events.jsonl; a self-contained page (no script, nothing fetched).</p>\n</body>\n</html>\n",
           o);
+}
+
+static void page(FILE *o, Report *R) {
+    int recovered = 0;
+    for (size_t i = 0; i < R->ninc; i++) recovered += R->inc[i].recovered;
+    fputs("<!DOCTYPE html>\n<html xmlns=\"http://www.w3.org/1999/xhtml\" lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
+          "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n<title>DeadPool report",
+          o);
+    if (R->job[0]) { fputs(" — job ", o); esc(o, R->job); }
+    fprintf(o, "</title>\n<style>%s</style>\n</head>\n<body>\n<h1>DeadPool run report</h1>\n<p class=\"sub\">", CSS);
+    esc(o, R->dir);
+    if (R->job[0]) { fputs(" · job ", o); esc(o, R->job); }
+    const char *status = R->have_finish ? R->status : "unfinished (no finish event)";
+    fprintf(o, " · <span class=\"%s\">", R->have_finish && !strcmp(R->status, "done") ? "good" : "bad");
+    esc(o, status);
+    fprintf(o, "</span> · %zu failure%s, %d recovered</p>\n", R->ninc, R->ninc == 1 ? "" : "s", recovered);
+    if (R->failed_msg[0]) {
+        fputs("<p class=\"bad\">", o);
+        esc(o, R->failed_msg);
+        fputs("</p>\n", o);
+    }
+
+    job_section(o, R);
+    fputs("<h2 id=\"loss\">Loss</h2>\n", o);
+    plot_loss(o, R);
+    fputs("<p class=\"note\">Red dashed: a failure, at the step in progress when it hit; green: where its recovery "
+          "rolled back to (training went on from the next step, recomputing the steps in between).</p>\n", o);
+    fputs("<h2 id=\"steptime\">Step time</h2>\n", o);
+    plot_step_time(o, R);
+    fputs("<p class=\"note\">Shaded: from a failure until training resumed.</p>\n", o);
+
+    fputs("<h2 id=\"recoveries\">Recoveries</h2>\n", o);
+    plot_recovery(o, R);
+    fputs("<p class=\"note\">Each phase as the slowest rank took it; <i>other</i> is the rest of the time until "
+          "training resumed (the decision reaching the processes, joining the new epoch); the green line is when "
+          "training resumed, the first step after it is drawn on.</p>\n",
+          o);
+    failures_table(o, R);
+
+    fputs("<h2 id=\"snapshots\">Snapshot cost</h2>\n", o);
+    plot_snapshot(o, R);
+    fputs("<p class=\"note\">Each step's wait for the previous generation's snapshot (copy and replication normally "
+          "overlap the next forward/backward, so this is the cost the step paid). Per rank and epoch, as each "
+          "process reported when it left:</p>\n",
+          o);
+    snapshot_table(o, R);
+    events_section(o, R);
 }
 
 static void report_free(Report *R) {

@@ -78,6 +78,74 @@ static int split_fields(const char *s, size_t n, const char **f, size_t *flen, i
 enum { SEEN_EPOCH = 1, SEEN_WORLD = 2, SEEN_ROLLBACK = 4, SEEN_TFAIL = 8, SEEN_TDETECT = 16, SEEN_TDECIDE = 32,
        SEEN_NFAILED = 64, SEEN_ALL = 127 };
 
+/* "rank=RANK:PROC" (val, vlen) of line (n bytes, number lineno) into d. 0 / -1 + err. */
+static int parse_rank_line(const char *line, size_t n, int lineno, const char *val, size_t vlen, Decision *d,
+                           int *maxrank, char *err, size_t errlen) {
+    const char *f[3];
+    size_t fl[3];
+    long long r, p;
+    if (split_fields(val, vlen, f, fl, 2) != 2 || parse_int_in(f[1], fl[1], 1, LONG_MAX, &p) != 0)
+        return snprintf(err, errlen, "decision line %d: '%.*s' is not rank=RANK:PROC", lineno, (int)(n < 60 ? n : 60), line), -1;
+    if (parse_int_in(f[0], fl[0], 0, RECOVERY_MAX_RANKS - 1, &r) != 0)
+        return snprintf(err, errlen, "decision line %d: rank '%.*s' out of [0, %d)", lineno, (int)(fl[0] < 40 ? fl[0] : 40),
+                        f[0], RECOVERY_MAX_RANKS), -1;
+    if (d->procs[r]) return snprintf(err, errlen, "decision line %d: rank %lld given twice", lineno, r), -1;
+    d->procs[r] = (long)p;
+    if (r > *maxrank) *maxrank = (int)r;
+    return 0;
+}
+
+/* "failed=RANK:KIND:OLD_PROC:SPARE_PROC" into d. 0 / -1 + err. */
+static int parse_failed_line(const char *line, size_t n, int lineno, const char *val, size_t vlen, Decision *d,
+                             char *err, size_t errlen) {
+    const char *f[5];
+    size_t fl[5];
+    long long r, p, q;
+    if (split_fields(val, vlen, f, fl, 4) != 4 || fl[1] == 0 || fl[1] >= sizeof d->failed[0].kind ||
+        memchr(f[1], ' ', fl[1]) || parse_int_in(f[2], fl[2], 1, LONG_MAX, &p) != 0 ||
+        parse_int_in(f[3], fl[3], 1, LONG_MAX, &q) != 0)
+        return snprintf(err, errlen, "decision line %d: '%.*s' is not failed=RANK:KIND:OLD_PROC:SPARE_PROC", lineno,
+                        (int)(n < 60 ? n : 60), line), -1;
+    if (parse_int_in(f[0], fl[0], 0, RECOVERY_MAX_RANKS - 1, &r) != 0)
+        return snprintf(err, errlen, "decision line %d: failed rank '%.*s' out of [0, %d)", lineno,
+                        (int)(fl[0] < 40 ? fl[0] : 40), f[0], RECOVERY_MAX_RANKS), -1;
+    if (d->nfailed >= RECOVERY_MAX_RANKS) return snprintf(err, errlen, "decision line %d: too many failed ranks", lineno), -1;
+    for (int i = 0; i < d->nfailed; i++)
+        if (d->failed[i].rank == (int)r) return snprintf(err, errlen, "decision line %d: rank %lld failed twice", lineno, r), -1;
+    FailedRank *fr = &d->failed[d->nfailed++];
+    fr->rank = (int)r;
+    memcpy(fr->kind, f[1], fl[1]);
+    fr->kind[fl[1]] = 0;
+    fr->old_proc = (long)p;
+    fr->spare_proc = (long)q;
+    return 0;
+}
+
+/* The parsed decision as a whole: every key seen, every rank owned, the failed ranks' count
+ * and owners consistent. 0 / -1 + err. */
+static int decision_check(const Decision *d, int seen, int nfailed, int maxrank, char *err, size_t errlen) {
+    if (seen != SEEN_ALL) {
+        static const char *names[] = {"epoch", "world", "rollback", "t_fail_ms", "t_detect_ms", "t_decide_ms", "nfailed"};
+        for (int b = 0; b < 7; b++)
+            if (!(seen & (1 << b))) return snprintf(err, errlen, "decision has no %s (truncated text?)", names[b]), -1;
+    }
+    if (maxrank >= d->world) return snprintf(err, errlen, "decision names rank %d, world is %d", maxrank, d->world), -1;
+    for (int r = 0; r < d->world; r++)
+        if (!d->procs[r])
+            return snprintf(err, errlen, "decision has no owner for rank %d of %d (truncated text?)", r, d->world), -1;
+    if (d->nfailed != nfailed)
+        return snprintf(err, errlen, "decision lists %d failed ranks, nfailed says %d (truncated text?)", d->nfailed,
+                        nfailed), -1;
+    for (int i = 0; i < d->nfailed; i++) {
+        const FailedRank *f = &d->failed[i];
+        if (f->rank >= d->world) return snprintf(err, errlen, "decision: failed rank %d, world is %d", f->rank, d->world), -1;
+        if (d->procs[f->rank] != f->spare_proc)
+            return snprintf(err, errlen, "decision: failed rank %d goes to %ld but its owner is %ld", f->rank,
+                            f->spare_proc, d->procs[f->rank]), -1;
+    }
+    return 0;
+}
+
 int decision_parse(const char *text, Decision *d, char *err, size_t errlen) {
     char dummy[8];
     if (!err || errlen == 0) { err = dummy; errlen = sizeof dummy; }
@@ -112,63 +180,16 @@ int decision_parse(const char *text, Decision *d, char *err, size_t errlen) {
         else if (KEY("t_detect_ms")) { ONCE(SEEN_TDETECT); NUM(INT64_MIN, INT64_MAX); d->t_detect_ms = v; }
         else if (KEY("t_decide_ms")) { ONCE(SEEN_TDECIDE); NUM(INT64_MIN, INT64_MAX); d->t_decide_ms = v; }
         else if (KEY("nfailed")) { ONCE(SEEN_NFAILED); NUM(0, RECOVERY_MAX_RANKS); nfailed = (int)v; }
-        else if (KEY("rank")) {
-            const char *f[3];
-            size_t fl[3];
-            long long r, p;
-            if (split_fields(val, vlen, f, fl, 2) != 2 || parse_int_in(f[1], fl[1], 1, LONG_MAX, &p) != 0)
-                BAD("decision line %d: '%.*s' is not rank=RANK:PROC", lineno, (int)(n < 60 ? n : 60), line);
-            if (parse_int_in(f[0], fl[0], 0, RECOVERY_MAX_RANKS - 1, &r) != 0)
-                BAD("decision line %d: rank '%.*s' out of [0, %d)", lineno, (int)(fl[0] < 40 ? fl[0] : 40), f[0],
-                    RECOVERY_MAX_RANKS);
-            if (d->procs[r]) BAD("decision line %d: rank %lld given twice", lineno, r);
-            d->procs[r] = (long)p;
-            if (r > maxrank) maxrank = (int)r;
-        }
-        else if (KEY("failed")) {
-            const char *f[5];
-            size_t fl[5];
-            long long r, p, q;
-            if (split_fields(val, vlen, f, fl, 4) != 4 || fl[1] == 0 || fl[1] >= sizeof d->failed[0].kind ||
-                memchr(f[1], ' ', fl[1]) || parse_int_in(f[2], fl[2], 1, LONG_MAX, &p) != 0 ||
-                parse_int_in(f[3], fl[3], 1, LONG_MAX, &q) != 0)
-                BAD("decision line %d: '%.*s' is not failed=RANK:KIND:OLD_PROC:SPARE_PROC", lineno,
-                    (int)(n < 60 ? n : 60), line);
-            if (parse_int_in(f[0], fl[0], 0, RECOVERY_MAX_RANKS - 1, &r) != 0)
-                BAD("decision line %d: failed rank '%.*s' out of [0, %d)", lineno, (int)(fl[0] < 40 ? fl[0] : 40),
-                    f[0], RECOVERY_MAX_RANKS);
-            if (d->nfailed >= RECOVERY_MAX_RANKS) BAD("decision line %d: too many failed ranks", lineno);
-            for (int i = 0; i < d->nfailed; i++)
-                if (d->failed[i].rank == (int)r) BAD("decision line %d: rank %lld failed twice", lineno, r);
-            FailedRank *fr = &d->failed[d->nfailed++];
-            fr->rank = (int)r;
-            memcpy(fr->kind, f[1], fl[1]);
-            fr->kind[fl[1]] = 0;
-            fr->old_proc = (long)p;
-            fr->spare_proc = (long)q;
-        }
+        else if (KEY("rank")) { if (parse_rank_line(line, n, lineno, val, vlen, d, &maxrank, err, errlen) != 0) goto bad; }
+        else if (KEY("failed")) { if (parse_failed_line(line, n, lineno, val, vlen, d, err, errlen) != 0) goto bad; }
         else BAD("decision line %d: unknown key '%.*s'", lineno, (int)(klen < 40 ? klen : 40), line);
 #undef KEY
 #undef ONCE
 #undef NUM
         line = nl + 1;
     }
-    if (seen != SEEN_ALL) {
-        static const char *names[] = {"epoch", "world", "rollback", "t_fail_ms", "t_detect_ms", "t_decide_ms", "nfailed"};
-        for (int b = 0; b < 7; b++)
-            if (!(seen & (1 << b))) BAD("decision has no %s (truncated text?)", names[b]);
-    }
-    if (maxrank >= d->world) BAD("decision names rank %d, world is %d", maxrank, d->world);
-    for (int r = 0; r < d->world; r++)
-        if (!d->procs[r]) BAD("decision has no owner for rank %d of %d (truncated text?)", r, d->world);
-    if (d->nfailed != nfailed) BAD("decision lists %d failed ranks, nfailed says %d (truncated text?)", d->nfailed, nfailed);
-    for (int i = 0; i < d->nfailed; i++) {
-        const FailedRank *f = &d->failed[i];
-        if (f->rank >= d->world) BAD("decision: failed rank %d, world is %d", f->rank, d->world);
-        if (d->procs[f->rank] != f->spare_proc)
-            BAD("decision: failed rank %d goes to %ld but its owner is %ld", f->rank, f->spare_proc, d->procs[f->rank]);
-    }
 #undef BAD
+    if (decision_check(d, seen, nfailed, maxrank, err, errlen) != 0) goto bad;
     return 0;
 bad:
     memset(d, 0, sizeof *d);

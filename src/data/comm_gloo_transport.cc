@@ -523,66 +523,80 @@ void Pair::readable() {
         taken += static_cast<size_t>(rv);
         if (rx_.phase == 0) {
             rx_.got += static_cast<size_t>(rv);
-            if (rx_.got < COMM_FRAME_HEAD_BYTES) continue;
-            // The largest DATA frame any receive posted here could take: a bound checked again below.
-            int r = comm_frame_open(&session_, rx_.head, UINT64_MAX, &rx_.f, &rx_.mac);
-            if (r != COMM_FRAME_OK) {
-                signalException(std::string("Connection closed: ") + comm_frame_result_str(r) + " from " + peerName());
-                return;
-            }
-            uint64_t slot = rx_.f.slot, n = rx_.f.nbytes;
-            if (rx_.f.type == COMM_FRAME_RECV_READY) {
-                rx_ = Rx();
-                auto it = pendingSend_.find(slot);
-                if (it == pendingSend_.end()) {
-                    remoteRecv_[slot].push_back(n);
-                    continue;
-                }
-                Pending p = it->second.front();
-                it->second.pop_front();
-                if (it->second.empty()) pendingSend_.erase(it);
-                if (p.nbytes > n) {
-                    signalException("send of " + std::to_string(p.nbytes) + " bytes to " + peerName() + " on slot " +
-                                    std::to_string(slot) + ", which receives " + std::to_string(n));
-                    return;
-                }
-                queueData(p, slot);
-                continue;
-            }
-            auto it = pendingRecv_.find(slot);
-            if (it == pendingRecv_.end()) {
-                signalException("Connection closed: " + peerName() + " sent data on slot " + std::to_string(slot) +
-                                " that no receive asked for");
-                return;
-            }
-            Pending p = it->second.front();
-            it->second.pop_front();
-            if (it->second.empty()) pendingRecv_.erase(it);
-            if (n > p.nbytes) {
-                signalException("Connection closed: " + peerName() + " sent " + std::to_string(n) + " bytes on slot " +
-                                std::to_string(slot) + " for a receive of " + std::to_string(p.nbytes));
-                return;
-            }
-            rx_.phase = 1;
-            rx_.buf = p.buf;
-            rx_.offset = p.offset;
+            if (rx_.got == COMM_FRAME_HEAD_BYTES && !headArrived()) return;
             continue;
         }
-        size_t n = rx_.f.nbytes, got = static_cast<size_t>(rv);
-        size_t payload = std::min(got, n - rx_.pgot);
-        if (payload > 0)
-            crypto_onetimeauth_update(&rx_.mac, static_cast<unsigned char *>(rx_.buf->ptr) + rx_.offset + rx_.pgot, payload);
-        rx_.pgot += payload;
-        rx_.tgot += got - payload;
-        if (rx_.tgot < COMM_FRAME_TAG_BYTES) continue;
-        if (comm_frame_payload_check(&rx_.mac, rx_.tag) != 0) {
-            signalException("Connection closed: the payload's tag from " + peerName() + " does not check out");
-            return;
-        }
-        UnboundBuffer *b = rx_.buf;
-        rx_ = Rx();
-        b->handleRecvCompletion(rank_);
+        if (!bodyArrived(static_cast<size_t>(rv))) return;
     }
+}
+
+// Under m_: a frame's head is complete. A RECV_READY is matched with a send waiting for it (or
+// kept for the next one); a DATA frame with the receive posted for its slot, which its
+// payload then fills.
+bool Pair::headArrived() {
+    // The largest DATA frame any receive posted here could take: a bound checked again below.
+    int r = comm_frame_open(&session_, rx_.head, UINT64_MAX, &rx_.f, &rx_.mac);
+    if (r != COMM_FRAME_OK) {
+        signalException(std::string("Connection closed: ") + comm_frame_result_str(r) + " from " + peerName());
+        return false;
+    }
+    uint64_t slot = rx_.f.slot, n = rx_.f.nbytes;
+    if (rx_.f.type == COMM_FRAME_RECV_READY) {
+        rx_ = Rx();
+        auto it = pendingSend_.find(slot);
+        if (it == pendingSend_.end()) {
+            remoteRecv_[slot].push_back(n);
+            return true;
+        }
+        Pending p = it->second.front();
+        it->second.pop_front();
+        if (it->second.empty()) pendingSend_.erase(it);
+        if (p.nbytes > n) {
+            signalException("send of " + std::to_string(p.nbytes) + " bytes to " + peerName() + " on slot " +
+                            std::to_string(slot) + ", which receives " + std::to_string(n));
+            return false;
+        }
+        queueData(p, slot);
+        return true;
+    }
+    auto it = pendingRecv_.find(slot);
+    if (it == pendingRecv_.end()) {
+        signalException("Connection closed: " + peerName() + " sent data on slot " + std::to_string(slot) +
+                        " that no receive asked for");
+        return false;
+    }
+    Pending p = it->second.front();
+    it->second.pop_front();
+    if (it->second.empty()) pendingRecv_.erase(it);
+    if (n > p.nbytes) {
+        signalException("Connection closed: " + peerName() + " sent " + std::to_string(n) + " bytes on slot " +
+                        std::to_string(slot) + " for a receive of " + std::to_string(p.nbytes));
+        return false;
+    }
+    rx_.phase = 1;
+    rx_.buf = p.buf;
+    rx_.offset = p.offset;
+    return true;
+}
+
+// Under m_: got more bytes of a DATA frame's payload, then of its tag; the receive completes
+// once the tag checks out.
+bool Pair::bodyArrived(size_t got) {
+    size_t n = rx_.f.nbytes;
+    size_t payload = std::min(got, n - rx_.pgot);
+    if (payload > 0)
+        crypto_onetimeauth_update(&rx_.mac, static_cast<unsigned char *>(rx_.buf->ptr) + rx_.offset + rx_.pgot, payload);
+    rx_.pgot += payload;
+    rx_.tgot += got - payload;
+    if (rx_.tgot < COMM_FRAME_TAG_BYTES) return true;
+    if (comm_frame_payload_check(&rx_.mac, rx_.tag) != 0) {
+        signalException("Connection closed: the payload's tag from " + peerName() + " does not check out");
+        return false;
+    }
+    UnboundBuffer *b = rx_.buf;
+    rx_ = Rx();
+    b->handleRecvCompletion(rank_);
+    return true;
 }
 
 // ---- Context -------------------------------------------------------------------------------

@@ -153,6 +153,8 @@ class Pair : public gloo::transport::Pair, public Handler {
     bool flush();
     void wantWrite(bool on);
     void readable();
+    bool headArrived();          // a frame's head is complete: false when the connection failed
+    bool bodyArrived(size_t got); // got bytes of a DATA frame's payload and tag: false when it failed
     void closeSocket();
     std::string peerName() const;
 

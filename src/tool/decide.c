@@ -72,19 +72,9 @@ static int replica_survives(const DecideInput *in, const DecideFailure *f) {
     return 0;
 }
 
-decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size_t whylen) {
-    if (why && whylen) why[0] = 0;
-    char bad[160];
-    if (check_input(in, bad, sizeof bad)) {
-        set_err(why, whylen, "%s", bad);
-        return DECIDE_INVALID;
-    }
-    /* Nothing failed: only a failed collective that lasted long enough leads anywhere. */
-    if (in->nfailed == 0 && !in->suspicion_due) return DECIDE_WAIT;
-    /* The control plane is away or just back: the commit records may be stale, and nothing
-     * published now would reach anyone. The failures wait (bounded by --control-wait). */
-    if (in->control_unsettled) return DECIDE_WAIT;
-
+/* The decision's draft: the next epoch, the rollback, and each failed rank given the next
+ * spare (ascending proc ids, the failures in the order seen). The number of spares. */
+static int decision_draft(const DecideInput *in, Decision *out) {
     memset(out, 0, sizeof *out);
     out->epoch = in->epoch + 1;
     out->world = in->world;
@@ -109,29 +99,15 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
         if (f->spare_proc) out->procs[f->rank] = f->spare_proc;
         if (p->t_fail_ms < out->t_fail_ms) out->t_fail_ms = p->t_fail_ms;
     }
-    /* A failed collective with no failed member: rebuild the communicator, same members,
-     * unless that was tried again and again without a step committed in between: the same
-     * cause would fail the next one too. */
-    if (in->nfailed == 0 && in->fruitless_rebuilds >= DECIDE_MAX_FRUITLESS_REBUILDS && in->committed_min <= in->restore_point) {
-        set_err(why, whylen, "the recovery to step %lld failed %d times in a row with no process failing (a collective or "
-                "a transfer of the recovery did not complete: the messages above say which); stopping rather than "
-                "trying again", out->rollback + 1, in->fruitless_rebuilds);
-        return DECIDE_GIVE_UP;
-    }
-    if (in->nfailed == 0) return DECIDE_REBUILD;
+    return nspares;
+}
 
-    const DecideFailure *first = &in->failed[0];
-    const char *resume = in->resume ? in->resume : "deadpool run --resume OUT";
-    if (in->ft != FT_DEADPOOL) {
-        set_err(why, whylen, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from", first->rank,
-            first->kind, in->ft == FT_DISK ? "disk" : "none");
-        return DECIDE_NO_FT;
-    }
-    /* A rank whose every replica holder is gone lost its state, unless the job restarts
-     * from its initial state anyway (nothing committed yet). A rank with no state of its own
-     * loses nothing: the state every rank holds identically is in each member's own
-     * snapshots, so only when no member survives must rank 0's replica (which carries it)
-     * be reachable. */
+/* DECIDE_STATE_LOST with why when a failed rank's state is gone: every replica holder of it
+ * failed too, unless the job restarts from its initial state anyway (nothing committed yet).
+ * A rank with no state of its own loses nothing: the state every rank holds identically is in
+ * each member's own snapshots, so only when no member survives must rank 0's replica (which
+ * carries it) be reachable. Else DECIDE_SWAP. */
+static decide_outcome state_lost(const DecideInput *in, const Decision *out, const char *resume, char *why, size_t whylen) {
     int survivors = in->world - in->nfailed;
     for (int i = 0; i < in->nfailed && out->rollback >= 0; i++) {
         const DecideFailure *f = &in->failed[i];
@@ -155,6 +131,42 @@ decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size
             set_err(why, whylen, "%s and no checkpoint exists (use --replicas 2 or --persist-every K to survive this)", lost);
         return DECIDE_STATE_LOST;
     }
+    return DECIDE_SWAP;
+}
+
+decide_outcome decide_next(const DecideInput *in, Decision *out, char *why, size_t whylen) {
+    if (why && whylen) why[0] = 0;
+    char bad[160];
+    if (check_input(in, bad, sizeof bad)) {
+        set_err(why, whylen, "%s", bad);
+        return DECIDE_INVALID;
+    }
+    /* Nothing failed: only a failed collective that lasted long enough leads anywhere. */
+    if (in->nfailed == 0 && !in->suspicion_due) return DECIDE_WAIT;
+    /* The control plane is away or just back: the commit records may be stale, and nothing
+     * published now would reach anyone. The failures wait (bounded by --control-wait). */
+    if (in->control_unsettled) return DECIDE_WAIT;
+    int nspares = decision_draft(in, out);
+    /* A failed collective with no failed member: rebuild the communicator, same members,
+     * unless that was tried again and again without a step committed in between: the same
+     * cause would fail the next one too. */
+    if (in->nfailed == 0 && in->fruitless_rebuilds >= DECIDE_MAX_FRUITLESS_REBUILDS && in->committed_min <= in->restore_point) {
+        set_err(why, whylen, "the recovery to step %lld failed %d times in a row with no process failing (a collective or "
+                "a transfer of the recovery did not complete: the messages above say which); stopping rather than "
+                "trying again", out->rollback + 1, in->fruitless_rebuilds);
+        return DECIDE_GIVE_UP;
+    }
+    if (in->nfailed == 0) return DECIDE_REBUILD;
+
+    const DecideFailure *first = &in->failed[0];
+    const char *resume = in->resume ? in->resume : "deadpool run --resume OUT";
+    if (in->ft != FT_DEADPOOL) {
+        set_err(why, whylen, "rank %d failed (%s); --ft %s has no in-memory snapshots to hot-swap from", first->rank,
+            first->kind, in->ft == FT_DISK ? "disk" : "none");
+        return DECIDE_NO_FT;
+    }
+    decide_outcome lost = state_lost(in, out, resume, why, whylen);
+    if (lost != DECIDE_SWAP) return lost;
     if (nspares < in->nfailed) {
         set_err(why, whylen,
             "rank %d failed (%s) and no spare joined within %d s. Nothing committed is lost: continue with "

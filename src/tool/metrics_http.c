@@ -120,6 +120,31 @@ static void kind_counter(Out *o, const char *name, const char *help, const LiveK
     }
 }
 
+/* The job's counters: waits, steps, snapshot bytes and generations, failures, recoveries. */
+static void counters(Out *o, const LiveMetrics *m) {
+    family(o, "deadpool_snapshot_wait_seconds_total", "counter", "Time all steps waited for the previous snapshot.");
+    put(o, "deadpool_snapshot_wait_seconds_total ");
+    put_value(o, m->snapshot_wait_ms_total / 1e3);
+    family(o, "deadpool_steps_reported_total", "counter", "Steps completed, recomputed ones counted again.");
+    put(o, "deadpool_steps_reported_total ");
+    put_value(o, m->steps_reported);
+    family(o, "deadpool_snapshot_bytes_total", "counter",
+           "Snapshot bytes, by kind (copied: into host memory, replicated: to holders), as each process reports them "
+           "when it leaves an epoch.");
+    put(o, "deadpool_snapshot_bytes_total{kind=\"copied\"} ");
+    put_value(o, m->snapshot_bytes_copied);
+    put(o, "deadpool_snapshot_bytes_total{kind=\"replicated\"} ");
+    put_value(o, m->snapshot_bytes_replicated);
+    family(o, "deadpool_snapshot_generations_total", "counter", "Snapshot generations captured, summed over the ranks that reported.");
+    put(o, "deadpool_snapshot_generations_total ");
+    put_value(o, m->snapshot_generations);
+    kind_counter(o, "deadpool_failures_total", "Failures the coordinator acted on, by kind.", m->failures);
+    kind_counter(o, "deadpool_recoveries_total", "Recoveries completed (training resumed), by failure kind.", m->recoveries);
+    family(o, "deadpool_steps_recomputed_total", "counter", "Steps computed again after rollbacks.");
+    put(o, "deadpool_steps_recomputed_total ");
+    put_value(o, m->steps_recomputed_total);
+}
+
 int metrics_format(const LiveMetrics *m, char *buf, size_t len) {
     Out o = {.buf = buf, .len = len};
     if (!len) return -1;
@@ -143,27 +168,7 @@ int metrics_format(const LiveMetrics *m, char *buf, size_t len) {
         gauge(&o, "deadpool_spares_available", "Warm spares waiting in the pool.", m->spares_available);
     gauge(&o, "deadpool_snapshot_wait_seconds", "Time the newest step waited for the previous snapshot.",
           m->snapshot_wait_ms / 1e3);
-    family(&o, "deadpool_snapshot_wait_seconds_total", "counter", "Time all steps waited for the previous snapshot.");
-    put(&o, "deadpool_snapshot_wait_seconds_total ");
-    put_value(&o, m->snapshot_wait_ms_total / 1e3);
-    family(&o, "deadpool_steps_reported_total", "counter", "Steps completed, recomputed ones counted again.");
-    put(&o, "deadpool_steps_reported_total ");
-    put_value(&o, m->steps_reported);
-    family(&o, "deadpool_snapshot_bytes_total", "counter",
-           "Snapshot bytes, by kind (copied: into host memory, replicated: to holders), as each process reports them "
-           "when it leaves an epoch.");
-    put(&o, "deadpool_snapshot_bytes_total{kind=\"copied\"} ");
-    put_value(&o, m->snapshot_bytes_copied);
-    put(&o, "deadpool_snapshot_bytes_total{kind=\"replicated\"} ");
-    put_value(&o, m->snapshot_bytes_replicated);
-    family(&o, "deadpool_snapshot_generations_total", "counter", "Snapshot generations captured, summed over the ranks that reported.");
-    put(&o, "deadpool_snapshot_generations_total ");
-    put_value(&o, m->snapshot_generations);
-    kind_counter(&o, "deadpool_failures_total", "Failures the coordinator acted on, by kind.", m->failures);
-    kind_counter(&o, "deadpool_recoveries_total", "Recoveries completed (training resumed), by failure kind.", m->recoveries);
-    family(&o, "deadpool_steps_recomputed_total", "counter", "Steps computed again after rollbacks.");
-    put(&o, "deadpool_steps_recomputed_total ");
-    put_value(&o, m->steps_recomputed_total);
+    counters(&o, m);
     gauge(&o, "deadpool_last_recovery_seconds", "From the newest failure until training resumed.", m->last_recovery_ms / 1e3);
     labelled_gauges(&o, "deadpool_last_recovery_phase_seconds", "The newest recovery's phases.", "phase",
                     LIVE_PHASE_NAMES, m->last_recovery_phase_ms, LIVE_PHASES, 1e-3);

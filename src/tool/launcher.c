@@ -490,7 +490,7 @@ static void coordinator_lost_control_plane(Launcher *L) {
                 job_config_resume_command(cfg, cmd, sizeof cmd));
     else
         log_msg("no checkpoint could be completed without the control plane: %s", err);
-    fprintf(L->events, "{\"event\":\"lau_control_plane_lost\",\"t\":%.3f,\"checkpoint_step\":%lld}\n",
+    fprintf(L->events, "{\"event\":\"control_plane_lost\",\"t\":%.3f,\"checkpoint_step\":%lld}\n",
             (double)(wall_ms() - L->t0_wall_ms) / 1e3, (long long)ck + 1);
     L->failed = 1;
 }

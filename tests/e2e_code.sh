@@ -8,7 +8,7 @@
 source "$(dirname "$0")/lib_e2e.sh"
 cd "$ROOT" || exit 1
 
-DECIDING=(src/tool/launcher*.c src/tool/coordinator.c src/tool/decide.c src/control/recovery.c
+DECIDING=(src/tool/launcher*.c src/tool/coordinator*.c src/tool/decide.c src/control/recovery.c
           src/runtime/runtime.c src/runtime/rt_*.c src/runtime/lifecycle.c src/data/snapshot.c src/data/replica*.c src/data/comm_gloo.cc
           src/data/comm_gloo_transport.cc)
 hits=$(grep -nE 'strstr|strcasestr|memmem|\.find\("|std::string::npos' "${DECIDING[@]}")

@@ -253,4 +253,16 @@ int rt_epoch_store(dp_t *dp, EpochStore *es, char *err, size_t errlen);
 /* Ends the epoch's groups, then its communicator. */
 void rt_end_epoch_comms(dp_t *dp);
 
+/* --- runtime.c and rt_membership.c: what the flow's two files call in each other ----------- */
+extern atomic_int rt_init_transient;
+int rt_retry_transient(const ctl_t *c, double deadline);
+void rt_emit_error(dp_t *dp, const char *what, const char *err);
+void rt_set_role_log(dp_t *dp);
+lc_actions rt_lc_feed(dp_t *dp, lc_input in);
+void rt_priority_default(void);
+void rt_control_lost_persist(dp_t *dp, char *err, size_t errlen);
+void rt_report_fenced(dp_t *dp, long e);
+lc_actions rt_await_decision(dp_t *dp, Decision *d, long *epoch);
+dp_status rt_follow_decisions(dp_t *dp, Decision *d, char *err, size_t errlen);
+
 #endif

@@ -1,6 +1,6 @@
 /* replica_handshake.h — the holder's side of the replica channel's handshake (replica.c's file
  * comment) as a pure state machine: bytes in, a verdict out; no socket, no clock, no randomness.
- * replica.c's accept thread runs every waiting connection's handshake through it (the socket,
+ * replica_serve.c's accept thread runs every waiting connection's handshake through it (the socket,
  * the 2 s deadline and the cap on waiting connections stay there), and
  * tests/fuzz/fuzz_replica_handshake.c drives it directly, in chunks the fuzzer chooses.
  * Internal to the library: not part of include/deadpool.h. */

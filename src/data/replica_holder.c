@@ -1,7 +1,6 @@
 /* replica_holder.c — a holder's state: the slots that keep other ranks' generations (two per
- * owner), what it holds and for whom, and the server's start and stop: its listener, the
- * accept thread that runs the handshakes, the connections' threads. The protocol is
- * replica.c's; serving one connection is replica_serve.c. */
+ * owner), what it holds and for whom, and the server's start and stop (its listener and its
+ * threads). The protocol is replica.c's; the connections are replica_serve.c's. */
 #include "replica.h"
 #include "replica_internal.h"
 

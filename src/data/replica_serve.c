@@ -1,6 +1,8 @@
-/* replica_serve.c — a holder serving one authenticated connection: PUT (a generation into
- * a slot, verified as it arrives), PULL (read from the owner's memory on the same machine),
- * GET (a generation back, verified and tagged as it leaves), and the refusals. */
+/* replica_serve.c — a holder's connections: the accept thread, which runs every waiting
+ * connection's handshake (replica_handshake.h) and gives each one that proves the job's key
+ * a thread, and that thread serving it: PUT (a generation into a slot, verified as it
+ * arrives), PULL (read from the owner's memory on the same machine), GET (a generation back,
+ * verified and tagged as it leaves), and the refusals. */
 #include "replica.h"
 #include "replica_internal.h"
 

@@ -7,8 +7,8 @@
 #   src/runtime/   the runtime behind deadpool.h: a process's life in a job \
 #   src/data/      the data path: snapshots, replicas, checkpoints,          |
 #                  the authenticated collectives                             | libdeadpool.a / .so
-#   src/control/   the control-plane client: Redis keys and values,         | (layers, highest
-#                  decisions, reports, events                                | first: LIB_DIRS)
+#   src/control/   the control-plane client: Redis keys and values,         | (layers, the
+#                  decisions, reports, events                                | highest first)
 #   src/job/       the job's model: options, the --inject grammar, secret    |
 #   src/common/    clocks, logging, files, option tables (library and trainer alike)
 #   src/tool/      the `deadpool` program: launcher, coordinator, decisions, embedded Redis,
@@ -19,10 +19,11 @@
 CC      ?= cc
 CXX     ?= c++
 # Portable by default: the library's hot paths pick their instructions at run time (CRC32C
-# here; Poly1305, memcpy and Gloo's reductions in their libraries). Only the built-in
-# trainer's own loops (layernorm, attention, GELU, AdamW: what OpenBLAS does not do) are built
-# for this CPU, where it was measured to pay (docs/BENCHMARKS.md, -march=native); GPT2_ARCH=
-# builds them portable too (`make install` does).
+# here; Poly1305, memcpy and Gloo's algorithms in their libraries; the element-wise reductions
+# handed to Gloo were measured at no cost). Only the built-in trainer's own loops (layernorm,
+# attention, GELU, AdamW: what OpenBLAS does not do) are built for this CPU, where it was
+# measured to pay (docs/BENCHMARKS.md, -march=native); GPT2_ARCH= builds them portable too
+# (`make install` does).
 OPT     ?= -O2
 GPT2_ARCH ?= -march=native
 PREFIX  ?= /usr/local

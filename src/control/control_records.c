@@ -16,6 +16,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Record i is key kinds[i] with numbers a[i], b[i] (b NULL: 0); its value into values + i * len
+ * ("" when absent: present[i] = 0, present may be NULL). One MGET (ctl_get_many). 0 / -1. */
+static int records_get(ctl_t *c, const ctl_key *kinds, const long long *a, const long long *b, int n, char *values,
+                       size_t len, int *present) {
+    char (*names)[64] = malloc(sizeof *names * (size_t)(n > 0 ? n : 1));
+    const char **suffixes = malloc(sizeof *suffixes * (size_t)(n > 0 ? n : 1));
+    int rc = -1;
+    if (names && suffixes) {
+        for (int i = 0; i < n; i++) suffixes[i] = ctl_key_suffix(names[i], sizeof names[i], kinds[i], a[i], b ? b[i] : 0);
+        rc = ctl_get_many(c, suffixes, n, values, len, present);
+    } else {
+        ctl_set_error(c, "out of memory for %d records", n);
+    }
+    free(names);
+    free(suffixes);
+    return rc;
+}
+
+/* KEY_LAST_STEP's value (an int: the coordinator keeps it as one). 0 / -1. */
+static int last_step_parse(const char *text, long long *step) {
+    return proto_int_parse(text, "last_step", 0, INT_MAX, step, NULL, 0);
+}
+
 /* --- injected faults ------------------------------------------------------------------- */
 
 int ctl_fault_last_set(ctl_t *c, const FaultRecord *f) {
@@ -62,44 +85,38 @@ int ctl_join_stats_set(ctl_t *c, long epoch, int rank, const JoinStats *s) {
 }
 
 int ctl_joins_get(ctl_t *c, long epoch, int world, JoinTiming *t, int *has_t, JoinStats *s, int *has_s, long long *last) {
-    int nk = 2 * world + 1, rc = 0;
-    char (*names)[64] = malloc(sizeof *names * (size_t)nk), (*values)[128] = malloc(sizeof *values * (size_t)nk);
-    const char **suffixes = malloc(sizeof *suffixes * (size_t)nk);
-    if (!names || !values || !suffixes) {
-        free(names);
-        free(values);
-        free(suffixes);
-        ctl_set_error(c, "out of memory for %d records", nk);
-        return -1;
-    }
-    for (int r = 0; r < world; r++) {
-        suffixes[r] = ctl_key_suffix(names[r], sizeof names[r], KEY_TIMING, epoch, r);
-        suffixes[world + r] = ctl_key_suffix(names[world + r], sizeof names[world + r], KEY_JOIN_STATS, epoch, r);
-    }
-    suffixes[2 * world] = ctl_key_suffix(names[2 * world], sizeof names[2 * world], KEY_LAST_STEP, 0, 0);
-    if (ctl_get_many(c, suffixes, nk, values[0], sizeof values[0], NULL) != 0) {
-        for (int i = 0; i < nk; i++) values[i][0] = 0;
-        rc = -1;
+    int nk = 2 * world + 1, rc = -1;
+    ctl_key *kinds = malloc(sizeof *kinds * (size_t)nk);
+    long long *a = malloc(sizeof *a * (size_t)nk), *b = malloc(sizeof *b * (size_t)nk);
+    char (*values)[128] = calloc((size_t)nk, sizeof *values);
+    if (kinds && a && b && values) { /* eEPOCH:timing:R, eEPOCH:join:R, last_step */
+        for (int r = 0; r < world; r++) {
+            kinds[r] = KEY_TIMING, a[r] = epoch, b[r] = r;
+            kinds[world + r] = KEY_JOIN_STATS, a[world + r] = epoch, b[world + r] = r;
+        }
+        kinds[2 * world] = KEY_LAST_STEP, a[2 * world] = b[2 * world] = 0;
+        rc = records_get(c, kinds, a, b, nk, values[0], sizeof values[0], NULL);
     }
     for (int r = 0; r < world; r++) { /* an absent record ("") is a member that wrote none */
         char err[256];
-        has_t[r] = values[r][0] && join_timing_parse(values[r], &t[r], err, sizeof err) == 0;
-        if (values[r][0] && !has_t[r]) log_msg("rank %d: %s", r, err);
-        has_s[r] = values[world + r][0] && join_stats_parse(values[world + r], &s[r], err, sizeof err) == 0;
-        if (values[world + r][0] && !has_s[r]) log_msg("rank %d: %s", r, err);
+        const char *vt = rc == 0 ? values[r] : "", *vs = rc == 0 ? values[world + r] : "";
+        has_t[r] = vt[0] && join_timing_parse(vt, &t[r], err, sizeof err) == 0;
+        if (vt[0] && !has_t[r]) log_msg("rank %d: %s", r, err);
+        has_s[r] = vs[0] && join_stats_parse(vs, &s[r], err, sizeof err) == 0;
+        if (vs[0] && !has_s[r]) log_msg("rank %d: %s", r, err);
     }
-    *last = -1;
-    if (values[2 * world][0] && proto_int_parse(values[2 * world], "last_step", 0, LLONG_MAX, last, NULL, 0) != 0) *last = -1;
-    free(names);
+    if (rc != 0 || !values[2 * world][0] || last_step_parse(values[2 * world], last) != 0) *last = -1;
+    free(kinds);
+    free(a);
+    free(b);
     free(values);
-    free(suffixes);
     return rc;
 }
 
 int ctl_last_step_get(ctl_t *c, long long *step) {
     char key[CTL_KEY_MAX], v[32];
     if (ctl_get(c, ctl_key_suffix(key, sizeof key, KEY_LAST_STEP, 0, 0), v, sizeof v) != 0) return -1;
-    return proto_int_parse(v, "last_step", 0, INT_MAX, step, NULL, 0);
+    return last_step_parse(v, step);
 }
 
 void ctl_batch_last_step(ctl_t *c, long long step) {
@@ -131,11 +148,14 @@ int ctl_persist_request_get(ctl_t *c, PersistRequest *p, char *err, size_t errle
 /* --- processes' exits, machines' liveness ---------------------------------------------------- */
 
 int ctl_exits_get(ctl_t *c, const long *procs, int n, ExitRecord *ex) {
-    char (*keys)[48] = malloc(sizeof *keys * (size_t)(n > 0 ? n : 1)), (*how)[32] = malloc(sizeof *how * (size_t)(n > 0 ? n : 1));
-    const char **kp = malloc(sizeof *kp * (size_t)(n > 0 ? n : 1));
-    int rc = keys && how && kp ? 0 : -1;
-    for (int i = 0; i < n && rc == 0; i++) kp[i] = ctl_key_suffix(keys[i], sizeof keys[i], KEY_EXIT, procs[i], 0);
-    if (rc != 0 || ctl_get_many(c, kp, n, how[0], sizeof how[0], NULL) != 0) rc = -1;
+    ctl_key *kinds = malloc(sizeof *kinds * (size_t)(n > 0 ? n : 1));
+    long long *a = malloc(sizeof *a * (size_t)(n > 0 ? n : 1));
+    char (*how)[32] = malloc(sizeof *how * (size_t)(n > 0 ? n : 1));
+    int rc = -1;
+    if (kinds && a && how) {
+        for (int i = 0; i < n; i++) kinds[i] = KEY_EXIT, a[i] = procs[i];
+        rc = records_get(c, kinds, a, NULL, n, how[0], sizeof how[0], NULL);
+    }
     for (int i = 0; i < n; i++) { /* "" (no record) or malformed: nothing known of how it ended */
         char err[256];
         if (rc != 0 || !how[i][0] || exit_record_parse(how[i], &ex[i], err, sizeof err) != 0) {
@@ -143,26 +163,25 @@ int ctl_exits_get(ctl_t *c, const long *procs, int n, ExitRecord *ex) {
             ex[i] = (ExitRecord){.how = EXITED_HOWS, .wall_ms = 0};
         }
     }
-    free(keys);
+    free(kinds);
+    free(a);
     free(how);
-    free(kp);
     return rc;
 }
 
 int ctl_nodes_alive(ctl_t *c, const int *index, int n, int *present) {
     if (n <= 0) return 0;
-    char (*keys)[48] = malloc(sizeof *keys * (size_t)n), (*vals)[8] = malloc(sizeof *vals * (size_t)n);
-    const char **kp = malloc(sizeof *kp * (size_t)n);
+    ctl_key *kinds = malloc(sizeof *kinds * (size_t)n);
+    long long *a = malloc(sizeof *a * (size_t)n);
+    char (*vals)[8] = malloc(sizeof *vals * (size_t)n);
     int rc = -1;
-    if (keys && vals && kp) {
-        for (int i = 0; i < n; i++) kp[i] = ctl_key_suffix(keys[i], sizeof keys[i], KEY_NODE_ALIVE, index[i], 0);
-        rc = ctl_get_many(c, kp, n, vals[0], sizeof vals[0], present);
-    } else {
-        ctl_set_error(c, "out of memory for %d machines", n);
+    if (kinds && a && vals) {
+        for (int i = 0; i < n; i++) kinds[i] = KEY_NODE_ALIVE, a[i] = index[i];
+        rc = records_get(c, kinds, a, NULL, n, vals[0], sizeof vals[0], present);
     }
-    free(keys);
+    free(kinds);
+    free(a);
     free(vals);
-    free(kp);
     return rc;
 }
 

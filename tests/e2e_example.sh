@@ -40,6 +40,15 @@ kill_together() {
   done
 }
 
+# run_killed_together NAME "RANKS" SPARES ARGS... — `deadpool run ARGS` into $WORK/NAME, its
+# ranks RANKS killed together (kill_together) once under way; sets rc and killed.
+run_killed_together() {
+  local name=$1 ranks=$2 spares=$3 job; shift 3
+  run_job "$WORK/$name" 180 "$@" & job=$!
+  killed=$(kill_together "$WORK/$name" "$ranks" "$spares")
+  wait $job; rc=$?
+}
+
 # A kill, a hang, then a kill whose replacement dies while it recovers (epoch 3 -> 4).
 expect_same example_kill_hang_recovery_failure 3 --spares 1 --detect-timeout-ms 1000 \
   --inject kill:1@40 --inject stop:2@90 --inject kill:0@150 --inject rkill:0@3 -- "$MLP"
@@ -53,17 +62,13 @@ else notok "example_recovered_each_kind" "$kinds"; fi
 # rank has nothing of its own and every member keeps the identical state. Two ranks die in one
 # step (one decision): (a) ranks 1 and 2, rank 1's only holder dying with it; (b) ranks 0 and
 # 2, rank 2's holder being rank 0: rank 1 alone still holds the state, and provides it.
-PLAIN=(--workers 3 --steps 60 --seed 7)
-run_job "$WORK/plain_ref" 120 "${PLAIN[@]}" --spares 0 -- "$MLP" --plain; rc=$?
-[ $rc -eq 0 ] && [ -s "$WORK/plain_ref/model.bin" ] && ok "example_plain_reference" \
-  || notok "example_plain_reference" "rc $rc" "$(tail -3 "$WORK/plain_ref.log")"
 PLAIN_LONG=(--workers 3 --steps 1500 --seed 7)
-run_job "$WORK/plain_long_ref" 120 "${PLAIN_LONG[@]}" --spares 0 -- "$MLP" --plain
+run_job "$WORK/plain_long_ref" 120 "${PLAIN_LONG[@]}" --spares 0 -- "$MLP" --plain; rc=$?
+[ $rc -eq 0 ] && [ -s "$WORK/plain_long_ref/model.bin" ] && ok "example_plain_reference" \
+  || notok "example_plain_reference" "rc $rc" "$(tail -3 "$WORK/plain_long_ref.log")"
 for pair in 1:2 0:2; do
   a=${pair%:*} b=${pair#*:} name="example_plain_kill_${pair%:*}_and_${pair#*:}_together"
-  run_job "$WORK/$name" 180 "${PLAIN_LONG[@]}" --spares 2 -- "$MLP" --plain & job=$!
-  killed=$(kill_together "$WORK/$name" "$a $b" 2)
-  wait $job; rc=$?
+  run_killed_together "$name" "$a $b" 2 "${PLAIN_LONG[@]}" --spares 2 -- "$MLP" --plain
   if [ -n "$killed" ] && [ $rc -eq 0 ] && [ "$(grep -c '"event":"recovered"' "$WORK/$name/events.jsonl")" -ge 2 ] \
      && cmp -s "$WORK/plain_long_ref/model.bin" "$WORK/$name/model.bin" && no_leftovers "$WORK/$name"; then
     ok "$name"
@@ -86,9 +91,7 @@ for pair in 0:1 1:0; do
 done
 # ... and with no spare: the committed state goes to disk, rank 1's (empty: nothing of its own)
 # written by rank 0 although its holder died with it, and the resumed job ends the same.
-run_job "$WORK/plain_nospare" 120 "${PLAIN_LONG[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 -- "$MLP" --plain & job=$!
-killed=$(kill_together "$WORK/plain_nospare" "1 2" 0)
-wait $job; rc=$?
+run_killed_together plain_nospare "1 2" 0 "${PLAIN_LONG[@]}" --spares 0 --respawn-spares 0 --spare-wait 1 -- "$MLP" --plain
 timeout -k 5 120 "$DP" run --resume "$WORK/plain_nospare" -- "$MLP" --plain >"$WORK/plain_nospare.resume.stdout" 2>"$WORK/plain_nospare.resume.log"; rc2=$?
 if [ -n "$killed" ] && [ $rc -ne 0 ] && grep -q 'deadpool run --resume' "$WORK/plain_nospare.log" && [ $rc2 -eq 0 ] \
    && grep -q '"event":"no_spare".*"failed":2' "$WORK/plain_nospare/events.jsonl" \
@@ -120,9 +123,7 @@ expect_same example_replicas_on_spares 1 --spares 2 --replicas 2 --replica-place
 LONG=(--workers 3 --steps 1500 --seed 7)
 run_job "$WORK/long_ref" 120 "${LONG[@]}" --spares 0 -- "$MLP"
 d="$WORK/example_two_failed_one_spare_starts_another"
-run_job "$d" 180 "${LONG[@]}" --spares 1 --replicas 2 -- "$MLP" & job=$!
-killed=$(kill_together "$d" "0 1" 1)
-wait $job; rc=$?
+run_killed_together example_two_failed_one_spare_starts_another "0 1" 1 "${LONG[@]}" --spares 1 --replicas 2 -- "$MLP"
 e="$d/events.jsonl"
 nospare=$(grep -o '"event":"no_spare".*"failed":[0-9]*,"spares":[0-9]*' "$e" | grep -o '"failed":[0-9]*,"spares":[0-9]*')
 if [ -n "$killed" ] && [ $rc -eq 0 ] && [ "$(grep -c '"event":"recovered"' "$e")" -ge 2 ] \
